@@ -1,0 +1,1 @@
+"""ComfyUI adapters: model loading, ModelPatcher integration, per-architecture specs."""
