@@ -28,6 +28,10 @@ def import_pack(name: str = "sharddit"):
 
 
 import_pack()
+# Shared helpers live in tests/harness (imported as `harness`). tests/ holds no package named
+# nodes/loaders/parallel, so this cannot shadow ComfyUI's modules; the repo root stays off sys.path.
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,2 @@
+"""Node classes (filled in by their issue)."""
+NODES: list = []

@@ -1,0 +1,1 @@
+"""Shared test helpers (importable as ``harness``: conftest puts ``tests/`` on sys.path)."""

@@ -1,0 +1,70 @@
+"""In-process ComfyUI for fast `comfy` tests.
+
+``load_comfy()`` puts ``COMFYUI_PATH`` on ``sys.path`` (ComfyUI's own root, never ours), forces
+CPU mode, imports ComfyUI's ``nodes`` and its built-in extra nodes, then loads this pack exactly
+the way ComfyUI loads a custom node folder (``nodes.load_custom_node``). Call it from tests marked
+``comfy``; it is idempotent.
+"""
+import asyncio
+import logging
+import os
+import sys
+import types
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_STATE = {}
+
+
+def comfy_path() -> Path:
+    path = os.environ.get("COMFYUI_PATH")
+    if not path:
+        raise RuntimeError("COMFYUI_PATH is not set (see tests/README.md)")
+    return Path(path).resolve()
+
+
+def load_comfy() -> types.SimpleNamespace:
+    """Import real ComfyUI in this process (CPU) with this pack loaded as a custom node."""
+    if "env" in _STATE:
+        return _STATE["env"]
+    root = str(comfy_path())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    import comfy.options
+
+    comfy.options.enable_args_parsing(False)
+    from comfy.cli_args import args
+
+    args.cpu = True
+    args.use_pytorch_cross_attention = True
+    args.disable_auto_launch = True
+    import comfy.model_management as mm  # noqa: E402  (after args are set)
+    import folder_paths
+    import nodes
+    import comfy.utils  # noqa: F401
+    import comfy.sd  # noqa: F401
+    import comfy.samplers  # noqa: F401
+
+    asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))
+    before = set(nodes.NODE_CLASS_MAPPINGS)
+    ok = asyncio.run(nodes.load_custom_node(str(REPO)))
+    if not ok:
+        raise RuntimeError(f"ComfyUI failed to import the pack from {REPO} (see log above)")
+    pack_module = sys.modules[str(REPO).replace(".", "_x_")]
+    env = types.SimpleNamespace(
+        nodes=nodes,
+        mm=mm,
+        folder_paths=folder_paths,
+        pack=pack_module,
+        pack_node_ids=sorted(set(nodes.NODE_CLASS_MAPPINGS) - before),
+    )
+    logging.getLogger().setLevel(logging.INFO)
+    _STATE["env"] = env
+    return env
+
+
+def pack_module(env, dotted: str):
+    """The pack's submodule as ComfyUI imported it, e.g. ``pack_module(env, 'loaders.sharded')``."""
+    import importlib
+
+    return importlib.import_module(f"{env.pack.__name__}.{dotted}")
