@@ -1,0 +1,216 @@
+"""Fake-device helpers for dry runs: weights and peak activation memory per device, no GPU needed.
+
+Pure PyTorch (no ComfyUI). Used by ``loaders/simulator.py`` (TESTING.md, tier 2):
+
+- ``materialize_module``: gives a ``meta`` module real-looking parameters on a fake device
+  (``cuda:1`` on a CPU-only machine) under ``FakeTensorMode``. Random initialisers fail on fake
+  CUDA, so parameters are replaced by ``torch.empty`` of the same shape and dtype.
+- ``MemoryTracker``: a ``TorchDispatchMode`` that counts every new output storage once, on the
+  device of the tensor that created it, and releases it when the storage is finalised (PyTorch
+  keeps one Python object per storage, so a weakref finaliser fires exactly when the storage
+  dies). Storages owned by parameters/buffers are skipped, so ``weight.t()`` and other views of
+  weights are not counted as activations (trap 2 in TESTING.md).
+- ``flash_attention_standin``: ComfyUI's attention signature, allocating what flash /
+  memory-efficient attention allocates on a GPU (the output, plus a small fp32 log-sum-exp),
+  never the L x L matrix the CPU math path would build (trap 1 in TESTING.md).
+
+Not modelled: the CUDA context (~0.5 GiB per GPU), allocator fragmentation and rounding, cuBLAS
+workspaces. Callers plan headroom for them.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = [
+    "DeviceMemory",
+    "MemoryTracker",
+    "fake_device_mode",
+    "flash_attention_standin",
+    "materialize_module",
+    "compute_tensor_bytes_by_device",
+]
+
+
+@contextlib.contextmanager
+def fake_device_mode():
+    """``no_grad`` + ``FakeTensorMode``: tensors may claim any ``cuda:N`` on a CPU-only build.
+
+    ``no_grad`` is required: autograd metadata on a fake CUDA tensor aborts the process.
+    Module conversion must not swap parameter objects (``module.to`` inside the mode).
+    """
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(False)
+    try:
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=False) as mode:
+            yield mode
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(swap)
+
+
+def materialize_module(module: torch.nn.Module, device, exclude=(), memo=None) -> None:
+    """Replace every parameter and buffer of ``module`` by an empty tensor on ``device``.
+
+    Call inside ``fake_device_mode()``. Shapes and dtypes are kept; ``requires_grad`` is False.
+    Sub-modules in ``exclude`` (module objects) are skipped with their subtrees. ``memo`` maps
+    ``id(old tensor)`` to its replacement so tied parameters stay tied across calls.
+    """
+    device = torch.device(device)
+    memo = {} if memo is None else memo
+    skip = {id(m) for m in exclude}
+    stack = [module]
+    while stack:
+        mod = stack.pop()
+        if id(mod) in skip:
+            continue
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                if id(p) not in memo:
+                    t = torch.empty(p.shape, dtype=p.dtype, device=device)
+                    memo[id(p)] = torch.nn.Parameter(t, requires_grad=False)
+                mod._parameters[name] = memo[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                if id(b) not in memo:
+                    memo[id(b)] = torch.empty(b.shape, dtype=b.dtype, device=device)
+                mod._buffers[name] = memo[id(b)]
+        stack.extend(mod._modules.values())
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def compute_tensor_bytes_by_device(module: torch.nn.Module) -> dict[str, int]:
+    """Bytes of parameters and buffers per device, each storage counted once."""
+    seen, out = set(), {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        key = _storage_key(t)
+        if key in seen:
+            continue
+        seen.add(key)
+        dev = str(t.device)
+        out[dev] = out.get(dev, 0) + t.untyped_storage().nbytes()
+    return out
+
+
+@dataclass
+class DeviceMemory:
+    """What one device holds during the simulated forward (bytes)."""
+
+    weights: int = 0
+    """Parameters and buffers resident on the device."""
+    peak_activations: int = 0
+    """Largest sum of live non-weight storages on the device at any moment."""
+    live_activations: int = 0
+    """Non-weight storages still alive when the report was taken (inputs, outputs)."""
+
+    @property
+    def peak_total(self) -> int:
+        return self.weights + self.peak_activations
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Per-device live and peak bytes of every storage created while the mode is active.
+
+    Enter it inside ``fake_device_mode()`` (so it runs first and fake tensors run below it)::
+
+        with fake_device_mode(), MemoryTracker(model) as tracker:
+            model(x)
+        tracker.report()  # {"cuda:0": DeviceMemory(...), ...}
+
+    Storages of ``modules``' parameters and buffers (and any passed to ``ignore``) are weights:
+    never counted as activations, even when an op returns a view of them.
+    """
+
+    def __init__(self, *modules: torch.nn.Module):
+        super().__init__()
+        self._owned: set[int] = set()
+        self._weights: dict[str, int] = {}
+        self._live: dict[int, tuple[str, int]] = {}
+        self._current: dict[str, int] = {}
+        self._peak: dict[str, int] = {}
+        for m in modules:
+            self.add_weights(m)
+
+    def add_weights(self, module: torch.nn.Module) -> None:
+        """Treat ``module``'s parameters and buffers as weights (count once, per device)."""
+        for t in list(module.parameters()) + list(module.buffers()):
+            self.ignore(t, weight=True)
+
+    def ignore(self, t: torch.Tensor, weight: bool = False) -> None:
+        key = _storage_key(t)
+        if key in self._owned:
+            return
+        self._owned.add(key)
+        if weight:
+            dev = str(t.device)
+            self._weights[dev] = self._weights.get(dev, 0) + t.untyped_storage().nbytes()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self._live or key in self._owned:
+            return
+        dev, nbytes = str(t.device), storage.nbytes()
+        self._live[key] = (dev, nbytes)
+        cur = self._current.get(dev, 0) + nbytes
+        self._current[dev] = cur
+        if cur > self._peak.get(dev, 0):
+            self._peak[dev] = cur
+        weakref.finalize(storage, self._release, key)
+
+    def _release(self, key: int) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self._current[entry[0]] -= entry[1]
+
+    def report(self) -> dict[str, DeviceMemory]:
+        """Per device: weights, peak activations, activations still alive now."""
+        devs = sorted(set(self._weights) | set(self._peak))
+        return {
+            d: DeviceMemory(self._weights.get(d, 0), self._peak.get(d, 0), self._current.get(d, 0))
+            for d in devs
+        }
+
+
+def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,
+                            skip_reshape=False, skip_output_reshape=False, **kwargs):
+    """Output-only attention with ComfyUI's ``optimized_attention`` signature.
+
+    Allocates what flash / memory-efficient SDPA allocates on a GPU: the output (laid out
+    ``b, L, heads, d`` so the usual ``transpose(1, 2).reshape`` is a view) and a transient fp32
+    log-sum-exp of ``b x heads x L``. Inputs on different devices raise, like a real kernel.
+    """
+    for name, t in (("k", k), ("v", v), ("mask", mask)):
+        if t is not None and t.device != q.device:
+            raise RuntimeError(
+                f"[ShardDiT] attention got q on {q.device} but {name} on {t.device}: "
+                "Expected all tensors to be on the same device"
+            )
+    if skip_reshape:
+        b, h, length, _ = q.shape
+        dv = v.shape[-1]
+    else:
+        b, length, inner = q.shape
+        h = heads
+        dv = v.shape[-1] // heads
+    lse = torch.empty((b, h, length), dtype=torch.float32, device=q.device)
+    out = torch.empty((b, length, h, dv), dtype=q.dtype, device=q.device)
+    del lse
+    if skip_output_reshape:
+        return out.transpose(1, 2)
+    return out.view(b, length, h * dv)
