@@ -1,0 +1,142 @@
+"""Parse and check device strings typed by users (pure: no torch, no NVML).
+
+Accepted forms (whitespace around parts is ignored, case-insensitive):
+
+- ``auto``: let the planner choose from free memory;
+- a comma-separated list of ``cpu`` / ``cuda:N``, devices may repeat (``cpu,cpu`` = two shards on
+  the CPU, ``cuda:0,cuda:0,cuda:1`` = two shards on cuda:0);
+- the same list with a positive weight per device, ``cuda:N:W`` / ``cpu:W``
+  (``cuda:0:3,cuda:1:1`` = three quarters of the blocks on cuda:0). Either every entry has a
+  weight or none has.
+
+A single component device (text encoder, VAE) is ``auto``, ``cpu`` or ``cuda:N``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+__all__ = [
+    "DEVICES_FORM",
+    "DEVICE_FORM",
+    "DeviceEntry",
+    "DeviceList",
+    "parse_device",
+    "parse_component_device",
+    "parse_devices",
+    "check_devices_exist",
+]
+
+DEVICES_FORM = "'auto', or a list like 'cuda:0,cuda:1' or 'cpu,cpu', optionally weighted like 'cuda:0:3,cuda:1:1'"
+DEVICE_FORM = "'auto', 'cpu' or 'cuda:N' (N = 0, 1, ...)"
+
+
+@dataclass(frozen=True)
+class DeviceEntry:
+    """One entry of a device list."""
+
+    device: str
+    """Canonical device name: ``"cpu"`` or ``"cuda:N"``."""
+    weight: float | None = None
+    """Explicit share of the DiT blocks (``cuda:0:3``); None = proportional to usable memory."""
+
+
+@dataclass(frozen=True)
+class DeviceList:
+    """A parsed ``devices`` input."""
+
+    auto: bool
+    """True for ``auto``: the planner picks the devices."""
+    entries: tuple[DeviceEntry, ...] = ()
+    """The listed devices in order (empty when ``auto``); repeats allowed."""
+
+    @property
+    def weighted(self) -> bool:
+        """True when the user gave explicit weights."""
+        return any(e.weight is not None for e in self.entries)
+
+    @property
+    def unique_devices(self) -> tuple[str, ...]:
+        """Distinct devices in first-seen order."""
+        return tuple(dict.fromkeys(e.device for e in self.entries))
+
+
+def parse_device(text: str) -> str:
+    """``"cpu"`` / ``"cuda:N"`` (any case, spaces ignored) -> canonical name; ValueError otherwise."""
+    device, weight = _parse_entry(text, context=text)
+    if weight is not None:
+        raise ValueError(f"device {text.strip()!r} has a weight; expected 'cpu' or 'cuda:N'")
+    return device
+
+
+def parse_component_device(text: str) -> str:
+    """Device of a single component: ``"auto"``, ``"cpu"`` or ``"cuda:N"``."""
+    if not isinstance(text, str):
+        raise ValueError(f"device {text!r} is not a string; accepted: {DEVICE_FORM}")
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return parse_device(text)
+    except ValueError:
+        raise ValueError(f"device {text.strip()!r} is not valid; accepted: {DEVICE_FORM}") from None
+
+
+def parse_devices(text: str) -> DeviceList:
+    """Parse a ``devices`` input (see module docstring). Malformed -> ValueError quoting the part."""
+    if not isinstance(text, str):
+        raise ValueError(f"devices {text!r} is not a string; accepted: {DEVICES_FORM}")
+    if text.strip().lower() == "auto":
+        return DeviceList(auto=True)
+    parts = [p.strip() for p in text.split(",")]
+    entries = tuple(DeviceEntry(*_parse_entry(p, context=text)) for p in parts)
+    weights = [e.weight is not None for e in entries]
+    if any(weights) and not all(weights):
+        unweighted = [p for p, w in zip(parts, weights) if not w]
+        raise ValueError(
+            f"devices {text.strip()!r}: {unweighted[0]!r} has no weight while others do; "
+            f"give every device a weight or none; accepted: {DEVICES_FORM}"
+        )
+    return DeviceList(auto=False, entries=entries)
+
+
+def _parse_entry(part: str, context: str) -> tuple[str, float | None]:
+    """One ``cpu[:W]`` / ``cuda:N[:W]`` part -> (device, weight)."""
+    bits = [b.strip() for b in part.strip().lower().split(":")]
+    bad = ValueError(f"devices {context.strip()!r}: {part.strip()!r} is not a device; accepted: {DEVICES_FORM}")
+    if bits[0] == "cpu" and len(bits) <= 2:
+        return "cpu", _parse_weight(bits[1], part, context) if len(bits) == 2 else None
+    if bits[0] != "cuda" or len(bits) not in (2, 3) or not bits[1].isdigit():
+        if part.strip().lower() == "auto":
+            raise ValueError(f"devices {context.strip()!r}: 'auto' cannot be mixed with a device list; accepted: {DEVICES_FORM}")
+        raise bad
+    device = f"cuda:{int(bits[1])}"
+    return device, _parse_weight(bits[2], part, context) if len(bits) == 3 else None
+
+
+def _parse_weight(text: str, part: str, context: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    if not math.isfinite(weight) or weight <= 0:
+        raise ValueError(
+            f"devices {context.strip()!r}: weight {text!r} in {part.strip()!r} must be a positive number; "
+            f"accepted: {DEVICES_FORM}"
+        )
+    return weight
+
+
+def check_devices_exist(devices: Iterable[str], available: Iterable[str]) -> None:
+    """Raise ValueError for the first device not in ``available`` (e.g. ``inventory.names``)."""
+    existing = tuple(available)
+    for device in devices:
+        if device not in existing:
+            gpus = [d for d in existing if d.startswith("cuda:")]
+            has = ", ".join(existing) if existing else "nothing"
+            fix = (
+                f"use one of {', '.join(gpus)} or 'cpu', or 'auto'"
+                if gpus
+                else "no GPU is visible to torch here: use 'cpu' or 'auto' (check the driver and CUDA_VISIBLE_DEVICES)"
+            )
+            raise ValueError(f"device {device!r} does not exist; this machine has {has}; {fix}")
