@@ -187,7 +187,7 @@ def read_inventory() -> Inventory:
     except Exception as err:  # pynvml missing, no driver, NVML_ERROR_*: all mean "ask torch"
         log.info("[ShardDiT] NVML unavailable (%s: %s); reading free memory from torch", type(err).__name__, err)
     else:
-        if gpus is not None:
+        if gpus:
             return Inventory(devices=gpus + (cpu,), source="nvml")
     gpus = _read_torch_gpus()
     if gpus:
