@@ -1,0 +1,201 @@
+"""Which model to simulate: a preset name or a ``.safetensors`` file (header only) -> ModelSpec.
+
+A ``ModelSpec`` carries ComfyUI's own ``unet_config`` for the model, the latent geometry of its
+family and the conditioning it needs, so ``build_meta_model`` can build ComfyUI's own class on
+``meta`` (no weights, no GPU). For a file, only the JSON header is read (8-byte little-endian
+length + JSON: name -> dtype, shape, offsets); the config then comes from ComfyUI's own
+``comfy.model_detection.model_config_from_unet`` on a ``meta`` state dict of those shapes.
+
+Wan 2.2 A14B is two experts of the Wan 2.1 14B shape (high noise, then low noise). In ComfyUI
+they are two UNETLoader outputs used by two KSamplerAdvanced nodes one after the other; before the
+second sampler runs, ``load_models_gpu`` frees what the first one loaded when memory is short. So
+the peak is ONE expert's weights plus activations (``experts=2`` is reported, and keeping both
+resident would need twice the weights).
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Geometry", "ModelSpec", "PRESETS", "preset_names", "resolve_model",
+           "read_safetensors_header", "meta_state_dict", "build_meta_model"]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Latent and conditioning shapes of a model family (what the sampler feeds the DiT)."""
+
+    in_channels: int
+    """Channels of the DiT input (latent channels, plus concatenated image channels for i2v)."""
+    spatial: int
+    """Pixels per latent cell along width and height."""
+    temporal: int
+    """Frames per latent frame after the first: latent frames = (frames - 1) // temporal + 1."""
+    context_tokens: int
+    """Text tokens the text encoder produces (ComfyUI pads to at least this many)."""
+    context_dim: int
+    """Width of each text token."""
+    pooled_dim: int = 0
+    """Width of the pooled text vector (HunyuanVideo's CLIP-L ``y``), 0 when none."""
+    clip_tokens: int = 0
+    """Image-encoder tokens (Wan 2.1 i2v ``clip_fea``), 0 when none."""
+
+    def latent_shape(self, width: int, height: int, frames: int, batch: int) -> tuple:
+        t = (frames - 1) // self.temporal + 1
+        return (batch, self.in_channels, t, height // self.spatial, width // self.spatial)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model to simulate: ComfyUI config + geometry."""
+
+    name: str
+    family: str
+    """``wan``, ``ltxv`` or ``hunyuan_video`` (selects the forward's inputs)."""
+    unet_config: dict
+    geometry: Geometry
+    experts: int = 1
+    """Models of this shape loaded in turn (Wan 2.2 A14B: 2); the peak holds one."""
+    file_dtype: str | None = None
+    """Weight dtype stored in the file (``bf16``/``fp16``/``fp8``/``fp32``), None for presets."""
+    state_dict: dict = field(default_factory=dict, compare=False, repr=False)
+    """Meta state dict of a file (ComfyUI's config matching may look at keys)."""
+
+
+_WAN = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), freq_dim=256,
+            window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6)
+_WAN_14B = dict(_WAN, dim=5120, num_heads=40, ffn_dim=13824, num_layers=40, in_dim=16, out_dim=16)
+_WAN_CTX = dict(context_tokens=512, context_dim=4096)
+_LTXV_CTX = dict(context_tokens=128, context_dim=4096)
+_HUNYUAN = dict(image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2], out_channels=16,
+                vec_in_dim=768, axes_dim=[16, 56, 56], meanflow=False, context_in_dim=4096,
+                hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=20, depth_single_blocks=40,
+                theta=256, qkv_bias=True, byt5=False, guidance_embed=True)
+
+PRESETS: dict[str, ModelSpec] = {
+    "wan2.1-t2v-14b": ModelSpec("wan2.1-t2v-14b", "wan", _WAN_14B, Geometry(16, 8, 4, **_WAN_CTX)),
+    "wan2.1-t2v-1.3b": ModelSpec("wan2.1-t2v-1.3b", "wan", dict(
+        _WAN, dim=1536, num_heads=12, ffn_dim=8960, num_layers=30, in_dim=16, out_dim=16),
+        Geometry(16, 8, 4, **_WAN_CTX)),
+    "wan2.2-t2v-a14b": ModelSpec("wan2.2-t2v-a14b", "wan", _WAN_14B, Geometry(16, 8, 4, **_WAN_CTX),
+                                 experts=2),
+    "wan2.2-ti2v-5b": ModelSpec("wan2.2-ti2v-5b", "wan", dict(
+        _WAN, dim=3072, num_heads=24, ffn_dim=14336, num_layers=30, in_dim=48, out_dim=48),
+        Geometry(48, 16, 4, **_WAN_CTX)),
+    "ltxv-13b": ModelSpec("ltxv-13b", "ltxv", dict(
+        image_model="ltxv", num_layers=48, attention_head_dim=128, cross_attention_dim=4096),
+        Geometry(128, 32, 8, **_LTXV_CTX)),
+    "ltxv-2b": ModelSpec("ltxv-2b", "ltxv", dict(
+        image_model="ltxv", num_layers=28, attention_head_dim=64, cross_attention_dim=2048),
+        Geometry(128, 32, 8, **_LTXV_CTX)),
+    "hunyuanvideo-13b": ModelSpec("hunyuanvideo-13b", "hunyuan_video", _HUNYUAN,
+                                  Geometry(16, 8, 4, context_tokens=256, context_dim=4096, pooled_dim=768)),
+}
+
+_ST_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+                torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8"}
+
+
+def preset_names() -> list[str]:
+    return list(PRESETS)
+
+
+def resolve_model(model: str) -> ModelSpec:
+    """A preset name, or a path to a ``.safetensors`` diffusion model (header read only)."""
+    if model in PRESETS:
+        return PRESETS[model]
+    if model.endswith(".safetensors") or os.path.isfile(model):
+        return spec_from_safetensors(model)
+    raise ValueError(
+        f"[ShardDiT] model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing "
+        "'.safetensors' file: pass one of the presets or a path to a diffusion model file"
+    )
+
+
+def read_safetensors_header(path: str) -> tuple[dict, dict]:
+    """(tensors: name -> (dtype string, shape), metadata) from the file's JSON header only."""
+    if not os.path.isfile(path):
+        raise ValueError(f"[ShardDiT] model file {path!r} does not exist: give a path to a .safetensors file")
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
+        if size <= 0 or size > 100 * (1 << 20):
+            raise ValueError(f"[ShardDiT] {path!r} is not a safetensors file (header length {size})")
+        header = json.loads(f.read(size))
+    metadata = header.pop("__metadata__", None) or {}
+    return {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items()}, metadata
+
+
+def meta_state_dict(tensors: dict) -> dict:
+    """``meta`` tensors of the header's shapes and dtypes (no data)."""
+    out = {}
+    for name, (dtype, shape) in tensors.items():
+        if dtype not in _ST_DTYPES:
+            raise ValueError(f"[ShardDiT] tensor {name!r} has dtype {dtype!r}, which the simulator does not know")
+        out[name] = torch.empty(shape, dtype=_ST_DTYPES[dtype], device="meta")
+    return out
+
+
+def spec_from_safetensors(path: str) -> ModelSpec:
+    """Detect the model with ComfyUI's own ``model_detection`` from a meta state dict."""
+    import comfy.model_detection
+    import comfy.utils
+
+    tensors, metadata = read_safetensors_header(path)
+    sd = meta_state_dict(tensors)
+    prefix = comfy.model_detection.unet_prefix_from_state_dict(sd)
+    stripped = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
+    sd = stripped or sd
+    config = comfy.model_detection.model_config_from_unet(sd, "", metadata=metadata)
+    if config is None:
+        raise ValueError(f"[ShardDiT] ComfyUI does not recognise {path!r} as a diffusion model "
+                         "(model_detection found no config): pass a DiT file or a preset")
+    unet = {k: v for k, v in config.unet_config.items() if k not in ("dtype", "device", "operations")}
+    family = _family(unet, path)
+    dtype = _DTYPE_NAMES.get(comfy.utils.weight_dtype(sd))
+    return ModelSpec(os.path.basename(path), family, unet, _geometry(family, unet), 1, dtype, sd)
+
+
+def _family(unet: dict, path: str) -> str:
+    image_model = unet.get("image_model")
+    if image_model in ("wan2.1", "ltxv", "hunyuan_video"):
+        return {"wan2.1": "wan"}.get(image_model, image_model)
+    raise ValueError(f"[ShardDiT] {path!r} is a {image_model!r} model; the simulator knows Wan, "
+                     "LTX-Video and HunyuanVideo")
+
+
+def _geometry(family: str, unet: dict) -> Geometry:
+    if family == "wan":
+        spatial = 16 if unet.get("out_dim") == 48 else 8
+        clip = 257 if unet.get("model_type") == "i2v" else 0
+        return Geometry(unet.get("in_dim", 16), spatial, 4, clip_tokens=clip, **_WAN_CTX)
+    if family == "ltxv":
+        return Geometry(unet.get("in_channels", 128), 32, 8, **_LTXV_CTX)
+    pooled = 768 if unet.get("vec_in_dim") else 0
+    return Geometry(unet.get("in_channels", 16), 8, 4, context_tokens=256,
+                    context_dim=unet.get("context_in_dim", 4096), pooled_dim=pooled)
+
+
+def build_meta_model(spec: ModelSpec, weight_dtype: torch.dtype, manual_cast_dtype: torch.dtype | None):
+    """ComfyUI's own model (``comfy.model_base.BaseModel`` subclass) with weights on ``meta``.
+
+    Mirrors ``comfy.sd.load_diffusion_model_state_dict``: ``set_inference_dtype`` then
+    ``get_model``; the ops (plain or manual-cast for fp8) are ComfyUI's own choice.
+    """
+    import comfy.model_detection
+
+    model_config = comfy.model_detection.model_config_from_unet_config(dict(spec.unet_config),
+                                                                       spec.state_dict or None)
+    if model_config is None:
+        raise ValueError(f"[ShardDiT] ComfyUI has no model class for {spec.name!r} ({spec.unet_config})")
+    model_config.set_inference_dtype(weight_dtype, manual_cast_dtype)
+    return model_config.get_model(spec.state_dict, "", device=torch.device("meta"))
