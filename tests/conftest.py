@@ -50,3 +50,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
         if "comfy" in item.keywords and not COMFYUI_PATH:
             item.add_marker(skip_comfy)
+
+# Fixtures for `comfy` tests: comfy_env, tiny_models, comfy_server (tests/harness/fixtures.py).
+pytest_plugins = ["harness.fixtures"]

@@ -38,6 +38,11 @@ def load_comfy() -> types.SimpleNamespace:
     args.cpu = True
     args.use_pytorch_cross_attention = True
     args.disable_auto_launch = True
+    # ComfyUI's own `utils` package must be imported before `nodes`: nodes.py puts ComfyUI/comfy
+    # on sys.path[0], after which `import utils` would find comfy/utils.py instead (main.py imports
+    # utils.extra_config first for the same reason). Without this comfy_extras/nodes_images fails.
+    import utils.extra_config  # noqa: F401
+    import utils.install_util  # noqa: F401
     import comfy.model_management as mm  # noqa: E402  (after args are set)
     import folder_paths
     import nodes
@@ -59,6 +64,9 @@ def load_comfy() -> types.SimpleNamespace:
         pack_node_ids=sorted(set(nodes.NODE_CLASS_MAPPINGS) - before),
     )
     logging.getLogger().setLevel(logging.INFO)
+    from .tiny_models import install_tiny_te_hook
+
+    install_tiny_te_hook()  # test-only: lets stock CLIPLoader load the harness's tiny text encoder
     _STATE["env"] = env
     return env
 
