@@ -14,18 +14,18 @@ A single component device (text encoder, VAE) is ``auto``, ``cpu`` or ``cuda:N``
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 __all__ = [
     "DEVICES_FORM",
     "DEVICE_FORM",
     "DeviceEntry",
     "DeviceList",
-    "parse_device",
-    "parse_component_device",
-    "parse_devices",
     "check_devices_exist",
+    "parse_component_device",
+    "parse_device",
+    "parse_devices",
 ]
 
 DEVICES_FORM = "'auto', or a list like 'cuda:0,cuda:1' or 'cpu,cpu', optionally weighted like 'cuda:0:3,cuda:1:1'"

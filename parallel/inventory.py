@@ -15,20 +15,25 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Mapping
 
-from .visible import PhysicalGpu, infer_visible_gpus, match_torch_devices, normalize_pci_bus_id
+from .visible import (
+    PhysicalGpu,
+    infer_visible_gpus,
+    match_torch_devices,
+    normalize_pci_bus_id,
+)
 
 __all__ = [
-    "GiB",
     "SPEC_FORM",
     "DeviceInfo",
+    "GiB",
     "Inventory",
-    "parse_bytes",
     "inventory_from_spec",
-    "read_inventory",
+    "parse_bytes",
     "read_cpu_info",
+    "read_inventory",
 ]
 
 log = logging.getLogger("sharddit")
@@ -108,7 +113,7 @@ class Inventory:
                 return info
         raise ValueError(f"device {device!r} is not in the inventory ({', '.join(self.names) or 'empty'})")
 
-    def with_held_bytes(self, held: Mapping[str, int]) -> "Inventory":
+    def with_held_bytes(self, held: Mapping[str, int]) -> Inventory:
         """Copy with ``held_bytes`` set per device (bytes ShardDiT already placed there).
 
         Free memory read while ShardDiT's own models are loaded is low by exactly those bytes; the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["compute_block_ranges"]
 

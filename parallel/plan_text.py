@@ -7,12 +7,12 @@ from __future__ import annotations
 
 __all__ = [
     "PlacementError",
+    "format_component_note",
+    "format_dit_error",
     "format_gib",
     "format_plan_table",
     "format_skip_note",
-    "format_dit_error",
     "format_weight_error",
-    "format_component_note",
 ]
 
 _GiB = 1 << 30
@@ -43,8 +43,10 @@ def _format_usable(ctx, device: str, loads: dict, home: int = 0) -> str:
     if device != "cpu":
         terms.append(f"{format_gib(ctx.request.reserve_bytes)} reserve")
     terms.append(f"{format_gib(max(a, fp.dit_activation_bytes))} activations")
-    if w + home:
-        terms.append(f"{format_gib(w + home)} other weights")
+    if home:
+        terms.append(f"{format_gib(home)} DiT home")
+    if w:
+        terms.append(f"{format_gib(w)} text encoder/VAE")
     usable = ctx.room(device, loads, home, fp.dit_activation_bytes)
     return f"{device} ({info.name}) {' - '.join(terms)} = {format_gib(usable)} GiB"
 
@@ -60,11 +62,13 @@ def format_dit_error(ctx, devices, loads: dict) -> str:
     fp = ctx.footprint
     home = devices[0] if devices else None
     usable = [_format_usable(ctx, d, loads, fp.dit_home_bytes if d == home else 0) for d in devices]
+    total = sum(max(ctx.room(d, loads, fp.dit_home_bytes if d == home else 0, fp.dit_activation_bytes), 0) for d in devices)
     return (
         f"the DiT does not fit: it needs {format_gib(fp.dit_bytes)} GiB of weights "
-        f"({format_gib(fp.dit_home_bytes)} outside the blocks + {len(fp.block_bytes)} blocks, the largest "
+        f"({format_gib(fp.dit_home_bytes)} DiT home + {len(fp.block_bytes)} blocks of up to "
         f"{format_gib(max(fp.block_bytes))}) plus {format_gib(fp.dit_activation_bytes)} GiB of activations "
-        f"on each device it runs on. Usable for blocks: {'; '.join(usable) or 'no device'}. "
+        f"on each device it runs on. Usable for blocks: {'; '.join(usable) or 'no device'}; "
+        f"together {format_gib(total)} GiB for {format_gib(sum(fp.block_bytes))} GiB of blocks. "
         + _FIX.format(reserve=ctx.request.reserve_vram_gb)
     )
 

@@ -12,10 +12,10 @@ numbers only the visible GPUs, in the order that variable lists them. Two pure m
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
-__all__ = ["PhysicalGpu", "normalize_uuid", "normalize_pci_bus_id", "infer_visible_gpus", "match_torch_devices"]
+__all__ = ["PhysicalGpu", "infer_visible_gpus", "match_torch_devices", "normalize_pci_bus_id", "normalize_uuid"]
 
 log = logging.getLogger("sharddit")
 
@@ -41,7 +41,7 @@ class PhysicalGpu:
 def normalize_uuid(uuid: str) -> str:
     """``"GPU-8932F937-..."`` / ``"8932f937-..."`` -> ``"8932f937-..."`` (lowercase, no prefix)."""
     text = str(uuid).strip().lower()
-    return text[4:] if text.startswith("gpu-") else text
+    return text.removeprefix("gpu-")
 
 
 def normalize_pci_bus_id(bus_id: str) -> str:

@@ -1,0 +1,128 @@
+"""Data of the placement planner: what the models need, what the user asked, the plan (frozen)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .devices import DeviceList, parse_component_device, parse_devices
+from .inventory import GiB, Inventory
+from .plan_text import format_plan_table
+
+__all__ = ["BlockRange", "DeviceLoad", "Footprint", "PlacementRequest", "Plan"]
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes the models need (from the sizing module or a simulation)."""
+
+    block_bytes: tuple[int, ...]
+    """Weight bytes of each DiT block, in execution order."""
+    dit_home_bytes: int = 0
+    """Weight bytes of the DiT outside its blocks (embeddings, modulation, head)."""
+    dit_activation_bytes: int = 0
+    """Peak activation headroom on EACH device that runs DiT blocks."""
+    text_encoder_bytes: int = 0
+    """Weight bytes of the text encoder (0: none in this workflow)."""
+    text_encoder_activation_bytes: int = 0
+    """Peak activation headroom while the text encoder runs."""
+    vae_bytes: int = 0
+    """Weight bytes of the VAE (0: none)."""
+    vae_activation_bytes: int = 0
+    """Peak activation headroom while the VAE decodes (per tile batch)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "block_bytes", tuple(int(b) for b in self.block_bytes))
+        if not self.block_bytes or min(self.block_bytes) <= 0:
+            raise ValueError(f"block_bytes must be a non-empty list of positive sizes, got {self.block_bytes[:8]}")
+        for name in ("dit_home_bytes", "dit_activation_bytes", "text_encoder_bytes",
+                     "text_encoder_activation_bytes", "vae_bytes", "vae_activation_bytes"):
+            if int(getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def dit_bytes(self) -> int:
+        """All DiT weights: home plus blocks."""
+        return self.dit_home_bytes + sum(self.block_bytes)
+
+
+@dataclass(frozen=True)
+class PlacementRequest:
+    """What the user asked for (node inputs)."""
+
+    devices: str = "auto"
+    """DiT devices: ``auto``, ``cuda:0,cuda:1``, ``cpu,cpu`` or weighted ``cuda:0:3,cuda:1:1``."""
+    text_encoder_device: str = "auto"
+    """``auto``, ``cpu`` or ``cuda:N``."""
+    vae_device: str = "auto"
+    """``auto``, ``cpu`` or ``cuda:N``."""
+    reserve_vram_gb: float = 0.0
+    """GiB to leave free on every GPU (other apps, CUDA context, fragmentation)."""
+
+    def __post_init__(self) -> None:
+        parse_devices(self.devices)
+        object.__setattr__(self, "text_encoder_device", parse_component_device(self.text_encoder_device))
+        object.__setattr__(self, "vae_device", parse_component_device(self.vae_device))
+        reserve = self.reserve_vram_gb
+        if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
+            raise ValueError(f"reserve_vram_gb {reserve!r} must be a number >= 0 (GiB left free on each GPU)")
+
+    @property
+    def device_list(self) -> DeviceList:
+        return parse_devices(self.devices)
+
+    @property
+    def reserve_bytes(self) -> int:
+        return int(round(self.reserve_vram_gb * GiB))
+
+
+@dataclass(frozen=True)
+class BlockRange:
+    """DiT blocks ``start <= i < stop`` live and run on ``device``."""
+
+    device: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
+class DeviceLoad:
+    """What the plan puts on one device."""
+
+    device: str
+    weight_bytes: int
+    """Resident weights of every model placed there."""
+    activation_bytes: int
+    """Largest activation headroom among them (they run one after another)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A placement. ``to_dict`` is what tests compare; ``to_text`` is what users read."""
+
+    text_encoder_device: str
+    vae_device: str
+    home_device: str
+    """Device of the DiT's non-block part; hidden states start and end there."""
+    block_ranges: tuple[BlockRange, ...]
+    """Contiguous, non-empty, in order, covering every block; a device may appear twice."""
+    loads: tuple[DeviceLoad, ...]
+    """Per device holding anything, in inventory order."""
+    notes: tuple[str, ...] = ()
+    """Why things went where they did (skipped GPUs, CPU fallbacks), for the log and the UI."""
+
+    @property
+    def dit_devices(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.device for r in self.block_ranges))
+
+    def to_dict(self) -> dict:
+        return {
+            "text_encoder": self.text_encoder_device,
+            "vae": self.vae_device,
+            "home": self.home_device,
+            "blocks": [[r.device, r.start, r.stop] for r in self.block_ranges],
+            "loads": {l.device: {"weights": l.weight_bytes, "activations": l.activation_bytes} for l in self.loads},
+            "notes": list(self.notes),
+        }
+
+    def to_text(self, inventory: Inventory) -> str:
+        return format_plan_table(self, inventory)
