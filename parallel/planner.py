@@ -188,7 +188,7 @@ def _build_plan(ctx: _Ctx, placed: dict, entries, ranges, loads: dict, notes: li
     block_ranges = []
     for entry, (start, stop) in zip(entries, ranges):
         if start == stop:
-            notes.append(f"{entry.device} gets no blocks: {len(fp.block_bytes)} blocks do not reach it")
+            notes.append(f"{entry.device} gets no blocks (the proportional split of {len(fp.block_bytes)} leaves it none)")
             continue
         block_ranges.append(BlockRange(entry.device, start, stop))
         _add(loads, entry.device, sum(fp.block_bytes[start:stop]), fp.dit_activation_bytes)
