@@ -66,3 +66,52 @@ def test_stock_ksampler_runs_tiny_wan_deterministically(comfy_env, tiny_models):
     (vae,) = nodes.VAELoader().load_vae(tiny_models.names["wan21_vae"])
     (image,) = nodes.VAEDecode().decode(vae, {"samples": a})
     assert image.shape[-3:] == (64, 64, 3) and torch.isfinite(image).all()
+
+
+# ----------------------------------------------------------------------------- server
+def tiny_wan_api_graph(tiny_models, seed: int = 7, decode: bool = True, prefix: str = "harness/wan") -> dict:
+    """Stock-node API graph: tiny Wan 2.1 t2v, 2 KSampler steps, 64×64×1 frame, saved."""
+    g = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": tiny_models.names["wan21_t2v"], "weight_dtype": "default"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": tiny_models.names["umt5"], "type": "wan", "device": "default"}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox in the rain", "clip": ["2", 0]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["2", 0]}},
+        "5": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 64, "height": 64, "length": 1, "batch_size": 1}},
+        "6": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "seed": seed, "steps": 2, "cfg": 1.0,
+                                                   "sampler_name": "euler", "scheduler": "simple", "positive": ["3", 0],
+                                                   "negative": ["4", 0], "latent_image": ["5", 0], "denoise": 1.0}},
+        "7": {"class_type": "SaveLatent", "inputs": {"samples": ["6", 0], "filename_prefix": prefix}},
+    }
+    if decode:
+        g["8"] = {"class_type": "VAELoader", "inputs": {"vae_name": tiny_models.names["wan21_vae"]}}
+        g["9"] = {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["8", 0]}}
+        g["10"] = {"class_type": "SaveImage", "inputs": {"images": ["9", 0], "filename_prefix": prefix}}
+    return g
+
+
+def test_server_imports_pack_and_lists_its_nodes(comfy_env, comfy_server):
+    assert comfy_server.import_failures() == [], comfy_server.log_tail()
+    info = comfy_server.object_info()
+    assert "KSampler" in info and "UNETLoader" in info
+    missing = [n for n in pack_node_ids(comfy_env) if n not in info]
+    assert missing == [], f"pack nodes missing from /object_info: {missing}\n{comfy_server.log_tail()}"
+    server_ids = sorted(n for n in info if n.startswith("ShardDiT"))
+    assert server_ids == pack_node_ids(comfy_env)
+
+
+def test_server_runs_tiny_wan_graph(comfy_server, tiny_models):
+    prompt_id = comfy_server.queue_prompt(tiny_wan_api_graph(tiny_models, decode=True))
+    comfy_server.wait(prompt_id, timeout=240)
+    outputs = comfy_server.outputs(prompt_id)
+    assert set(outputs) >= {"7", "10"}, outputs
+    files = comfy_server.output_files(prompt_id)
+    assert [f.suffix for f in files] == [".latent", ".png"] or sorted(f.suffix for f in files) == [".latent", ".png"]
+    for f in files:
+        assert f.is_file() and f.stat().st_size > 0, f
+
+
+def test_server_rejects_invalid_graph(comfy_server, tiny_models):
+    g = tiny_wan_api_graph(tiny_models, decode=False)
+    g["1"]["inputs"]["unet_name"] = "no_such_model.safetensors"
+    answer = comfy_server.validate(g)
+    assert answer["status"] == 400 and "1" in answer["body"]["node_errors"], answer

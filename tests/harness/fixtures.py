@@ -52,3 +52,20 @@ def tiny_models(comfy_env, tmp_path_factory):
     models = write_tiny_models(tmp_path_factory.mktemp("tiny_models"), names=TEMPLATE_NAMES)
     register_with_folder_paths(models)
     return models
+
+
+@pytest.fixture(scope="session")
+def comfy_server(tiny_models, tmp_path_factory):
+    """``harness.server.ComfyServer``: ComfyUI on 127.0.0.1:<free port>, CPU, this pack + tiny models.
+
+    Started once per session, stopped at its end; on a start failure the log tail is in the error.
+    """
+    from harness.comfy_env import comfy_path
+    from harness.server import ComfyServer
+
+    server = ComfyServer(comfy_path(), tmp_path_factory.mktemp("comfy_server"), tiny_models.root)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,282 @@
+"""Headless ComfyUI as a subprocess, with this pack and the tiny models, plus a small client.
+
+``ComfyServer(comfy_root, workdir, models_dir).start()`` runs
+``main.py --cpu --listen 127.0.0.1 --port <free> --disable-auto-launch`` with
+
+- ``--base-directory <workdir>/base``: input/output/temp/user (and the sqlite db) stay in the
+  test's tmp dir, never in the shared ComfyUI tree;
+- ``--extra-model-paths-config <workdir>/extra_model_paths.yaml``: the tiny models'
+  ``diffusion_models/ text_encoders/ vae/ loras/`` and ``custom_nodes: <workdir>/custom_nodes``
+  (0.3.64 accepts any ``folder_paths`` key there, custom_nodes included), which holds
+  ``sharddit`` (a symlink to this repo, as ``git clone`` into custom_nodes would) and
+  ``sharddit_test_hooks`` (test-only: installs the tiny text encoder hook, see tiny_models).
+
+It only ever talks to 127.0.0.1. The server log goes to ``<workdir>/comfyui.log``; errors
+include its tail. ``comfy_run`` drives the same server with comfy-cli's ``comfy run --wait``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import requests
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = "127.0.0.1"
+PACK_DIR_NAME = "sharddit"
+HOOKS_DIR_NAME = "sharddit_test_hooks"
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
+
+_HOOK_INIT = '''"""Test-only (ShardDiT test harness): let stock loaders read the harness's tiny text encoders."""
+import importlib.util
+import sys
+
+_spec = importlib.util.spec_from_file_location("sharddit_test_harness_tiny_models", {path!r})
+_mod = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _mod
+_spec.loader.exec_module(_mod)
+_mod.install_tiny_te_hook()
+NODE_CLASS_MAPPINGS = {{}}
+'''
+
+
+class ComfyServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class ComfyServer:
+    """One ComfyUI subprocess and a client for its HTTP API."""
+
+    def __init__(self, comfy_root, workdir, models_dir, port: int | None = None,
+                 python: str = sys.executable, extra_args=(), pack_dir=REPO):
+        self.comfy_root = Path(comfy_root)
+        self.workdir = Path(workdir)
+        self.models_dir = Path(models_dir)
+        self.port = port or free_port()
+        self.python = python
+        self.extra_args = list(extra_args)
+        self.pack_dir = Path(pack_dir)
+        self.log_path = self.workdir / "comfyui.log"
+        self.proc: subprocess.Popen | None = None
+        self.client_id = uuid.uuid4().hex
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def _prepare(self) -> Path:
+        custom_nodes = self.workdir / "custom_nodes"
+        custom_nodes.mkdir(parents=True, exist_ok=True)
+        link = custom_nodes / PACK_DIR_NAME
+        if not link.exists():
+            os.symlink(self.pack_dir, link, target_is_directory=True)
+        hooks = custom_nodes / HOOKS_DIR_NAME
+        hooks.mkdir(exist_ok=True)
+        tiny = Path(__file__).with_name("tiny_models.py")
+        (hooks / "__init__.py").write_text(_HOOK_INIT.format(path=str(tiny)))
+        # --base-directory's own custom_nodes/ must exist (main.py lists it); it stays empty.
+        (self.workdir / "base" / "custom_nodes").mkdir(parents=True, exist_ok=True)
+        lines = ["sharddit_tests:"]
+        for folder in MODEL_FOLDERS:
+            lines.append(f"  {folder}: {self.models_dir / folder}")
+        lines.append(f"  custom_nodes: {custom_nodes}")
+        yaml_path = self.workdir / "extra_model_paths.yaml"
+        yaml_path.write_text("\n".join(lines) + "\n")
+        return yaml_path
+
+    def command(self) -> list:
+        yaml_path = self._prepare()
+        return [self.python, str(self.comfy_root / "main.py"), "--cpu", "--listen", HOST,
+                "--port", str(self.port), "--disable-auto-launch",
+                "--base-directory", str(self.workdir / "base"),
+                "--extra-model-paths-config", str(yaml_path), *self.extra_args]
+
+    def start(self, timeout: float = 180.0) -> "ComfyServer":
+        cmd = self.command()
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+        env.pop("PYTHONPATH", None)  # never let the test process' path (repo, tests/) leak in
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ComfyServerError(f"ComfyUI exited with {self.proc.returncode} during start\n{self.log_tail()}")
+            try:
+                if requests.get(f"{self.url}/system_stats", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise ComfyServerError(f"ComfyUI not ready after {timeout:.0f}s\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout)
+        self._log.close()
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ------------------------------------------------------------------ log
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        tail = "\n".join(self.log_text().splitlines()[-lines:])
+        return f"--- last {lines} lines of {self.log_path} ---\n{tail}"
+
+    def import_failures(self) -> list:
+        """Log lines where ComfyUI reports a custom node folder of ours failing to import."""
+        ours = (PACK_DIR_NAME, HOOKS_DIR_NAME)
+        bad = []
+        for line in self.log_text().splitlines():
+            if ("IMPORT FAILED" in line or "Cannot import" in line or "Error while calling comfy_entrypoint" in line) \
+                    and any(f"{os.sep}{n}" in line or f" {n}" in line for n in ours):
+                bad.append(line.strip())
+        return bad
+
+    # ------------------------------------------------------------------ client
+    def _get(self, path: str, **kw):
+        r = requests.get(f"{self.url}{path}", timeout=kw.pop("timeout", 30), **kw)
+        r.raise_for_status()
+        return r.json()
+
+    def _post(self, path: str, payload=None, timeout: float = 30):
+        return requests.post(f"{self.url}{path}", json=payload if payload is not None else {}, timeout=timeout)
+
+    def object_info(self, node_class: str | None = None) -> dict:
+        return self._get(f"/object_info/{node_class}" if node_class else "/object_info", timeout=60)
+
+    def queue_prompt(self, api_graph: dict) -> str:
+        """POST /prompt; returns the prompt id. ComfyUI's validation errors raise with its JSON."""
+        r = self._post("/prompt", {"prompt": api_graph, "client_id": self.client_id})
+        if r.status_code != 200:
+            raise ComfyServerError(f"POST /prompt rejected ({r.status_code}): {r.text}")
+        return r.json()["prompt_id"]
+
+    def validate(self, api_graph: dict) -> dict:
+        """POST /prompt and return ComfyUI's answer without raising: ``{"status", "body"}``.
+
+        A graph that passes is queued and runs; use for graphs that are cheap to run or
+        interrupt them."""
+        r = self._post("/prompt", {"prompt": api_graph, "client_id": self.client_id})
+        try:
+            body = r.json()
+        except ValueError:
+            body = r.text
+        return {"status": r.status_code, "body": body}
+
+    def history(self, prompt_id: str | None = None) -> dict:
+        return self._get(f"/history/{prompt_id}" if prompt_id else "/history")
+
+    def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.25) -> dict:
+        """Poll /history until the prompt finishes; returns its history entry, raises on error."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entry = self.history(prompt_id).get(prompt_id)
+            if entry and entry.get("status", {}).get("completed") is not None:
+                status = entry["status"]
+                if status.get("status_str") != "success":
+                    msgs = [m for m in status.get("messages", []) if m[0] == "execution_error"]
+                    raise ComfyServerError(f"prompt {prompt_id} failed: {json.dumps(msgs, indent=1)[:4000]}\n{self.log_tail()}")
+                return entry
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ComfyServerError(f"ComfyUI died while running {prompt_id}\n{self.log_tail()}")
+            time.sleep(poll)
+        raise ComfyServerError(f"prompt {prompt_id} not done after {timeout:.0f}s\n{self.log_tail()}")
+
+    def outputs(self, prompt_id: str) -> dict:
+        """``{node_id: ui_output}`` of a finished prompt (e.g. ``{"9": {"images": [...]}}``)."""
+        return self.history(prompt_id)[prompt_id]["outputs"]
+
+    def output_files(self, prompt_id: str) -> list:
+        """Paths of the files a finished prompt saved (images/videos/latents under output/)."""
+        files = []
+        for out in self.outputs(prompt_id).values():
+            for items in out.values():
+                for item in items if isinstance(items, list) else []:
+                    if isinstance(item, dict) and "filename" in item:
+                        sub = item.get("subfolder", "")
+                        base = self.workdir / "base" / (item.get("type") or "output")
+                        files.append(base / sub / item["filename"])
+        return files
+
+    def run(self, api_graph: dict, timeout: float = 300.0) -> dict:
+        """queue_prompt + wait; returns the outputs."""
+        pid = self.queue_prompt(api_graph)
+        self.wait(pid, timeout)
+        return self.outputs(pid)
+
+    def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
+        self._post("/free", {"unload_models": unload_models, "free_memory": free_memory}).raise_for_status()
+
+    def interrupt(self) -> None:
+        self._post("/interrupt").raise_for_status()
+
+    def clear_queue(self) -> None:
+        self._post("/queue", {"clear": True}).raise_for_status()
+
+
+def comfy_cli() -> str:
+    """Path of comfy-cli's ``comfy`` next to this Python, else on PATH."""
+    here = Path(sys.executable).with_name("comfy")
+    found = str(here) if here.exists() else shutil.which("comfy")
+    if not found:
+        raise ComfyServerError("comfy-cli not installed: pip install comfy-cli (tests/requirements.txt)")
+    return found
+
+
+def comfy_run(api_json_path, server: ComfyServer, timeout: int = 300, extra_args=()) -> subprocess.CompletedProcess:
+    """``comfy run --workflow F --wait`` against ``server`` (127.0.0.1:port), non-interactive.
+
+    comfy-cli gets a private HOME/config dir under the server's workdir (no prompts, no
+    tracking, nothing written to the user's config). ``--json`` makes it print NDJSON events;
+    the last line is an ``envelope`` with ``ok``. Returns the CompletedProcess (not checked).
+    """
+    home = server.workdir / "comfy_cli_home"
+    home.mkdir(exist_ok=True)
+    env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / ".config"),
+           "COMFY_NO_WATCH": "1", "NO_COLOR": "1", "DO_NOT_TRACK": "1", "COMFY_NO_TELEMETRY": "1",
+           "COMFY_CLI_NO_REMOTE_REFRESH": "1"}
+    cmd = [comfy_cli(), "--skip-prompt", "run", "--workflow", str(api_json_path),
+           "--wait", "--where", "local", "--host", HOST, "--port", str(server.port),
+           "--timeout", str(timeout), "--json", "--no-notify", *extra_args]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout + 30)
+
+
+def parse_comfy_run_events(stdout: str) -> list:
+    """The NDJSON events ``comfy run --json`` printed (non-JSON lines skipped)."""
+    events = []
+    for line in stdout.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+    return events
