@@ -1,0 +1,189 @@
+"""Packaging: Comfy Registry fields, a wheel that holds only `sharddit/`, `comfy node validate`,
+and the rule that the engine in parallel/ never imports ComfyUI or the pack's ComfyUI layers."""
+import ast
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    tomllib = pytest.importorskip("tomli", reason="Python 3.10 needs tomli to read pyproject.toml")
+
+
+@pytest.fixture(scope="module")
+def pyproject():
+    with open(REPO / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def _requirement_names(lines):
+    return {re.split(r"[\s<>=!~;\[]", line.strip(), maxsplit=1)[0].lower()
+            for line in lines if line.strip() and not line.strip().startswith("#")}
+
+
+# ------------------------------------------------------------------ (a) Registry fields
+
+
+def test_project_fields(pyproject):
+    project = pyproject["project"]
+    assert project["name"] == "sharddit" and "comfyui" not in project["name"].lower()
+    assert re.fullmatch(r"\d+\.\d+\.\d+(?:-[0-9A-Za-z.-]+)?", project["version"]), project["version"]
+    import sharddit
+
+    assert sharddit.__version__ == project["version"], "pyproject version and sharddit.__version__ differ"
+    assert len(project["description"]) > 20
+    assert project["license"] == {"file": "LICENSE"} and (REPO / "LICENSE").is_file()
+    assert project["requires-python"].startswith(">=")
+    assert "Environment :: GPU :: NVIDIA CUDA" in project["classifiers"]
+    assert project["urls"]["Repository"].startswith("https://")
+
+
+def test_dependencies(pyproject):
+    names = _requirement_names(pyproject["project"]["dependencies"])
+    assert "nvidia-ml-py" in names
+    assert "pynvml" not in names, "the PyPI package pynvml is deprecated: depend on nvidia-ml-py"
+    assert not names & {"torch", "torchvision", "torchaudio"}, "ComfyUI brings torch; never pin it here"
+    requirements = _requirement_names((REPO / "requirements.txt").read_text().splitlines())
+    assert requirements == names, "requirements.txt and [project] dependencies must list the same packages"
+
+
+def test_tool_comfy(pyproject):
+    comfy = pyproject["tool"]["comfy"]
+    for key in ("PublisherId", "DisplayName", "Icon"):
+        assert isinstance(comfy.get(key), str) and comfy[key].strip(), key
+    assert comfy["requires-comfyui"] == ">=0.3.64"
+
+
+def test_pytest_markers_registered(pyproject):
+    markers = {m.split(":")[0] for m in pyproject["tool"]["pytest"]["ini_options"]["markers"]}
+    assert {"gpu", "multi_gpu", "comfy"} <= markers
+
+
+# ------------------------------------------------------------------ (b) wheel holds only sharddit/
+
+
+def _copy_sources(target: Path) -> None:
+    ignore = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", ".venv", "venv",
+                                    ".pytest_cache", ".hypothesis")
+    shutil.copytree(REPO, target, ignore=ignore)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
+                    reason="needs setuptools in this environment for an offline wheel build (pip install setuptools)")
+def test_wheel_contains_only_the_sharddit_package(tmp_path):
+    src = tmp_path / "src"
+    _copy_sources(src)  # build a copy: never write build/ or *.egg-info into the shared checkout
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+           "-w", str(tmp_path / "dist"), str(src)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    (wheel,) = (tmp_path / "dist").glob("sharddit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    stray = [n for n in names if not (n.startswith("sharddit/") or re.match(r"sharddit-[^/]+\.dist-info/", n))]
+    assert stray == [], f"wheel would install outside sharddit/: {stray}"
+    assert {"sharddit/__init__.py", "sharddit/parallel/planner.py", "sharddit/nodes/__init__.py",
+            "sharddit/loaders/__init__.py"} <= set(names)
+    assert not any(n.startswith("sharddit/tests/") for n in names)
+    dist_info = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    metadata = zipfile.ZipFile(wheel).read(dist_info).decode()
+    assert "Requires-Dist: nvidia-ml-py" in metadata and "Requires-Dist: torch" not in metadata
+
+
+# ------------------------------------------------------------------ (c) comfy node validate
+
+
+def _find_comfy_cli():
+    beside_python = Path(sys.executable).parent / ("comfy.exe" if os.name == "nt" else "comfy")
+    return str(beside_python) if beside_python.exists() else shutil.which("comfy")
+
+
+@pytest.mark.skipif(_find_comfy_cli() is None, reason="comfy-cli not installed (pip install comfy-cli) - `comfy` not on PATH")
+def test_comfy_node_validate():
+    # Offline: it reads pyproject.toml and runs ruff's security rules; telemetry off, no prompts.
+    cmd = [_find_comfy_cli(), "--skip-prompt", "--no-enable-telemetry", "node", "validate"]
+    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "Validating node configuration" in text, text
+    assert not re.search(r"\b(error|warning)s?\b", text, re.IGNORECASE), text
+
+
+# ------------------------------------------------------------------ (d) parallel/ is pure
+
+
+FORBIDDEN_TOP = {"comfy", "comfy_api", "comfy_extras", "comfy_execution", "folder_paths", "nodes"}
+FORBIDDEN_PACK = ("sharddit.loaders", "sharddit.nodes")
+
+
+def _is_forbidden(name: str) -> bool:
+    top = name.split(".")[0]
+    return top in FORBIDDEN_TOP or any(name == p or name.startswith(p + ".") for p in FORBIDDEN_PACK)
+
+
+def find_forbidden_imports(source: str, module: str) -> list:
+    """Forbidden imports in ``source`` of module ``module`` (e.g. ``sharddit.parallel.planner``),
+    resolving relative imports; ``from ..loaders import x`` -> ``sharddit.loaders.x``."""
+    package = module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if _is_forbidden(a.name)]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            if node.level > len(package):
+                base = []  # above the pack: a top-level module such as ComfyUI's nodes.py
+            stem = ".".join(base + ([node.module] if node.module else []))
+            targets = [stem] if node.module else [f"{stem}.{a.name}".lstrip(".") for a in node.names]
+            found += [(node.lineno, t) for t in targets if _is_forbidden(t)]
+        elif isinstance(node, ast.Call) and _is_dynamic_import(node):
+            found += [(node.lineno, node.args[0].value)] if _is_forbidden(node.args[0].value) else []
+    return found
+
+
+def _is_dynamic_import(node: ast.Call) -> bool:
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    return (name in ("import_module", "__import__") and node.args
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
+
+
+@pytest.mark.parametrize(
+    "source, module, expected",
+    [
+        ("import comfy.model_management", "sharddit.parallel.x", ["comfy.model_management"]),
+        ("from comfy_api.latest import io", "sharddit.parallel.x", ["comfy_api.latest"]),
+        ("def f():\n    import folder_paths", "sharddit.parallel.x", ["folder_paths"]),
+        ("from nodes import NODE_CLASS_MAPPINGS", "sharddit.parallel.x", ["nodes"]),
+        ("from ..loaders import specs", "sharddit.parallel.x", ["sharddit.loaders"]),
+        ("from .. import nodes", "sharddit.parallel.x", ["sharddit.nodes"]),
+        ("from ...loaders.specs import y", "sharddit.parallel.sub.x", ["sharddit.loaders.specs"]),
+        ("from ... import nodes", "sharddit.parallel.x", ["nodes"]),
+        ("import sharddit.nodes.node_list", "sharddit.parallel.x", ["sharddit.nodes.node_list"]),
+        ("importlib.import_module('comfy.sd')", "sharddit.parallel.x", ["comfy.sd"]),
+        ("import torch\nfrom .devices import parse_devices\nfrom . import inventory\nimport nodesx\n"
+         "from ..parallel import planner", "sharddit.parallel.x", []),
+    ],
+)
+def test_import_checker_catches(source, module, expected):
+    assert [name for _, name in find_forbidden_imports(source, module)] == expected
+
+
+def test_parallel_imports_no_comfyui_and_no_pack_layers():
+    offenders = []
+    for path in sorted((REPO / "parallel").rglob("*.py")):
+        rel = path.relative_to(REPO).with_suffix("")
+        module = ".".join(("sharddit",) + rel.parts)
+        if path.name == "__init__.py":
+            module += ".__init__"  # relative imports resolve against the package itself
+        offenders += [f"{rel}.py:{line}: {name}" for line, name in find_forbidden_imports(path.read_text(), module)]
+    assert offenders == [], "parallel/ must stay pure PyTorch (no ComfyUI, no loaders/ or nodes/):\n" + "\n".join(offenders)
