@@ -1,0 +1,26 @@
+"""Tiled VAE decoding engine: one import for the geometry and the batched multi-device runner.
+
+- ``tile_geometry``: core-identical tile layout (``plan_tiles``, ``feather_mask``, ``TileSpec``),
+  grouping of equal-shaped tiles and batching (``group_tiles``, ``make_batches``);
+- ``tile_runner``: ``plan_decode`` + ``run_tiled`` (stacked decoder calls, one thread per replica,
+  fixed-order blending, progress and interrupt callbacks).
+
+Pure PyTorch: nothing here imports ComfyUI; ``loaders/vae_decode.py`` adapts ComfyUI's VAE.
+"""
+from .tile_geometry import (  # noqa: F401
+    Scale,
+    Tile,
+    TileSpec,
+    check_tiling,
+    dim_tiles,
+    feather_mask,
+    group_tiles,
+    make_batches,
+    plan_tiles,
+)
+from .tile_runner import TilePlan, plan_decode, run_tiled  # noqa: F401
+
+__all__ = [
+    "Scale", "Tile", "TilePlan", "TileSpec", "check_tiling", "dim_tiles", "feather_mask",
+    "group_tiles", "make_batches", "plan_decode", "plan_tiles", "run_tiled",
+]
