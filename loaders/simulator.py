@@ -1,0 +1,283 @@
+"""Dry-run simulator: will this model fit these GPUs at this size? Answered on a CPU, no weights.
+
+``simulate`` builds ComfyUI's own model class on ``meta`` (``presets.build_meta_model``), sizes it
+with ``parallel/sizing``, plans with ``parallel/planner``, puts every block on its planned fake
+device with the pack's own engine (``parallel/sharding.attach_block_sharding``), and runs ONE
+forward under ``FakeTensorMode`` + ``no_grad`` (TESTING.md, tier 2). Attention runs as an
+output-only stand-in (flash / memory-efficient semantics) while simulating: through ComfyUI's own
+``transformer_options["optimized_attention_override"]`` hook, and by swapping the module-level
+``optimized_attention`` names for the duration of the forward (restored in ``finally``).
+
+Without ``batch``: cond+uncond in one batch of 2 when that fits, else one after the other (batch
+1), which is what ComfyUI's ``calc_cond_batch`` does when memory is short.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import time
+
+import torch
+
+from ..parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
+from ..parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
+from ..parallel.simulate import (MemoryTracker, fake_device_mode, flash_attention_standin,
+                                 materialize_module)
+from . import presets
+from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
+
+log = logging.getLogger("sharddit")
+
+__all__ = ["simulate", "SimulationReport", "DeviceReport", "DTYPES"]
+
+DTYPES = ("bf16", "fp16", "fp8")
+_WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn,
+                  "fp32": torch.float32}
+
+
+def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, frames: int = 81,
+             batch: int | None = None, dtype: str | None = "bf16", reserve_vram_gb: float = 0.0,
+             inventory: Inventory | None = None) -> SimulationReport:
+    """Simulate one DiT forward on the planned devices; per-device weights, peak and verdict.
+
+    ``model``: a preset name, a ``.safetensors`` path or a ``presets.ModelSpec``.
+    ``devices``: an inventory spec (``"cuda:0=24GiB,cuda:1=24GiB"``, planned ``auto`` over it),
+    ``"auto"`` (this machine's GPUs, read now) or a device list (``"cuda:0,cuda:1"``).
+    ``batch``: 1, 2 (cond+uncond) or None (2 if it fits, else 1). ``dtype``: bf16, fp16 or fp8
+    (1-byte weights, bf16 compute); None for a file's own dtype.
+    """
+    started = time.monotonic()
+    spec = model if isinstance(model, presets.ModelSpec) else presets.resolve_model(str(model))
+    _check_size(spec, width, height, frames)
+    dtype = dtype or spec.file_dtype or "bf16"
+    weight_dtype, compute_dtype = _dtypes(dtype, spec)
+    inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
+    dit = presets.build_meta_model(spec, weight_dtype, None if compute_dtype == weight_dtype
+                                   else compute_dtype).diffusion_model
+    from .specs import get_arch_spec
+    from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
+
+    layout = get_arch_spec(dit)
+    block_bytes = tuple(compute_block_bytes(dit, layout))
+    home_bytes = compute_non_block_bytes(dit, layout)
+    ctx = dict(spec=spec, dit=dit, layout=layout, inventory=inventory, request=request,
+               block_bytes=block_bytes, home_bytes=home_bytes, compute_dtype=compute_dtype,
+               size=(width, height, frames), dtype=dtype)
+    report = None
+    for b in ([batch] if batch else [2, 1]):
+        report = _simulate_batch(ctx, b, batch_given=bool(batch))
+        if report.fits:
+            break
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _check_size(spec, width: int, height: int, frames: int) -> None:
+    g = spec.geometry
+    step = g.spatial * 2  # the DiT patchifies 2x2 latent cells
+    if width < step or height < step or frames < 1:
+        raise ValueError(f"[ShardDiT] size {width}x{height}x{frames} is too small for {spec.name}: "
+                         f"width and height >= {step} pixels, frames >= 1")
+    if (frames - 1) % g.temporal:
+        log.info("[ShardDiT] %s uses %d*k+1 frames; %d frames is rounded down to %d", spec.name,
+                 g.temporal, frames, (frames - 1) // g.temporal * g.temporal + 1)
+
+
+def _dtypes(dtype: str, spec) -> tuple[torch.dtype, torch.dtype]:
+    """(weight dtype, compute dtype). fp8: 1-byte weights, bf16 compute (ComfyUI's manual cast)."""
+    if dtype not in _WEIGHT_DTYPES:
+        raise ValueError(f"[ShardDiT] dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    weight = _WEIGHT_DTYPES[dtype]
+    if dtype == "fp8":
+        return weight, torch.bfloat16
+    if dtype == "fp16" and spec.family != "wan":
+        log.info("[ShardDiT] %s does not run in fp16 in ComfyUI: simulating bf16 (same size)", spec.name)
+        return torch.bfloat16, torch.bfloat16
+    return weight, weight
+
+
+def _inventory_and_request(devices: str, reserve_vram_gb: float, inventory):
+    devices = str(devices).strip() or "auto"
+    if "=" in devices:
+        inventory = inventory_from_spec(devices)
+        devices = "auto"
+    elif inventory is None:
+        inventory = read_inventory()
+    return inventory, PlacementRequest(devices=devices, reserve_vram_gb=float(reserve_vram_gb))
+
+
+def _simulate_batch(ctx: dict, batch: int, batch_given: bool) -> SimulationReport:
+    """Probe the activation peak on one device, plan with it, then simulate the plan."""
+    spec, inventory = ctx["spec"], ctx["inventory"]
+    first = inventory.gpus[0].device if inventory.gpus else "cpu"
+    probe = _run(ctx, batch, [first] * len(ctx["block_bytes"]), first)
+    activation = probe[first][1]
+    plan, error = _plan(ctx, activation)
+    block_devices, home = _block_devices(ctx, plan)
+    measured = _run(ctx, batch, block_devices, home)
+    devices = _device_reports(ctx, measured, block_devices, home)
+    report = SimulationReport(
+        model=spec.name, family=spec.family, dtype=ctx["dtype"], size=ctx["size"],
+        latent_shape=spec.geometry.latent_shape(*ctx["size"], batch), batch=batch,
+        batch_given=batch_given, experts=spec.experts, inventory=inventory, plan=plan,
+        plan_error=error, devices=devices, reserve_vram_gb=ctx["request"].reserve_vram_gb)
+    log.info("[ShardDiT] simulated %s batch %d: %s", spec.name, batch,
+             "fits" if report.fits else "does not fit")
+    return report
+
+
+def _plan(ctx: dict, activation: int):
+    footprint = Footprint(block_bytes=ctx["block_bytes"], dit_home_bytes=ctx["home_bytes"],
+                          dit_activation_bytes=activation)
+    try:
+        return plan_placement(ctx["inventory"], footprint, ctx["request"]), None
+    except PlacementError as err:
+        return None, str(err)
+
+
+def _block_devices(ctx: dict, plan) -> tuple[list[str], str]:
+    """Device of each block (global order) and the home device; a forced split when no plan."""
+    n = len(ctx["block_bytes"])
+    if plan is not None:
+        ranges, home = [(r.device, r.start, r.stop) for r in plan.block_ranges], plan.home_device
+    else:
+        ranges = fallback_block_ranges(ctx["inventory"], ctx["request"], ctx["block_bytes"])
+        home = ranges[0][0]
+    devices = [None] * n
+    for device, start, stop in ranges:
+        devices[start:stop] = [device] * (stop - start)
+    assert None not in devices, f"ranges {ranges} do not cover {n} blocks"
+    return devices, home
+
+
+def _device_reports(ctx, measured: dict, block_devices: list, home: str) -> list[DeviceReport]:
+    reserve = int(ctx["request"].reserve_vram_gb * GiB)
+    names = list(dict.fromkeys([home] + block_devices))
+    out = []
+    for device in names:
+        info = ctx["inventory"].get(device) if device in ctx["inventory"].names else None
+        blocks = [i for i, d in enumerate(block_devices) if d == device]
+        weights, peak = measured.get(device, (0, 0))
+        usable = None if info is None or device == "cpu" else info.available_bytes - reserve
+        out.append(DeviceReport(device, info.name if info else "CPU", info.total_bytes if info else 0,
+                                info.free_bytes if info else 0, usable, weights, peak,
+                                blocks, device == home))
+    return out
+
+
+def _run(ctx: dict, batch: int, block_devices: list[str], home: str) -> dict:
+    """One fake forward; {device: (weight bytes, peak activation bytes)}."""
+    from ..parallel.sharding import attach_block_sharding
+
+    dit, layout = ctx["dit"], ctx["layout"]
+    blocks = _blocks(dit, layout)
+    with fake_device_mode(), _attention_standin():
+        memo = {}
+        materialize_module(dit, home, exclude=blocks, memo=memo)
+        for block, device in zip(blocks, block_devices):
+            materialize_module(block, device, memo=memo)
+        with _placed_already([dit] + blocks):
+            handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
+                                           torch.device(home))
+        try:
+            with MemoryTracker(dit, *blocks) as tracker, handle.router.forward_scope():
+                out = _forward(ctx, dit, batch, torch.device(home))
+                del out
+            report = tracker.report()
+        finally:
+            handle.detach()
+    _to_meta(dit)
+    return {d: (m.weights, m.peak_activations) for d, m in report.items()}
+
+
+@contextlib.contextmanager
+def _placed_already(modules):
+    """Make ``module.to(device)`` a no-op on these modules while the engine attaches.
+
+    Their fake tensors already sit on the planned devices. ``Module._apply`` in torch >= 2.13
+    always swaps FakeTensor parameters, and the swap fails ("Cannot swap t1 because it has weakref
+    associated with it"), so the engine's own ``.to`` calls must not reach it.
+    """
+    for m in modules:
+        m.to = (lambda mod: lambda *a, **k: mod)(m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.__dict__.pop("to", None)
+
+
+def _blocks(dit, layout) -> list:
+    blocks = []
+    for path in layout.block_lists:
+        obj = dit
+        for name in path.split("."):
+            obj = getattr(obj, name)
+        blocks.extend(obj)
+    return blocks
+
+
+def _to_meta(dit) -> None:
+    """Back to ``meta`` after a run: the next run starts clean and no fake tensor leaks out."""
+    for mod in dit.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
+                mod._parameters[name] = torch.nn.Parameter(meta, requires_grad=False)
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="meta")
+
+
+def _forward(ctx: dict, dit, batch: int, home: torch.device):
+    """Call the DiT as ComfyUI's sampler does, with inputs of the family's shapes on ``home``."""
+    spec, dtype = ctx["spec"], ctx["compute_dtype"]
+    g = spec.geometry
+
+    def empty(*shape, dt=dtype):
+        return torch.empty(shape, dtype=dt, device=home)
+
+    x = empty(*g.latent_shape(*ctx["size"], batch))
+    t = empty(batch, dt=torch.float32)
+    context = empty(batch, g.context_tokens, g.context_dim)
+    options = {"optimized_attention_override": _attention_override}
+    kwargs = {}
+    if spec.family == "wan" and g.clip_tokens:
+        kwargs["clip_fea"] = empty(batch, g.clip_tokens, 1280)
+    if spec.family == "ltxv":
+        kwargs.update(attention_mask=None, frame_rate=25)
+    if spec.family == "hunyuan_video":
+        if g.pooled_dim:
+            kwargs["y"] = empty(batch, g.pooled_dim)
+        if spec.unet_config.get("guidance_embed"):
+            kwargs["guidance"] = empty(batch, dt=torch.float32)
+    return dit(x, t, context, transformer_options=options, **kwargs)
+
+
+def _attention_override(func, *args, **kwargs):
+    """ComfyUI's ``optimized_attention_override`` hook: ignore ``func``, run the stand-in."""
+    return flash_attention_standin(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _attention_standin():
+    """Swap ComfyUI's module-level attention entry points for the stand-in; always restored."""
+    import comfy.ldm.modules.attention as attention
+
+    originals = {getattr(attention, n) for n in dir(attention) if n.startswith("attention_")}
+    originals |= {attention.optimized_attention, attention.optimized_attention_masked}
+    swapped = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name.startswith("comfy.ldm") or name.startswith("comfy.ldm.")):
+            continue
+        for attr in ("optimized_attention", "optimized_attention_masked"):
+            value = getattr(module, attr, None)
+            if value is not None and value in originals:
+                swapped.append((module, attr, value))
+                setattr(module, attr, flash_attention_standin)
+    try:
+        yield
+    finally:
+        for module, attr, value in swapped:
+            setattr(module, attr, value)

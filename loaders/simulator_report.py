@@ -1,0 +1,167 @@
+"""What the simulator found, as data (tests compare) and as text (users read). Pure."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..parallel.plan_ranges import compute_block_ranges
+
+__all__ = ["DeviceReport", "SimulationReport", "fallback_block_ranges", "format_gib"]
+
+_GiB = 1 << 30
+NOT_MODELLED = ("not counted: the CUDA context (~0.5 GiB per GPU), allocator fragmentation, cuBLAS "
+                "workspaces, the text encoder and the VAE; leave room with --reserve-vram-gb")
+
+
+def format_gib(n: float) -> str:
+    return f"{n / _GiB:.1f}"
+
+
+@dataclass
+class DeviceReport:
+    """One device in the simulated forward (bytes)."""
+
+    device: str
+    name: str
+    total: int
+    free: int
+    usable: int | None
+    """Free (+ held by ShardDiT) minus reserve; None for cpu (system RAM, not checked)."""
+    weights: int
+    """Parameters and buffers placed there (measured on the fake device)."""
+    peak_activations: int
+    """Peak of live non-weight storages there during the forward."""
+    blocks: list = field(default_factory=list)
+    home: bool = False
+    """Holds the DiT's non-block part (embeddings, head); the hidden state starts and ends here."""
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.peak_activations
+
+    @property
+    def shortfall(self) -> int:
+        return 0 if self.usable is None else max(0, self.need - self.usable)
+
+    def describe_blocks(self) -> str:
+        runs, start = [], None
+        for i, b in enumerate(self.blocks):
+            if start is None:
+                start = b
+            if i + 1 == len(self.blocks) or self.blocks[i + 1] != b + 1:
+                runs.append(f"{start}-{b}" if b > start else f"{start}")
+                start = None
+        parts = (["home"] if self.home else []) + (["blocks " + ",".join(runs)] if runs else [])
+        return " + ".join(parts) or "-"
+
+
+@dataclass
+class SimulationReport:
+    model: str
+    family: str
+    dtype: str
+    size: tuple
+    """(width, height, frames) in pixels / frames."""
+    latent_shape: tuple
+    batch: int
+    batch_given: bool
+    experts: int
+    inventory: object
+    plan: object
+    """The planner's Plan, or None when it found no placement (then ``plan_error``)."""
+    plan_error: str | None
+    devices: list
+    reserve_vram_gb: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None and not any(d.shortfall for d in self.devices)
+
+    @property
+    def batch_mode(self) -> str:
+        if self.batch == 2:
+            return "cond+uncond together (batch 2)"
+        if self.batch_given:
+            return "batch 1"
+        return "cond and uncond one after the other (batch 1): together they do not fit"
+
+    def shortfalls(self) -> dict:
+        return {d.device: d.shortfall for d in self.devices if d.shortfall}
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "dtype": self.dtype, "size": list(self.size), "batch": self.batch,
+            "latent_shape": list(self.latent_shape), "fits": self.fits,
+            "plan": self.plan.to_dict() if self.plan is not None else None,
+            "devices": {d.device: {"weights": d.weights, "peak_activations": d.peak_activations,
+                                   "usable": d.usable, "shortfall": d.shortfall, "blocks": d.blocks}
+                        for d in self.devices},
+        }
+
+    def to_text(self) -> str:
+        w, h, f = self.size
+        lines = [f"[ShardDiT] plan: {self.model} ({self.family}), {self.dtype}, {w}x{h}x{f} frames, "
+                 f"latent {'x'.join(map(str, self.latent_shape))}, {self.batch_mode}"]
+        if self.experts > 1:
+            lines.append(f"{self.experts} experts of this shape, loaded in turn by ComfyUI: the peak holds one "
+                         f"(keeping all {self.experts} resident needs {self.experts}x the weights)")
+        lines += ["", "Inventory:", format_inventory(self.inventory), "", "Simulated forward:",
+                  self._device_table()]
+        if self.plan is not None and self.plan.notes:
+            lines += [f"- {n}" for n in self.plan.notes]
+        lines += ["", self._verdict(), f"({NOT_MODELLED}; simulated in {self.seconds:.1f} s)"]
+        return "\n".join(lines)
+
+    def _device_table(self) -> str:
+        rows = [("device", "holds", "weights", "peak act.", "total", "usable", "verdict")]
+        for d in self.devices:
+            usable = "-" if d.usable is None else format_gib(d.usable)
+            verdict = "ok" if not d.shortfall else f"SHORT {format_gib(d.shortfall)} GiB"
+            rows.append((d.device, d.describe_blocks(), format_gib(d.weights),
+                         format_gib(d.peak_activations), format_gib(d.need), usable, verdict))
+        return format_table(rows, right=(2, 3, 4, 5)) + "\n(GiB)"
+
+    def _verdict(self) -> str:
+        if self.fits:
+            return f"FITS: {self.batch_mode}."
+        parts = [f"{dev} short by {format_gib(n)} GiB" for dev, n in self.shortfalls().items()]
+        text = "DOES NOT FIT: " + ("; ".join(parts) or "no placement") + "."
+        if self.plan_error:
+            text += f"\nPlanner: {self.plan_error}"
+        return text + ("\nFix: fewer frames or a smaller size, fp8 weights, more or larger GPUs, "
+                       "or a lower --reserve-vram-gb.")
+
+
+def format_table(rows, right=()) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                        for i, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def format_inventory(inventory, holdings: dict | None = None) -> str:
+    """Device | name | total | free [| held by ComfyUI | held by ShardDiT] (GiB)."""
+    head = ("device", "name", "total", "free")
+    extra = ("ComfyUI holds", "ShardDiT holds") if holdings is not None else ()
+    rows = [head + extra]
+    for d in inventory.devices:
+        row = (d.device, d.name, format_gib(d.total_bytes), format_gib(d.free_bytes))
+        if holdings is not None:
+            comfy, ours = holdings.get(d.device, (0, 0))
+            row += (format_gib(comfy), format_gib(ours))
+        rows.append(row)
+    return format_table(rows, right=tuple(range(2, len(rows[0])))) + f"\n(GiB; source: {inventory.source})"
+
+
+def fallback_block_ranges(inventory, request, block_bytes) -> list:
+    """Where to put the blocks when the planner finds no placement, so the shortfall per device
+    can still be measured: the requested devices (``auto``: every GPU) split by usable memory."""
+    entries = request.device_list.entries
+    devices = [e.device for e in entries] or [g.device for g in inventory.gpus] or ["cpu"]
+    caps = []
+    for dev in devices:
+        info = inventory.get(dev) if dev in inventory.names else None
+        caps.append(max(1, (info.available_bytes if info else _GiB) - request.reserve_bytes))
+    ranges = compute_block_ranges(block_bytes, caps) or [(0, len(block_bytes))]
+    return [(dev, a, b) for dev, (a, b) in zip(devices, ranges) if b > a]
