@@ -1,0 +1,97 @@
+"""Architecture specs: where a ComfyUI DiT keeps its blocks and which block arguments travel.
+
+One small ``ArchSpec`` per family maps ComfyUI 0.3.64 classes (matched by exact class name, so a
+subclass with different inter-block code is never guessed) to a ``BlockLayout``. The stream
+arguments are the block-to-block hidden state(s); every other tensor argument is routed as a
+per-forward constant by the engine (``parallel/routing.py``). ``return_home_after`` lists the
+blocks after which the model runs code on its home device:
+
+- Wan VACE: after block i in ``vace_layers_mapping`` (``x += vace_block(...)``).
+- Wan S2V: after the audio-injection layers (``audio_injector.injected_block_id``). Its blocks are
+  called without ``transformer_options``: nothing special, routing is by argument name.
+- Wan Animate: after every fifth block (``face_adapter.fuser_blocks[i // 5]``).
+- HunyuanVideo / Flux: a ControlNet (``control``) adds into the hidden state after every block,
+  so ``home_every_block_kwargs = ("control",)``; double blocks take and return ``(img, txt)``.
+- LTXV: ``pe`` is a ``(cos, sin)`` tuple: routed as a constant like any tensor.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..parallel.sharding import BlockLayout
+
+__all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures"]
+
+
+def _no_inter_block_code(dit) -> frozenset[int]:
+    return frozenset()
+
+
+def _vace_layers(dit) -> frozenset[int]:
+    return frozenset(getattr(dit, "vace_layers_mapping", {}) or {})
+
+
+def _s2v_audio_layers(dit) -> frozenset[int]:
+    injector = getattr(dit, "audio_injector", None)
+    return frozenset(getattr(injector, "injected_block_id", {}) or {})
+
+
+def _animate_face_layers(dit) -> frozenset[int]:
+    return frozenset(range(0, len(dit.blocks), 5))
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one family of ComfyUI DiT classes runs its blocks."""
+
+    name: str
+    """Family name shown to users."""
+    class_names: tuple[str, ...]
+    """ComfyUI class names (``type(diffusion_model).__name__``) this spec covers."""
+    block_lists: tuple[str, ...]
+    stream_args: tuple[tuple[int | str, ...], ...]
+    home_after: Callable[[torch.nn.Module], frozenset[int]] = _no_inter_block_code
+    """Global block indices followed by inter-block code on the home device, read off the model."""
+    home_every_block_kwargs: tuple[str, ...] = ()
+
+    def layout(self, dit: torch.nn.Module) -> BlockLayout:
+        return BlockLayout(self.block_lists, self.stream_args, frozenset(self.home_after(dit)),
+                           self.home_every_block_kwargs)
+
+
+_WAN = (("blocks",), (("x",),))
+_MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
+
+SPECS: tuple[ArchSpec, ...] = (
+    ArchSpec("Wan 2.1/2.2 (t2v, i2v, Camera, HuMo)", ("WanModel", "CameraWanModel", "HumoWanModel"), *_WAN),
+    ArchSpec("Wan VACE", ("VaceWanModel",), *_WAN, home_after=_vace_layers),
+    ArchSpec("Wan S2V", ("WanModel_S2V",), *_WAN, home_after=_s2v_audio_layers),
+    ArchSpec("Wan Animate", ("AnimateWanModel",), *_WAN, home_after=_animate_face_layers),
+    ArchSpec("LTX-Video", ("LTXVModel",), ("transformer_blocks",), (("x",),)),
+    ArchSpec("HunyuanVideo", ("HunyuanVideo",), *_MMDIT, home_every_block_kwargs=("control",)),
+    ArchSpec("Flux", ("Flux",), *_MMDIT, home_every_block_kwargs=("control",)),
+)
+
+
+def supported_architectures() -> list[str]:
+    """``"Family (Class, ...)"`` for every spec."""
+    return [f"{s.name} ({', '.join(s.class_names)})" for s in SPECS]
+
+
+def find_arch_spec(class_name: str) -> ArchSpec:
+    """The spec covering ComfyUI class ``class_name``; unknown names raise ``ValueError``."""
+    for spec in SPECS:
+        if class_name in spec.class_names:
+            return spec
+    raise ValueError(
+        f"[ShardDiT] cannot shard diffusion model class {class_name!r}: supported architectures are "
+        f"{'; '.join(supported_architectures())}. Use ComfyUI's core nodes for this model, or open "
+        "an issue at https://github.com/sharddit/sharddit/issues with the model's name.")
+
+
+def get_arch_spec(diffusion_model: torch.nn.Module) -> BlockLayout:
+    """The ``BlockLayout`` of a ComfyUI diffusion model (``model.diffusion_model``)."""
+    return find_arch_spec(type(diffusion_model).__name__).layout(diffusion_model)

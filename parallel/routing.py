@@ -1,0 +1,285 @@
+"""Per-forward routing of block arguments between devices (pure PyTorch, no ComfyUI).
+
+How a block call is routed (``BlockRouter.run_block``):
+
+- **Stream** arguments (the hidden state(s) that change block to block, named per block list in
+  ``BlockLayout.stream_args``: Wan ``x``, HunyuanVideo double ``img``/``txt``) move to the block's
+  device only when they are elsewhere: one *hop* per block call that moved anything.
+- **Every other tensor** argument (timestep modulation, rotary freqs or a ``(cos, sin)`` tuple,
+  text context, masks, tensors inside dict/list/tuple arguments such as ``transformer_options``)
+  is a per-forward *constant*: when it lives on the home device and the block does not, it is
+  copied to the block's device once per forward and the copy is reused by every later block on
+  that device (cache keyed by tensor identity + device; the entry keeps the source alive so its
+  id cannot be reused within the forward, and outside inference mode an in-place change of the
+  source, seen through its version counter, triggers a fresh copy). Tensors on any other device
+  are left alone, exactly as an unsharded run leaves them.
+- After the blocks in ``return_home_after``, after the last block of each list, and after every
+  block while a scope asked for ``return_home_all`` (inter-block code such as a ControlNet), the
+  block output (a tensor, or each tensor of a tuple/list/dict) comes back to the home device.
+
+A forward is delimited by ``forward_scope()`` (ComfyUI integration) or, without a scope, by the
+first and the last registered block (pure ``attach`` path): the cache is cleared at the start
+and released at the end; ``stats`` keeps the last forward's counters.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["BlockLayout", "BlockRouter", "RouterStats", "normalize_device"]
+
+_NEST = 3  # how deep constants are searched inside dict/list/tuple arguments
+
+
+def normalize_device(device, what: str = "device") -> torch.device:
+    """``torch.device`` with an explicit index for accelerators (``cuda`` -> error, ``cuda:0`` ok)."""
+    dev = torch.device(device)
+    if dev.type not in ("cpu", "meta") and dev.index is None:
+        raise ValueError(f"[ShardDiT] {what} {str(device)!r} has no index: pass e.g. '{dev.type}:0'")
+    return dev
+
+
+@dataclass(frozen=True)
+class BlockLayout:
+    """Where the transformer blocks of a DiT are and which block arguments travel."""
+
+    block_lists: tuple[str, ...]
+    """Attribute paths of the block ``ModuleList``s on the DiT, in execution order."""
+    stream_args: tuple[tuple[int | str, ...], ...]
+    """Per block list: the arguments that carry the hidden state(s), by name (``"x"``) or
+    position (``0``); names are matched to positions from the block's ``forward`` signature."""
+    return_home_after: frozenset[int] = frozenset()
+    """Global block indices (over all lists, in order) after which code runs on the home device
+    (Wan VACE/S2V/Animate inter-block code). The last block of each list is always included."""
+    home_every_block_kwargs: tuple[str, ...] = ()
+    """DiT forward arguments that, when given (not None), run code on the home device after every
+    block (HunyuanVideo / Flux ``control``); see ``needs_home_every_block``."""
+
+    def __post_init__(self):
+        if not self.block_lists:
+            raise ValueError("[ShardDiT] BlockLayout needs at least one block list path")
+        if len(self.stream_args) != len(self.block_lists):
+            raise ValueError(
+                f"[ShardDiT] BlockLayout has {len(self.block_lists)} block lists but "
+                f"{len(self.stream_args)} stream_args entries: give one tuple per list")
+        if len(set(self.block_lists)) != len(self.block_lists):
+            raise ValueError(f"[ShardDiT] BlockLayout lists a block path twice: {self.block_lists}")
+        for spec in self.stream_args:
+            if not spec or not all(isinstance(a, (int, str)) for a in spec):
+                raise ValueError(f"[ShardDiT] stream_args entry {spec!r} must be a non-empty tuple of names/positions")
+        object.__setattr__(self, "return_home_after", frozenset(int(i) for i in self.return_home_after))
+
+
+@dataclass
+class RouterStats:
+    """Counters of one forward (tests and the benchmark read them)."""
+
+    hops: int = 0
+    """Block calls whose stream input moved, plus outputs moved back home."""
+    constant_copies: int = 0
+    """Constant tensors copied to a device (each (tensor, device) pair at most once)."""
+    copies_by_device: dict[str, int] = field(default_factory=dict)
+    hop_log: list[tuple[int, str, str]] = field(default_factory=list)
+    """(global block index, from device, to device) per hop."""
+    blocks_run: int = 0
+
+
+class _Slot:
+    """What the router knows about one block: index, device, list, stream positions/names."""
+
+    __slots__ = ("index", "device", "list_index", "stream_pos", "stream_names")
+
+    def __init__(self, index, device, list_index, stream_pos, stream_names):
+        self.index, self.device, self.list_index = index, device, list_index
+        self.stream_pos, self.stream_names = stream_pos, stream_names
+
+
+class BlockRouter:
+    """Routes block inputs/outputs for one sharded model; state lives for one forward."""
+
+    def __init__(self, layout: BlockLayout, home):
+        self.layout = layout
+        self.home = normalize_device(home, "home device")
+        self.stats = RouterStats()
+        self._slots: dict[int, _Slot] = {}
+        self._home_after: frozenset[int] = frozenset()
+        self._first = self._last = -1
+        self._cache: dict = {}
+        self._scoped = False
+        self._home_all = False
+
+    # ---- registration (build_block_proxies) -------------------------------------------------
+    def register(self, slot: _Slot) -> None:
+        self._slots[slot.index] = slot
+        last_of_list = {}
+        for s in self._slots.values():
+            last_of_list[s.list_index] = max(last_of_list.get(s.list_index, -1), s.index)
+        self._home_after = self.layout.return_home_after | frozenset(last_of_list.values())
+        self._first, self._last = min(self._slots), max(self._slots)
+
+    def registered_lists(self) -> set[int]:
+        return {s.list_index for s in self._slots.values()}
+
+    @property
+    def block_devices(self) -> tuple[torch.device, ...]:
+        return tuple(self._slots[g].device for g in sorted(self._slots))
+
+    def planned_hops(self, return_home_all: bool = False) -> int:
+        """Hops one forward makes if every registered block runs once, in order."""
+        hops, here = 0, self.home
+        for g in sorted(self._slots):
+            dev = self._slots[g].device
+            hops += dev != here
+            here = dev
+            if (return_home_all or g in self._home_after) and here != self.home:
+                hops, here = hops + 1, self.home
+        return hops
+
+    # ---- forward scope -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def forward_scope(self, return_home_all: bool = False):
+        """One forward: fresh cache and stats on entry, cache released on exit (even on error).
+
+        Nested scopes join the outer one. ``return_home_all``: every block output comes home
+        (inter-block code such as a ControlNet runs this forward).
+        """
+        if self._scoped:
+            yield self
+            return
+        self._begin(return_home_all)
+        self._scoped = True
+        try:
+            yield self
+        finally:
+            self._scoped = False
+            self._home_all = False
+            self._cache.clear()
+
+    def _begin(self, return_home_all: bool = False) -> None:
+        self._cache.clear()
+        self.stats = RouterStats()
+        self._home_all = return_home_all
+
+    # ---- hot path ----------------------------------------------------------------------------
+    def run_block(self, slot: _Slot, block, args: tuple, kwargs: dict):
+        g = slot.index
+        if not self._scoped and g == self._first:
+            self._begin()
+        dev = slot.device
+        args, kwargs, moved_from = self._route_inputs(slot, dev, args, kwargs)
+        if moved_from is not None:
+            self._count_hop(g, moved_from, dev)
+        self.stats.blocks_run += 1
+        out = block(*args, **kwargs)
+        if dev != self.home and (self._home_all or g in self._home_after):
+            out, moved = _move(out, self.home, 1)
+            if moved:
+                self._count_hop(g, dev, self.home)
+        if not self._scoped and g == self._last:
+            self._cache.clear()
+        return out
+
+    def _route_inputs(self, slot: _Slot, dev, args, kwargs):
+        moved_from = None
+        new_args = list(args)
+        for i, a in enumerate(args):
+            if i in slot.stream_pos:
+                new_args[i], src = _move_stream(a, dev)
+            else:
+                new_args[i], src = self._constant(a, dev, _NEST), None
+            moved_from = moved_from or src
+        new_kwargs = {}
+        for k, v in kwargs.items():
+            if k in slot.stream_names:
+                new_kwargs[k], src = _move_stream(v, dev)
+                moved_from = moved_from or src
+            else:
+                new_kwargs[k] = self._constant(v, dev, _NEST)
+        return new_args, new_kwargs, moved_from
+
+    def _constant(self, obj, dev, depth):
+        """``obj`` with every home-device tensor inside replaced by its cached copy on ``dev``."""
+        if isinstance(obj, torch.Tensor):
+            if obj.device == dev or obj.device != self.home:
+                return obj
+            return self._cached_copy(obj, dev)
+        if depth <= 0:
+            return obj
+        if isinstance(obj, dict):
+            new = None
+            for k, v in obj.items():
+                r = self._constant(v, dev, depth - 1)
+                if r is not v:
+                    new = dict(obj) if new is None else new
+                    new[k] = r
+            return obj if new is None else new
+        if isinstance(obj, (list, tuple)):
+            items = [self._constant(v, dev, depth - 1) for v in obj]
+            if all(a is b for a, b in zip(items, obj)):
+                return obj
+            return _rebuild(obj, items)
+        return obj
+
+    def _cached_copy(self, t: torch.Tensor, dev) -> torch.Tensor:
+        key = (id(t), dev)
+        version = None if t.is_inference() else t._version
+        entry = self._cache.get(key)
+        if entry is not None and entry[0] is t and entry[1] == version:
+            return entry[2]
+        copy = self._copy_constant(t, dev)
+        self._cache[key] = (t, version, copy)
+        self.stats.constant_copies += 1
+        name = str(dev)
+        self.stats.copies_by_device[name] = self.stats.copies_by_device.get(name, 0) + 1
+        return copy
+
+    def _copy_constant(self, t: torch.Tensor, dev) -> torch.Tensor:
+        """The one place a constant crosses devices (tests break it on purpose)."""
+        return t.to(dev)
+
+    def _count_hop(self, g: int, src, dst) -> None:
+        self.stats.hops += 1
+        self.stats.hop_log.append((g, str(src), str(dst)))
+
+
+def _rebuild(obj, items):
+    if isinstance(obj, list):
+        return items
+    if hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*items)
+    return type(obj)(items)
+
+
+def _move_stream(obj, dev):
+    """(obj on ``dev``, the device it came from or None when nothing moved)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device == dev:
+            return obj, None
+        return obj.to(dev), obj.device
+    moved, changed = _move(obj, dev, 1)
+    if not changed:
+        return obj, None
+    items = obj.values() if isinstance(obj, dict) else obj
+    src = next(t.device for t in items if isinstance(t, torch.Tensor) and t.device != dev)
+    return moved, src
+
+
+def _move(obj, dev, depth):
+    """Move tensors in ``obj`` (a tensor, or one level of tuple/list/dict) to ``dev``."""
+    if isinstance(obj, torch.Tensor):
+        return (obj, False) if obj.device == dev else (obj.to(dev), True)
+    if depth <= 0:
+        return obj, False
+    if isinstance(obj, dict):
+        moved = {k: _move(v, dev, depth - 1) for k, v in obj.items()}
+        if not any(c for _, c in moved.values()):
+            return obj, False
+        return {k: v for k, (v, _) in moved.items()}, True
+    if isinstance(obj, (list, tuple)):
+        moved = [_move(v, dev, depth - 1) for v in obj]
+        if not any(c for _, c in moved):
+            return obj, False
+        return _rebuild(obj, [v for v, _ in moved]), True
+    return obj, False
