@@ -1,0 +1,52 @@
+"""``python <pack-dir> plan``: will this model fit these GPUs? (dry-run simulation, no weights).
+
+Exit codes: 0 fits, 3 does not fit (the shortfall per device is printed), 2 bad input or no ComfyUI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+NAME = "plan"
+HELP = ("Simulate one DiT forward of a video model on real or imagined GPUs (no GPU or weights "
+        "needed) and say whether it fits.")
+EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 3
+
+
+def add_arguments(p) -> None:
+    from .presets import preset_names
+
+    p.add_argument("--model", required=True,
+                   help=f"a preset ({', '.join(preset_names())}) or a .safetensors diffusion model (header only)")
+    p.add_argument("--devices", default="auto",
+                   help="'auto' (this machine's GPUs), a list 'cuda:0,cuda:1', or imagined GPUs with their free "
+                        "memory 'cuda:0=24GiB,cuda:1=12GiB'")
+    p.add_argument("--size", default="832x480", type=_size, help="WIDTHxHEIGHT in pixels (default 832x480)")
+    p.add_argument("--frames", default=81, type=int, help="video frames (default 81)")
+    p.add_argument("--batch", type=int, choices=(1, 2),
+                   help="1, or 2 = cond+uncond together (default: 2 if it fits, else 1, as ComfyUI does)")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp8"),
+                   help="weight dtype (fp8: 1-byte weights, bf16 compute); default bf16, or the file's own")
+    p.add_argument("--reserve-vram-gb", type=float, default=0.0, help="GiB to leave free on every GPU")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT, e.g. 1280x720")
+    return int(m.group(1)), int(m.group(2))
+
+
+def run(args) -> int:
+    from .cli import import_comfyui
+
+    import_comfyui()
+    from .simulator import simulate
+
+    width, height = args.size
+    report = simulate(args.model, devices=args.devices, width=width, height=height, frames=args.frames,
+                      batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb)
+    print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
+    return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
