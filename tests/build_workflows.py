@@ -1,0 +1,457 @@
+"""Writes ``workflows/<name>.json`` (UI format) and ``workflows/<name>_api.json`` (API format).
+
+The committed JSON files are what users drag in; this script only keeps each UI/API pair
+consistent. Run it after changing a graph or a ShardDiT node's inputs, then review the diff:
+
+    /work/venv/bin/python tests/build_workflows.py          # rewrite workflows/*.json
+    /work/venv/bin/python tests/build_workflows.py --check  # exit 1 if the files differ
+
+Widget order comes from the node tables in ``workflow_tools`` (core nodes: ``CORE_NODES``; ours:
+``nodes/*.py`` read with ast, falling back to ``CONTRACT`` for a node not written yet). File
+names, resolutions, frames, steps, cfg and shifts follow ComfyUI's own templates
+(comfyui-workflow-templates) for these models; the graphs are ours.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from workflow_tools import (CORE_NODES, WORKFLOWS_DIR, Input, NodeSpec,  # noqa: E402
+                            sharddit_schemas)
+
+# Inputs of ShardDiT nodes per DESIGN.md, used only for a node whose file does not define it yet.
+CONTRACT = {n.node_id: n for n in [
+    NodeSpec("ShardDiTLoadDiffusionModel", (
+        Input("unet_name", "COMBO", folder="diffusion_models"), Input("weight_dtype", "COMBO"),
+        Input("devices", "STRING", default="auto"), Input("reserve_vram_gb", "FLOAT", default=1.0)), (("MODEL", "MODEL"),)),
+    NodeSpec("ShardDiTLoadTextEncoder", (
+        Input("clip_name", "COMBO", folder="text_encoders"), Input("type", "COMBO"),
+        Input("device", "STRING", default="auto")), (("CLIP", "CLIP"),)),
+    NodeSpec("ShardDiTLoadVAE", (
+        Input("vae_name", "COMBO", folder="vae"), Input("device", "STRING", default="auto")), (("VAE", "VAE"),)),
+    NodeSpec("ShardDiTShardModel", (
+        Input("model", "MODEL"), Input("devices", "STRING"), Input("reserve_vram_gb", "FLOAT")), (("MODEL", "MODEL"),)),
+    NodeSpec("ShardDiTKSampler", (
+        Input("model", "MODEL"), Input("seed", "INT", control=True), Input("steps", "INT"), Input("cfg", "FLOAT"),
+        Input("sampler_name", "COMBO"), Input("scheduler", "COMBO"), Input("positive", "CONDITIONING"),
+        Input("negative", "CONDITIONING"), Input("latent_image", "LATENT"), Input("denoise", "FLOAT"),
+        Input("devices", "STRING")), (("LATENT", "LATENT"),)),
+    NodeSpec("ShardDiTVAEDecodeTiled", (
+        Input("samples", "LATENT"), Input("vae", "VAE"), Input("tile_size", "INT"), Input("overlap", "INT"),
+        Input("temporal_size", "INT"), Input("temporal_overlap", "INT"), Input("tile_batch_size", "STRING"),
+        Input("devices", "STRING")), (("IMAGE", "IMAGE"),)),
+]}
+
+PACK_CNR_ID = "sharddit"
+FRONTEND_VERSION = "1.27.10"
+GROUP_COLOR = "#3f789e"
+HF = "https://huggingface.co"
+URLS = {
+    "wan2.1_t2v_14B_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/diffusion_models/wan2.1_t2v_14B_fp8_scaled.safetensors",
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+    "umt5_xxl_fp8_e4m3fn_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors",
+    "wan_2.1_vae.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/vae/wan_2.1_vae.safetensors",
+    "ltxv-13b-0.9.7-dev.safetensors": f"{HF}/Lightricks/LTX-Video/resolve/main/ltxv-13b-0.9.7-dev.safetensors",
+    "t5xxl_fp16.safetensors": f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/t5xxl_fp16.safetensors",
+    "hunyuan_video_t2v_720p_bf16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files/diffusion_models/hunyuan_video_t2v_720p_bf16.safetensors",
+    "clip_l.safetensors": f"{HF}/comfyanonymous/flux_text_encoders/resolve/main/clip_l.safetensors",
+    "llava_llama3_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files/text_encoders/llava_llama3_fp8_scaled.safetensors",
+    "hunyuan_video_vae_bf16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files/vae/hunyuan_video_vae_bf16.safetensors",
+}
+# Wan's own negative prompt (the one ComfyUI's Wan templates and the Wan repo use).
+WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
+                "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，"
+                "杂乱的背景，三条腿，背景人很多，倒着走")
+
+
+def table() -> dict:
+    return {**CORE_NODES, **CONTRACT, **sharddit_schemas()}
+
+
+class Graph:
+    """A workflow described once; ``ui()`` and ``api()`` render the two formats."""
+
+    def __init__(self, name: str, uid: str, nodes_table: dict):
+        self.name = name
+        self.uid = uid
+        self.table = nodes_table
+        self.nodes = {}      # id -> dict(type, pos, size, widgets, title, models, control)
+        self.links = []      # (link_id, src, src_slot, dst, input_name)
+        self.groups = []     # (title, [node ids])
+
+    def node(self, nid, type_, pos, size, title=None, models=(), control="fixed", **widgets):
+        spec = self.table.get(type_)
+        if spec is not None:
+            names = [i.name for i in spec.widgets]
+            unknown = set(widgets) - set(names)
+            missing = [i.name for i in spec.widgets if i.name not in widgets and not i.optional]
+            if unknown or missing:
+                raise ValueError(f"{self.name}: node {nid} {type_}: unknown widgets {sorted(unknown)}, missing {missing}")
+        self.nodes[nid] = dict(type=type_, pos=list(pos), size=list(size), widgets=widgets, title=title,
+                               models=list(models), control=control)
+        return nid
+
+    def note(self, nid, pos, size, text, type_="MarkdownNote"):
+        self.nodes[nid] = dict(type=type_, pos=list(pos), size=list(size), widgets={"text": text}, title=None,
+                               models=[], control=None)
+
+    def link(self, src, src_slot, dst, input_name):
+        self.links.append((len(self.links) + 1, src, src_slot, dst, input_name))
+
+    def group(self, title, ids):
+        self.groups.append((title, list(ids)))
+
+    # ------------------------------------------------------------------ rendering
+    def _order(self) -> list:
+        deps = {nid: {src for _, src, _, dst, _ in self.links if dst == nid} for nid in self.nodes}
+        order, done = [], set()
+        while len(order) < len(self.nodes):
+            ready = sorted(n for n in self.nodes if n not in done and deps[n] <= done)
+            if not ready:
+                raise ValueError(f"{self.name}: cycle in graph")
+            order.append(ready[0])
+            done.add(ready[0])
+        return order
+
+    def _widgets_values(self, nid) -> list:
+        node = self.nodes[nid]
+        if node["type"] not in self.table:
+            return [node["widgets"]["text"]]
+        out = []
+        for inp in self.table[node["type"]].widgets:
+            if inp.name not in node["widgets"]:
+                continue
+            out.append(node["widgets"][inp.name])
+            if inp.control:
+                out.append(node["control"])
+        return out
+
+    def ui(self) -> dict:
+        order = self._order()
+        nodes = []
+        for nid in sorted(self.nodes):
+            node = self.nodes[nid]
+            spec = self.table.get(node["type"])
+            entry = {"id": nid, "type": node["type"], "pos": node["pos"], "size": node["size"], "flags": {},
+                     "order": order.index(nid), "mode": 0}
+            if node["title"]:
+                entry["title"] = node["title"]
+            if spec is not None:
+                inputs = []
+                for inp in spec.sockets:
+                    link = next((lid for lid, _, _, dst, name in self.links if dst == nid and name == inp.name), None)
+                    if link is None and not inp.optional:
+                        raise ValueError(f"{self.name}: node {nid} {node['type']}: input {inp.name!r} not linked")
+                    inputs.append({"name": inp.name, "type": inp.type, "link": link})
+                entry["inputs"] = inputs
+                entry["outputs"] = [
+                    {"name": name, "type": typ, "slot_index": slot,
+                     "links": [lid for lid, src, s, _, _ in self.links if src == nid and s == slot]}
+                    for slot, (name, typ) in enumerate(spec.outputs)]
+                props = {"Node name for S&R": node["type"],
+                         "cnr_id": PACK_CNR_ID if node["type"].startswith("ShardDiT") else "comfy-core"}
+            else:
+                entry["inputs"], entry["outputs"] = [], []
+                props = {}
+            if node["models"]:
+                props["models"] = [{"name": n, "url": URLS[n], "directory": d} for d, n in node["models"]]
+            entry["properties"] = props
+            entry["widgets_values"] = self._widgets_values(nid)
+            nodes.append(entry)
+        links = []
+        for lid, src, slot, dst, name in self.links:
+            spec_dst = self.table[self.nodes[dst]["type"]]
+            dst_slot = [i.name for i in spec_dst.sockets].index(name)
+            typ = self.table[self.nodes[src]["type"]].outputs[slot][1]
+            links.append([lid, src, slot, dst, dst_slot, typ])
+        groups = []
+        for gid, (title, ids) in enumerate(self.groups, start=1):
+            xs = [self.nodes[i]["pos"][0] for i in ids]
+            ys = [self.nodes[i]["pos"][1] for i in ids]
+            x2 = [self.nodes[i]["pos"][0] + self.nodes[i]["size"][0] for i in ids]
+            y2 = [self.nodes[i]["pos"][1] + self.nodes[i]["size"][1] for i in ids]
+            x, y = min(xs) - 10, min(ys) - 50
+            groups.append({"id": gid, "title": title, "bounding": [x, y, max(x2) + 10 - x, max(y2) + 10 - y],
+                           "color": GROUP_COLOR, "font_size": 24, "flags": {}})
+        return {"id": self.uid, "revision": 0, "last_node_id": max(self.nodes), "last_link_id": len(self.links),
+                "nodes": nodes, "links": links, "groups": groups, "config": {},
+                "extra": {"ds": {"scale": 0.6, "offset": [700, 300]}, "frontendVersion": FRONTEND_VERSION},
+                "version": 0.4}
+
+    def api(self) -> dict:
+        out = {}
+        for nid in sorted(self.nodes):
+            node = self.nodes[nid]
+            spec = self.table.get(node["type"])
+            if spec is None:
+                continue
+            inputs = {}
+            for inp in spec.inputs:
+                if inp.name in node["widgets"]:
+                    inputs[inp.name] = node["widgets"][inp.name]
+                    continue
+                link = next(((src, slot) for _, src, slot, dst, name in self.links
+                             if dst == nid and name == inp.name), None)
+                if link is not None:
+                    inputs[inp.name] = [str(link[0]), link[1]]
+            out[str(nid)] = {"inputs": inputs, "class_type": node["type"],
+                             "_meta": {"title": node["title"] or node["type"]}}
+        return out
+
+
+# ----------------------------------------------------------------------------- notes
+def files_note(title: str, files: list, extra: str = "") -> str:
+    """Markdown: which files, where they go (a tree of ComfyUI/models)."""
+    lines = [f"## {title} on 2 GPUs (ShardDiT)", "",
+             "Every `devices`/`device` input is `auto`: ShardDiT reads the free VRAM of each GPU and places the "
+             "text encoder, the DiT blocks (split over the GPUs) and the VAE. `python custom_nodes/sharddit plan` "
+             "prints the plan before you download anything.", "", "**Model files**", ""]
+    for folder, name in files:
+        lines.append(f"- [{name}]({URLS[name]}) → `models/{folder}/`")
+    lines += ["", "```", "ComfyUI/", "└── models/"]
+    folders = sorted({f for f, _ in files})
+    for i, folder in enumerate(folders):
+        last = i == len(folders) - 1
+        lines.append(f"    {'└' if last else '├'}── {folder}/")
+        names = sorted(n for f, n in files if f == folder)
+        for j, name in enumerate(names):
+            lines.append(f"    {' ' if last else '│'}   {'└' if j == len(names) - 1 else '├'}── {name}")
+    lines.append("```")
+    if extra:
+        lines += ["", extra]
+    return "\n".join(lines)
+
+
+def decode_nodes(g: Graph, first_id: int, x: int, samples_src, vae_src, fps, prefix, tile=(512, 64, 64, 8)):
+    dec, vid, save = first_id, first_id + 1, first_id + 2
+    g.node(dec, "ShardDiTVAEDecodeTiled", (x, 0), (320, 250), tile_size=tile[0], overlap=tile[1],
+           temporal_size=tile[2], temporal_overlap=tile[3], tile_batch_size="auto", devices="auto")
+    g.link(*samples_src, dec, "samples")
+    g.link(*vae_src, dec, "vae")
+    g.node(vid, "CreateVideo", (x, 300), (320, 80), fps=fps)
+    g.link(dec, 0, vid, "images")
+    g.node(save, "SaveVideo", (x + 370, 0), (560, 620), filename_prefix=prefix, format="auto", codec="auto")
+    g.link(vid, 0, save, "video")
+    return dec, vid, save
+
+
+# ----------------------------------------------------------------------------- graphs
+def wan21_t2v(t) -> Graph:
+    g = Graph("wan2.1_t2v_14B_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2101", t)
+    files = [("diffusion_models", "wan2.1_t2v_14B_fp8_scaled.safetensors"),
+             ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), models=[files[0]],
+           unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+    g.node(2, "ShardDiTLoadTextEncoder", (0, 180), (400, 110), models=[files[1]],
+           clip_name=files[1][1], type="wan", device="auto")
+    g.node(3, "ShardDiTLoadVAE", (0, 340), (400, 82), models=[files[2]], vae_name=files[2][1], device="auto")
+    g.node(4, "EmptyHunyuanLatentVideo", (0, 530), (400, 130), width=832, height=480, length=81, batch_size=1)
+    g.node(5, "CLIPTextEncode", (450, 0), (440, 180), title="Positive prompt",
+           text="A red fox trotting through fresh snow in a winter forest at sunrise, breath steaming, "
+                "tracking shot, cinematic lighting, highly detailed fur")
+    g.node(6, "CLIPTextEncode", (450, 230), (440, 180), title="Negative prompt", text=WAN_NEGATIVE)
+    g.link(2, 0, 5, "clip")
+    g.link(2, 0, 6, "clip")
+    g.node(7, "ModelSamplingSD3", (450, 460), (300, 60), shift=8.0)
+    g.link(1, 0, 7, "model")
+    g.node(8, "ShardDiTKSampler", (940, 0), (330, 330), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
+           scheduler="simple", denoise=1.0, devices="auto")
+    g.link(7, 0, 8, "model")
+    g.link(5, 0, 8, "positive")
+    g.link(6, 0, 8, "negative")
+    g.link(4, 0, 8, "latent_image")
+    decode_nodes(g, 9, 1320, (8, 0), (3, 0), 16.0, "video/sharddit_wan2.1_t2v_14B")
+    g.note(12, (-530, 0), (480, 560), files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files))
+    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
+    g.group("2 - Video size", [4])
+    g.group("3 - Prompt", [5, 6])
+    g.group("4 - Sample (DiT blocks sharded over the GPUs)", [7, 8])
+    g.group("5 - Decode (tiles batched over the GPUs) and save", [9, 10, 11])
+    return g
+
+
+def wan22_t2v(t) -> Graph:
+    g = Graph("wan2.2_t2v_A14B_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2202", t)
+    files = [("diffusion_models", "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"),
+             ("diffusion_models", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
+             ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), title="High-noise expert (ShardDiT)",
+           models=[files[0]], unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+    g.node(2, "ShardDiTLoadDiffusionModel", (0, 180), (400, 130), title="Low-noise expert (ShardDiT)",
+           models=[files[1]], unet_name=files[1][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+    g.node(3, "ShardDiTLoadTextEncoder", (0, 360), (400, 110), models=[files[2]],
+           clip_name=files[2][1], type="wan", device="auto")
+    g.node(4, "ShardDiTLoadVAE", (0, 520), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")
+    g.node(5, "EmptyHunyuanLatentVideo", (0, 710), (400, 130), width=640, height=640, length=81, batch_size=1)
+    g.node(6, "CLIPTextEncode", (450, 0), (440, 180), title="Positive prompt",
+           text="A lighthouse on a rocky coast during a storm, huge waves crashing against the rocks, the beam "
+                "sweeping through rain, slow dolly-in, cinematic, highly detailed")
+    g.node(7, "CLIPTextEncode", (450, 230), (440, 180), title="Negative prompt", text=WAN_NEGATIVE)
+    g.link(3, 0, 6, "clip")
+    g.link(3, 0, 7, "clip")
+    g.node(8, "ModelSamplingSD3", (450, 460), (300, 60), title="Shift (high noise)", shift=8.0)
+    g.node(9, "ModelSamplingSD3", (450, 570), (300, 60), title="Shift (low noise)", shift=8.0)
+    g.link(1, 0, 8, "model")
+    g.link(2, 0, 9, "model")
+    g.node(10, "KSamplerAdvanced", (940, 0), (320, 560), title="Steps 0-10: high-noise expert",
+           add_noise="enable", noise_seed=42, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
+           start_at_step=0, end_at_step=10, return_with_leftover_noise="enable")
+    g.node(11, "KSamplerAdvanced", (1300, 0), (320, 560), title="Steps 10-20: low-noise expert",
+           add_noise="disable", noise_seed=0, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
+           start_at_step=10, end_at_step=10000, return_with_leftover_noise="disable")
+    for sampler, shift in ((10, 8), (11, 9)):
+        g.link(shift, 0, sampler, "model")
+        g.link(6, 0, sampler, "positive")
+        g.link(7, 0, sampler, "negative")
+    g.link(5, 0, 10, "latent_image")
+    g.link(10, 0, 11, "latent_image")
+    decode_nodes(g, 12, 1670, (11, 0), (4, 0), 16.0, "video/sharddit_wan2.2_t2v_A14B")
+    g.note(15, (-530, 0), (480, 600), files_note(
+        "Wan 2.2 T2V A14B, 640×640, 81 frames", files,
+        "Two experts: the high-noise one denoises steps 0-10, the low-noise one steps 10-20 (ComfyUI's "
+        "usual split). Each is sharded over the GPUs when it is loaded; ComfyUI moves one out when the "
+        "other needs the room."))
+    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3, 4])
+    g.group("2 - Video size", [5])
+    g.group("3 - Prompt", [6, 7])
+    g.group("4 - Sample: high-noise then low-noise expert", [8, 9, 10, 11])
+    g.group("5 - Decode (tiles batched over the GPUs) and save", [12, 13, 14])
+    return g
+
+
+def ltxv_t2v(t) -> Graph:
+    g = Graph("ltxv_13b_t2v_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2303", t)
+    files = [("checkpoints", "ltxv-13b-0.9.7-dev.safetensors"), ("text_encoders", "t5xxl_fp16.safetensors")]
+    g.node(1, "CheckpointLoaderSimple", (0, 0), (400, 100), title="LTX-Video 13B (DiT + VAE)", models=[files[0]],
+           ckpt_name=files[0][1])
+    g.node(2, "ShardDiTShardModel", (0, 150), (400, 110), devices="auto", reserve_vram_gb=1.0)
+    g.link(1, 0, 2, "model")
+    g.node(3, "ShardDiTLoadTextEncoder", (0, 310), (400, 110), models=[files[1]],
+           clip_name=files[1][1], type="ltxv", device="auto")
+    g.node(4, "EmptyLTXVLatentVideo", (0, 530), (400, 130), width=768, height=512, length=97, batch_size=1)
+    g.node(5, "CLIPTextEncode", (450, 0), (440, 200), title="Positive prompt",
+           text="A woman in a yellow raincoat walks along a wet city street at night. Neon signs reflect in the "
+                "puddles around her boots and rain falls through the light of the street lamps. The camera "
+                "follows her from the side at walking pace, her face lit in soft pink and blue light. The scene "
+                "is realistic, cinematic, with shallow depth of field.")
+    g.node(6, "CLIPTextEncode", (450, 250), (440, 160), title="Negative prompt",
+           text="low quality, worst quality, deformed, distorted, disfigured, motion smear, motion artifacts, "
+                "fused fingers, bad anatomy, weird hand, ugly")
+    g.link(3, 0, 5, "clip")
+    g.link(3, 0, 6, "clip")
+    g.node(7, "LTXVConditioning", (450, 460), (300, 80), frame_rate=25.0)
+    g.link(5, 0, 7, "positive")
+    g.link(6, 0, 7, "negative")
+    g.node(8, "LTXVScheduler", (940, 0), (320, 160), steps=30, max_shift=2.05, base_shift=0.95, stretch=True,
+           terminal=0.1)
+    g.link(4, 0, 8, "latent")
+    g.node(9, "KSamplerSelect", (940, 210), (320, 60), sampler_name="euler")
+    g.node(10, "SamplerCustom", (940, 320), (320, 240), add_noise=True, noise_seed=42, cfg=3.0)
+    g.link(2, 0, 10, "model")
+    g.link(7, 0, 10, "positive")
+    g.link(7, 1, 10, "negative")
+    g.link(9, 0, 10, "sampler")
+    g.link(8, 0, 10, "sigmas")
+    g.link(4, 0, 10, "latent_image")
+    decode_nodes(g, 11, 1320, (10, 0), (1, 2), 24.0, "video/sharddit_ltxv_13b_t2v")
+    g.note(14, (-530, 0), (480, 560), files_note(
+        "LTX-Video 13B T2V, 768×512, 97 frames", files,
+        "The LTX-Video checkpoint holds the DiT and the VAE: core's Load Checkpoint reads it from "
+        "`models/checkpoints/`, **Shard DiT Blocks (ShardDiT)** spreads its blocks over the GPUs. Its "
+        "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts."))
+    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
+    g.group("2 - Video size", [4])
+    g.group("3 - Prompt", [5, 6, 7])
+    g.group("4 - Sample (DiT blocks sharded over the GPUs)", [8, 9, 10])
+    g.group("5 - Decode (tiles batched over the GPUs) and save", [11, 12, 13])
+    return g
+
+
+def hunyuan_t2v(t) -> Graph:
+    g = Graph("hunyuan_video_t2v_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2404", t)
+    files = [("diffusion_models", "hunyuan_video_t2v_720p_bf16.safetensors"),
+             ("text_encoders", "clip_l.safetensors"), ("text_encoders", "llava_llama3_fp8_scaled.safetensors"),
+             ("vae", "hunyuan_video_vae_bf16.safetensors")]
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), models=[files[0]],
+           unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+    g.node(2, "DualCLIPLoader", (0, 180), (400, 130), models=[files[1], files[2]],
+           clip_name1=files[1][1], clip_name2=files[2][1], type="hunyuan_video", device="default")
+    g.node(3, "ShardDiTLoadVAE", (0, 360), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")
+    g.node(4, "EmptyHunyuanLatentVideo", (0, 550), (400, 130), width=848, height=480, length=73, batch_size=1)
+    g.node(5, "CLIPTextEncode", (450, 0), (440, 180), title="Prompt",
+           text="anime style, a girl with long silver hair and a red scarf running along a snowy mountain ridge "
+                "at dusk, the camera tracking beside her, snow blowing in the wind, vivid colours")
+    g.link(2, 0, 5, "clip")
+    g.node(6, "FluxGuidance", (450, 230), (320, 60), guidance=6.0)
+    g.link(5, 0, 6, "conditioning")
+    g.node(7, "ModelSamplingSD3", (450, 340), (320, 60), shift=7.0)
+    g.link(1, 0, 7, "model")
+    g.node(8, "RandomNoise", (940, 0), (320, 82), noise_seed=42)
+    g.node(9, "BasicGuider", (940, 130), (320, 50))
+    g.link(7, 0, 9, "model")
+    g.link(6, 0, 9, "conditioning")
+    g.node(10, "KSamplerSelect", (940, 230), (320, 60), sampler_name="euler")
+    g.node(11, "BasicScheduler", (940, 340), (320, 110), scheduler="simple", steps=20, denoise=1.0)
+    g.link(1, 0, 11, "model")
+    g.node(12, "SamplerCustomAdvanced", (940, 500), (320, 130))
+    g.link(8, 0, 12, "noise")
+    g.link(9, 0, 12, "guider")
+    g.link(10, 0, 12, "sampler")
+    g.link(11, 0, 12, "sigmas")
+    g.link(4, 0, 12, "latent_image")
+    decode_nodes(g, 13, 1320, (12, 0), (3, 0), 24.0, "video/sharddit_hunyuan_video_t2v", tile=(256, 64, 64, 8))
+    g.note(16, (-530, 0), (480, 600), files_note(
+        "HunyuanVideo T2V 720p model, 848×480, 73 frames", files,
+        "HunyuanVideo's two text encoders load through core's DualCLIPLoader (ShardDiT's text encoder "
+        "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt."))
+    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
+    g.group("2 - Video size", [4])
+    g.group("3 - Prompt", [5, 6])
+    g.group("4 - Sample (DiT blocks sharded over the GPUs)", [7, 8, 9, 10, 11, 12])
+    g.group("5 - Decode (tiles batched over the GPUs) and save", [13, 14, 15])
+    return g
+
+
+GRAPHS = [wan21_t2v, wan22_t2v, ltxv_t2v, hunyuan_t2v]
+
+
+def dumps(obj) -> str:
+    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_all(out_dir: Path = WORKFLOWS_DIR) -> dict:
+    """``{path: text}`` of every workflow file."""
+    t = table()
+    files = {}
+    for build in GRAPHS:
+        g = build(t)
+        files[out_dir / f"{g.name}.json"] = dumps(g.ui())
+        files[out_dir / f"{g.name}_api.json"] = dumps(g.api())
+    return files
+
+
+def main(argv) -> int:
+    files = render_all()
+    if "--check" in argv:
+        stale = [str(p) for p, text in files.items() if not p.exists() or p.read_text() != text]
+        print("\n".join(stale) or "workflows up to date")
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.write_text(text)
+        print("wrote", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

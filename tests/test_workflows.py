@@ -1,0 +1,219 @@
+"""Shipped workflows (workflows/*.json): parse, use known nodes with valid inputs, UI/API twins agree.
+
+Pure (CI): no ComfyUI. Core nodes are checked against the checked-in table
+``workflow_tools.CORE_NODES`` (itself checked against real ComfyUI in test_workflows_comfy.py);
+ShardDiT nodes against ``nodes/*.py`` read with ast.
+"""
+import json
+
+import pytest
+
+import build_workflows
+import workflow_tools as wt
+from sharddit.parallel.devices import parse_component_device, parse_devices
+
+EXPECTED = {"wan2.1_t2v_14B_2gpu", "wan2.2_t2v_A14B_2gpu", "ltxv_13b_t2v_2gpu", "hunyuan_video_t2v_2gpu"}
+PAIRS = wt.workflow_pairs()
+IDS = [name for name, _, _ in PAIRS]
+MODEL_FOLDERS = {"diffusion_models", "text_encoders", "vae", "checkpoints", "loras"}
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return wt.sharddit_schemas()
+
+
+@pytest.fixture(scope="module")
+def table(ours):
+    """Core table + our schemas; DESIGN.md's contract only for a ShardDiT node not written yet
+    (that node fails test_node_types_are_core_or_sharddit, the other checks still run)."""
+    return {**build_workflows.CONTRACT, **wt.node_table(ours)}
+
+
+def _load(pair):
+    _, ui_path, api_path = pair
+    return wt.load(ui_path), wt.load(api_path)
+
+
+def test_expected_workflows_present():
+    assert EXPECTED <= set(IDS), f"missing workflows: {sorted(EXPECTED - set(IDS))}"
+    for name, ui_path, api_path in PAIRS:
+        assert api_path.exists(), f"{ui_path.name} has no API twin {api_path.name}"
+    for api in wt.WORKFLOWS_DIR.glob("*_api.json"):
+        assert (wt.WORKFLOWS_DIR / api.name.replace("_api.json", ".json")).exists(), f"{api.name} has no UI twin"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_parses_and_is_readable(pair):
+    for path in pair[1:]:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text)
+        assert text == json.dumps(data, indent=2, ensure_ascii=False) + "\n", f"{path.name}: keep indent 2"
+    ui, api = _load(pair)
+    assert ui["version"] == 0.4 and isinstance(ui["nodes"], list) and isinstance(ui["links"], list)
+    for node_id, node in api.items():
+        assert node_id.isdigit() and set(node) >= {"class_type", "inputs"}, node_id
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_node_types_are_core_or_sharddit(pair, ours):
+    ui, api = _load(pair)
+    for node in ui["nodes"]:
+        t = node["type"]
+        if t.startswith("ShardDiT"):
+            assert t in ours, f"{t} is not defined in nodes/*.py (defined: {sorted(ours)})"
+        else:
+            assert t in wt.CORE_NODES or t in wt.FRONTEND_ONLY, \
+                f"{t} is neither a ShardDiT node nor in the checked-in core list (workflow_tools.CORE_NODES)"
+    for node in api.values():
+        assert node["class_type"] in ours or node["class_type"] in wt.CORE_NODES, node["class_type"]
+
+
+def _check_value(inp: wt.Input, value, files: dict, where: str):
+    if inp.type == "INT":
+        assert isinstance(value, int) and not isinstance(value, bool), f"{where}: {value!r} is not an int"
+    elif inp.type == "FLOAT":
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), f"{where}: {value!r} is not a number"
+    elif inp.type == "BOOLEAN":
+        assert isinstance(value, bool), where
+    elif inp.type in ("STRING", "COMBO"):
+        assert isinstance(value, str), f"{where}: {value!r} is not a string"
+    if inp.min is not None:
+        assert value >= inp.min, f"{where}: {value} < min {inp.min}"
+    if inp.max is not None:
+        assert value <= inp.max, f"{where}: {value} > max {inp.max}"
+    if inp.options is not None:
+        assert value in inp.options, f"{where}: {value!r} not in {inp.options}"
+    if inp.folder is not None:
+        assert value in files.get(inp.folder, ()), \
+            f"{where}: {value!r} is not a {inp.folder} file named in the workflow's model list {files}"
+    if inp.name == "devices":
+        parse_devices(value)
+    elif inp.name == "device":
+        parse_component_device(value)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_sharddit_inputs_exist_with_valid_values(pair, ours):
+    ui, api = _load(pair)
+    files = {}
+    for folder, name in wt.model_files(ui):
+        files.setdefault(folder, set()).add(name)
+    used = 0
+    for node_id, node in api.items():
+        spec = ours.get(node["class_type"])
+        if spec is None:
+            continue
+        used += 1
+        names = {i.name for i in spec.inputs}
+        unknown = set(node["inputs"]) - names
+        assert not unknown, f"node {node_id} {spec.node_id}: inputs {sorted(unknown)} not in its schema"
+        missing = [i.name for i in spec.inputs if not i.optional and i.name not in node["inputs"]]
+        assert not missing, f"node {node_id} {spec.node_id}: required inputs {missing} missing"
+        for inp in spec.inputs:
+            value = node["inputs"].get(inp.name)
+            if value is None:
+                continue
+            where = f"{pair[0]} node {node_id} {spec.node_id}.{inp.name}"
+            if inp.is_widget:
+                _check_value(inp, value, files, where)
+            else:
+                assert isinstance(value, list) and len(value) == 2 and value[0] in api, f"{where}: bad link {value!r}"
+    assert used, f"{pair[0]} uses no ShardDiT node"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_all_placement_inputs_are_auto(pair, ours):
+    _, api = _load(pair)
+    for node_id, node in api.items():
+        if node["class_type"] in ours:
+            for key in ("devices", "device", "tile_batch_size"):
+                if key in node["inputs"]:
+                    assert node["inputs"][key] == "auto", f"node {node_id} {node['class_type']}.{key}"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_ui_and_api_twins_describe_the_same_graph(pair, table):
+    ui, api = _load(pair)
+    assert wt.strip_meta(wt.ui_to_api(ui, table)) == wt.strip_meta(api)
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_ui_links_are_consistent(pair, table):
+    ui, _ = _load(pair)
+    nodes = {n["id"]: n for n in ui["nodes"]}
+    assert ui["last_node_id"] >= max(nodes) and ui["last_link_id"] >= max((l[0] for l in ui["links"]), default=0)
+    for lid, (src, src_slot, dst, dst_slot, typ) in wt.ui_links(ui).items():
+        assert src in nodes and dst in nodes, f"link {lid} points at a missing node"
+        out = nodes[src]["outputs"][src_slot]
+        assert lid in out["links"] and out["type"] == typ, f"link {lid}: output side disagrees"
+        inp = nodes[dst]["inputs"][dst_slot]
+        assert inp["link"] == lid and inp["type"] == typ, f"link {lid}: input side disagrees"
+        assert table[nodes[dst]["type"]].input(inp["name"]).type == typ
+    for node in ui["nodes"]:
+        spec = table.get(node["type"])
+        if spec is None:
+            continue
+        for inp in spec.sockets:
+            linked = [i for i in node["inputs"] if i["name"] == inp.name and i["link"] is not None]
+            assert linked or inp.optional, f"node {node['id']} {node['type']}: {inp.name} not connected"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_ui_layout_groups_and_files_note(pair):
+    ui, _ = _load(pair)
+    for node in ui["nodes"]:
+        assert len(node["pos"]) == 2 and len(node["size"]) == 2, node["id"]
+    assert ui["groups"], "no groups"
+    for g in ui["groups"]:
+        x, y, w, h = g["bounding"]
+        assert w > 0 and h > 0 and g["title"]
+    grouped = [n for n in ui["nodes"] if n["type"] not in wt.FRONTEND_ONLY and any(
+        g["bounding"][0] <= n["pos"][0] and n["pos"][0] + n["size"][0] <= g["bounding"][0] + g["bounding"][2]
+        and g["bounding"][1] <= n["pos"][1] and n["pos"][1] + n["size"][1] <= g["bounding"][1] + g["bounding"][3]
+        for g in ui["groups"])]
+    assert len(grouped) == len([n for n in ui["nodes"] if n["type"] not in wt.FRONTEND_ONLY]), "a node outside every group"
+    notes = [n["widgets_values"][0] for n in ui["nodes"] if n["type"] in wt.FRONTEND_ONLY]
+    assert notes, "no Note/MarkdownNote naming the model files"
+    files = wt.model_files(ui)
+    assert files
+    text = "\n".join(notes)
+    for folder, name in files:
+        assert folder in MODEL_FOLDERS
+        assert name in text and f"models/{folder}/" in text, f"the note does not say {name} goes in models/{folder}/"
+
+
+def test_wan22_uses_two_sharded_experts_with_core_step_split():
+    ui = wt.load(wt.WORKFLOWS_DIR / "wan2.2_t2v_A14B_2gpu_api.json")
+    loaders = {k: v for k, v in ui.items() if v["class_type"] == "ShardDiTLoadDiffusionModel"}
+    names = sorted(v["inputs"]["unet_name"] for v in loaders.values())
+    assert names == ["wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"]
+    samplers = sorted((v for v in ui.values() if v["class_type"] == "KSamplerAdvanced"),
+                      key=lambda v: v["inputs"]["start_at_step"])
+    assert len(samplers) == 2
+    high, low = (s["inputs"] for s in samplers)
+    assert high["add_noise"] == "enable" and high["return_with_leftover_noise"] == "enable"
+    assert low["add_noise"] == "disable" and low["return_with_leftover_noise"] == "disable"
+    assert high["start_at_step"] == 0 and high["end_at_step"] == low["start_at_step"] == high["steps"] // 2
+    assert low["end_at_step"] >= low["steps"] and high["steps"] == low["steps"]
+    assert low["latent_image"][0] == [k for k, v in ui.items() if v is samplers[0]][0]
+
+    def expert_of(sampler):  # sampler.model -> ModelSamplingSD3 -> loader
+        shift = ui[sampler["inputs"]["model"][0]]
+        return ui[shift["inputs"]["model"][0]]["inputs"]["unet_name"]
+
+    assert "high_noise" in expert_of(samplers[0]) and "low_noise" in expert_of(samplers[1])
+
+
+def test_committed_files_match_the_builder():
+    """workflows/*.json are what tests/build_workflows.py writes (regenerate and review the diff)."""
+    stale = [p.name for p, text in build_workflows.render_all().items() if not p.exists() or p.read_text() != text]
+    assert not stale, f"out of date (run: python tests/build_workflows.py): {stale}"
+
+
+def test_widget_map_handles_control_after_generate():
+    spec = wt.CORE_NODES["KSamplerAdvanced"]
+    vals = ["enable", 5, "randomize", 20, 3.5, "euler", "simple", 0, 10, "enable"]
+    assert wt.widget_map(spec, vals)["noise_seed"] == 5
+    with pytest.raises(ValueError):
+        wt.widget_map(spec, ["enable", 5, 20, 3.5, "euler", "simple", 0, 10, "enable"])

@@ -1,0 +1,330 @@
+"""Helpers for the shipped workflows (``workflows/*.json``): node tables, schema reading, UI → API.
+
+Pure Python (no ComfyUI, no torch): used by ``tests/test_workflows.py`` (CI),
+``tests/test_workflows_comfy.py`` (against real ComfyUI) and ``tests/build_workflows.py`` (writes
+the JSON files).
+
+- ``CORE_NODES``: the checked-in list of core ComfyUI (>= 0.3.64) nodes the workflows use, with
+  their inputs in schema order (widgets and sockets) and outputs. The ``comfy`` tests compare it
+  with the real ``NODE_CLASS_MAPPINGS``.
+- ``sharddit_schemas()``: our nodes' inputs read from ``nodes/*.py`` ``define_schema`` with ``ast``
+  (no import), helpers from ``nodes/common_inputs.py`` resolved.
+- ``ui_to_api()``: what the ComfyUI frontend sends for a UI-format workflow (widgets_values mapped
+  to input names, the seed's ``control_after_generate`` value dropped, links as ``[id, slot]``).
+"""
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOWS_DIR = REPO / "workflows"
+NODES_DIR = REPO / "nodes"
+
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
+# Frontend-only nodes: in UI workflows, never sent to the server (absent from API twins).
+FRONTEND_ONLY = {"Note", "MarkdownNote"}
+# Values of the widget the frontend adds after an input with control_after_generate.
+CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    type: str                 # INT FLOAT STRING BOOLEAN COMBO, or a socket type (MODEL, CLIP, ...)
+    control: bool = False     # control_after_generate (frontend adds a fixed/randomize widget)
+    optional: bool = False
+    default: object = None
+    min: float | None = None
+    max: float | None = None
+    options: tuple | None = None   # literal combo options when known
+    folder: str | None = None      # combo of folder_paths.get_filename_list(folder)
+
+    @property
+    def is_widget(self) -> bool:
+        return self.type in WIDGET_TYPES
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    node_id: str
+    inputs: tuple
+    outputs: tuple = ()             # (name, type) per output slot
+    output_node: bool = False
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def input(self, name: str) -> Input:
+        for i in self.inputs:
+            if i.name == name:
+                return i
+        raise KeyError(f"{self.node_id} has no input {name!r}")
+
+    @property
+    def widgets(self) -> list:
+        return [i for i in self.inputs if i.is_widget]
+
+    @property
+    def sockets(self) -> list:
+        return [i for i in self.inputs if not i.is_widget]
+
+
+def _core(node_id, inputs, outputs, output_node=False):
+    parsed = []
+    for text in inputs.split():
+        optional = text.endswith("?")
+        text = text.rstrip("?")
+        control = text.endswith("*")
+        name, typ = text.rstrip("*").split(":")
+        parsed.append(Input(name, typ, control=control, optional=optional))
+    outs = tuple(tuple(o.split(":")) if ":" in o else (o, o) for o in outputs.split())
+    return NodeSpec(node_id, tuple(parsed), outs, output_node)
+
+
+# Core ComfyUI 0.3.64 nodes used by the workflows: inputs in INPUT_TYPES order (required, then
+# optional); `*` = control_after_generate, `?` = optional. Checked against the real
+# NODE_CLASS_MAPPINGS by tests/test_workflows_comfy.py::test_core_node_table_matches_comfyui.
+CORE_NODES = {n.node_id: n for n in [
+    _core("CheckpointLoaderSimple", "ckpt_name:COMBO", "MODEL CLIP VAE"),
+    _core("DualCLIPLoader", "clip_name1:COMBO clip_name2:COMBO type:COMBO device:COMBO?", "CLIP"),
+    _core("CLIPTextEncode", "text:STRING clip:CLIP", "CONDITIONING"),
+    _core("ModelSamplingSD3", "model:MODEL shift:FLOAT", "MODEL"),
+    _core("EmptyHunyuanLatentVideo", "width:INT height:INT length:INT batch_size:INT", "LATENT"),
+    _core("EmptyLTXVLatentVideo", "width:INT height:INT length:INT batch_size:INT", "LATENT"),
+    _core("LTXVConditioning", "positive:CONDITIONING negative:CONDITIONING frame_rate:FLOAT",
+          "positive:CONDITIONING negative:CONDITIONING"),
+    _core("LTXVScheduler", "steps:INT max_shift:FLOAT base_shift:FLOAT stretch:BOOLEAN terminal:FLOAT latent:LATENT?",
+          "SIGMAS"),
+    _core("KSamplerAdvanced", "model:MODEL add_noise:COMBO noise_seed:INT* steps:INT cfg:FLOAT sampler_name:COMBO "
+          "scheduler:COMBO positive:CONDITIONING negative:CONDITIONING latent_image:LATENT start_at_step:INT "
+          "end_at_step:INT return_with_leftover_noise:COMBO", "LATENT"),
+    _core("SamplerCustom", "model:MODEL add_noise:BOOLEAN noise_seed:INT* cfg:FLOAT positive:CONDITIONING "
+          "negative:CONDITIONING sampler:SAMPLER sigmas:SIGMAS latent_image:LATENT",
+          "output:LATENT denoised_output:LATENT"),
+    _core("SamplerCustomAdvanced", "noise:NOISE guider:GUIDER sampler:SAMPLER sigmas:SIGMAS latent_image:LATENT",
+          "output:LATENT denoised_output:LATENT"),
+    _core("KSamplerSelect", "sampler_name:COMBO", "SAMPLER"),
+    _core("BasicScheduler", "model:MODEL scheduler:COMBO steps:INT denoise:FLOAT", "SIGMAS"),
+    _core("BasicGuider", "model:MODEL conditioning:CONDITIONING", "GUIDER"),
+    _core("RandomNoise", "noise_seed:INT*", "NOISE"),
+    _core("FluxGuidance", "conditioning:CONDITIONING guidance:FLOAT", "CONDITIONING"),
+    _core("CreateVideo", "images:IMAGE fps:FLOAT audio:AUDIO?", "VIDEO"),
+    _core("SaveVideo", "video:VIDEO filename_prefix:STRING format:COMBO codec:COMBO", "", output_node=True),
+]}
+
+
+# ----------------------------------------------------------------------------- our schemas (ast)
+_IO_TYPES = {"Int": "INT", "Float": "FLOAT", "String": "STRING", "Boolean": "BOOLEAN", "Combo": "COMBO",
+             "Model": "MODEL", "Clip": "CLIP", "Vae": "VAE", "Latent": "LATENT", "Image": "IMAGE",
+             "Conditioning": "CONDITIONING", "Sigmas": "SIGMAS", "Noise": "NOISE", "Guider": "GUIDER",
+             "Sampler": "SAMPLER"}
+
+
+def _io_call_type(call: ast.Call) -> tuple[str, str] | None:
+    """``io.Int.Input(...)`` → ("Int", "Input"); anything else → None."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and isinstance(f.value.value, ast.Name) \
+            and f.value.value.id == "io":
+        return f.value.attr, f.attr
+    return None
+
+
+class _Resolver:
+    """Evaluates the few expression shapes define_schema uses: literals, module constants,
+    ``folder_paths.get_filename_list("x")``, helper functions from common_inputs."""
+
+    def __init__(self, module_consts: dict, helpers: dict):
+        self.consts = module_consts
+        self.helpers = helpers
+
+    def value(self, node, env=None):
+        env = env or {}
+        if isinstance(node, ast.Name) and node.id in env:
+            return env[node.id]
+        if isinstance(node, ast.Name) and node.id in self.consts:
+            return self.consts[node.id]
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            key = f"{node.value.id}.{node.attr}"
+            if key in self.consts:
+                return self.consts[key]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_filename_list":
+            return ("folder", ast.literal_eval(node.args[0]))
+        if isinstance(node, ast.BinOp):  # e.g. tooltip concatenation: not needed
+            return None
+        try:
+            return ast.literal_eval(node)
+        except (ValueError, TypeError, SyntaxError):
+            return None
+
+    def inputs(self, call: ast.Call, env=None) -> Input | None:
+        env = env or {}
+        io_type = _io_call_type(call)
+        if io_type is None:
+            name = call.func.id if isinstance(call.func, ast.Name) else None
+            if name not in self.helpers:
+                return None
+            fn = self.helpers[name]
+            params = [a.arg for a in fn.args.args]
+            defaults = dict(zip(params[len(params) - len(fn.args.defaults):], fn.args.defaults))
+            local = {p: self.value(d, env) for p, d in defaults.items()}
+            for p, a in zip(params, call.args):
+                local[p] = self.value(a, env)
+            for kw in call.keywords:
+                local[kw.arg] = self.value(kw.value, env)
+            ret = next(n for n in ast.walk(fn) if isinstance(n, ast.Return))
+            return self.inputs(ret.value, local)
+        kind, attr = io_type
+        if attr != "Input":
+            return None
+        kw = {k.arg: k.value for k in call.keywords}
+        args = list(call.args)
+        name = self.value(args[0], env) if args else self.value(kw.get("id"), env)
+        opts = None
+        folder = None
+        if kind == "Combo":
+            raw = self.value(args[1], env) if len(args) > 1 else self.value(kw.get("options"), env) if "options" in kw else None
+            if isinstance(raw, tuple) and raw and raw[0] == "folder":
+                folder = raw[1]
+            elif isinstance(raw, (list, tuple)):
+                opts = tuple(raw)
+        get = lambda k: self.value(kw[k], env) if k in kw else None  # noqa: E731
+        return Input(name=name, type=_IO_TYPES.get(kind, kind.upper()), control=bool(get("control_after_generate")),
+                     optional=bool(get("optional")), default=get("default"), min=get("min"), max=get("max"),
+                     options=opts, folder=folder)
+
+
+def _module_consts(tree: ast.Module, prefix: str = "") -> dict:
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                out[prefix + node.targets[0].id] = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError):
+                pass
+    return out
+
+
+def sharddit_schemas(nodes_dir: Path = NODES_DIR) -> dict:
+    """``{node_id: NodeSpec}`` for every ``io.Schema(node_id=...)`` in ``nodes/*.py``, via ast."""
+    helpers = {}
+    common = nodes_dir / "common_inputs.py"
+    if common.exists():
+        for fn in ast.parse(common.read_text()).body:
+            if isinstance(fn, ast.FunctionDef):
+                helpers[fn.name] = fn
+    consts = {}
+    for mod in sorted((nodes_dir.parent / "loaders").glob("*.py")):
+        try:
+            consts.update(_module_consts(ast.parse(mod.read_text()), prefix=f"{mod.stem}."))
+        except SyntaxError:
+            continue
+    specs = {}
+    for path in sorted(nodes_dir.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        resolver = _Resolver({**consts, **_module_consts(tree)}, helpers)
+        for call in ast.walk(tree):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "Schema"):
+                continue
+            kw = {k.arg: k.value for k in call.keywords}
+            if "node_id" not in kw:
+                continue
+            node_id = ast.literal_eval(kw["node_id"])
+            inputs = []
+            for item in kw["inputs"].elts if isinstance(kw.get("inputs"), ast.List) else []:
+                parsed = resolver.inputs(item) if isinstance(item, ast.Call) else None
+                if parsed is None:
+                    raise ValueError(f"{path.name}: cannot read an input of {node_id} statically: {ast.unparse(item)}")
+                inputs.append(parsed)
+            outputs = []
+            for item in kw["outputs"].elts if isinstance(kw.get("outputs"), ast.List) else []:
+                t = _io_call_type(item) if isinstance(item, ast.Call) else None
+                typ = _IO_TYPES.get(t[0], t[0].upper()) if t else "*"
+                outputs.append((typ, typ))
+            output_node = isinstance(kw.get("is_output_node"), ast.Constant) and bool(kw["is_output_node"].value)
+            specs[node_id] = NodeSpec(node_id, tuple(inputs), tuple(outputs), output_node,
+                                      extra={"file": path.name})
+    return specs
+
+
+def node_table(sharddit: dict | None = None) -> dict:
+    """CORE_NODES plus our nodes (``sharddit_schemas()`` unless given)."""
+    return {**CORE_NODES, **(sharddit_schemas() if sharddit is None else sharddit)}
+
+
+# ----------------------------------------------------------------------------- workflows
+def workflow_pairs(directory: Path = WORKFLOWS_DIR) -> list:
+    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``<name>_api.json``."""
+    out = []
+    for ui in sorted(directory.glob("*.json")):
+        if ui.stem.endswith("_api"):
+            continue
+        out.append((ui.stem, ui, directory / f"{ui.stem}_api.json"))
+    return out
+
+
+def load(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def widget_map(spec: NodeSpec, widgets_values: list) -> dict:
+    """Map a UI node's widgets_values onto input names (control_after_generate values dropped).
+
+    Raises ValueError when the count does not fit the schema (optional trailing widgets may be
+    absent)."""
+    values = list(widgets_values)
+    out = {}
+    for inp in spec.widgets:
+        if not values:
+            if inp.optional:
+                continue
+            raise ValueError(f"{spec.node_id}: widgets_values too short, no value for {inp.name!r}")
+        out[inp.name] = values.pop(0)
+        if inp.control:
+            if not values or values[0] not in CONTROL_VALUES:
+                raise ValueError(f"{spec.node_id}: {inp.name!r} needs a control_after_generate value "
+                                 f"({sorted(CONTROL_VALUES)}) right after it")
+            values.pop(0)
+    if values:
+        raise ValueError(f"{spec.node_id}: {len(values)} widgets_values left over: {values!r}")
+    return out
+
+
+def ui_links(ui: dict) -> dict:
+    """``{link_id: (origin_id, origin_slot, target_id, target_slot, type)}``."""
+    return {link[0]: tuple(link[1:6]) for link in ui["links"]}
+
+
+def ui_to_api(ui: dict, table: dict) -> dict:
+    """The API-format prompt the frontend would queue for ``ui`` (active nodes only)."""
+    links = ui_links(ui)
+    api = {}
+    for node in ui["nodes"]:
+        if node["type"] in FRONTEND_ONLY or node.get("mode", 0) != 0:
+            continue
+        spec = table[node["type"]]
+        inputs = widget_map(spec, node.get("widgets_values") or [])
+        for inp in node.get("inputs", []):
+            if inp.get("link") is None:
+                continue
+            origin_id, origin_slot, _, _, _ = links[inp["link"]]
+            inputs[inp["name"]] = [str(origin_id), origin_slot]
+        ordered = {i.name: inputs[i.name] for i in spec.inputs if i.name in inputs}
+        entry = {"inputs": ordered, "class_type": node["type"]}
+        if node.get("title"):
+            entry["_meta"] = {"title": node["title"]}
+        api[str(node["id"])] = entry
+    return api
+
+
+def strip_meta(api: dict) -> dict:
+    return {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
+
+
+def model_files(ui: dict) -> list:
+    """``[(directory, name)]`` from the loaders' ``properties.models`` (what the frontend offers to download)."""
+    out = []
+    for node in ui["nodes"]:
+        for m in node.get("properties", {}).get("models", []) or []:
+            out.append((m["directory"], m["name"]))
+    return out
