@@ -1,6 +1,10 @@
 """The real-ComfyUI harness itself: ComfyUI imports the pack, tiny models load through stock nodes."""
+import json
+
 import pytest
 import torch
+
+from harness.server import comfy_run, parse_comfy_run_events
 
 pytestmark = pytest.mark.comfy
 
@@ -115,3 +119,16 @@ def test_server_rejects_invalid_graph(comfy_server, tiny_models):
     g["1"]["inputs"]["unet_name"] = "no_such_model.safetensors"
     answer = comfy_server.validate(g)
     assert answer["status"] == 400 and "1" in answer["body"]["node_errors"], answer
+
+
+def test_comfy_cli_run_wait_against_test_server(comfy_server, tiny_models, tmp_path):
+    """``comfy run --workflow F --wait --host 127.0.0.1 --port N`` (comfy-cli) drives the test server."""
+    path = tmp_path / "tiny_wan_api.json"
+    path.write_text(json.dumps(tiny_wan_api_graph(tiny_models, seed=11, decode=False, prefix="harness/comfy_run")))
+    result = comfy_run(path, comfy_server, timeout=240)
+    events = parse_comfy_run_events(result.stdout)
+    detail = f"rc={result.returncode}\nstdout tail:\n{result.stdout[-2000:]}\nstderr tail:\n{result.stderr[-2000:]}\n{comfy_server.log_tail()}"
+    assert result.returncode == 0 and events and events[-1].get("ok") is True, detail
+    prompt_id = events[-1]["data"]["prompt_id"]
+    files = comfy_server.output_files(prompt_id)
+    assert [f.suffix for f in files] == [".latent"] and files[0].is_file(), (files, detail)

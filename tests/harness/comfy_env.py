@@ -38,6 +38,11 @@ def load_comfy() -> types.SimpleNamespace:
     args.cpu = True
     args.use_pytorch_cross_attention = True
     args.disable_auto_launch = True
+    # Same thread policy as the test server (harness.server): on a few shared cores, OpenMP
+    # workers spin-waiting on descheduled siblings make tiny models 10-40x slower.
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("SHARDDIT_TEST_THREADS", "1")))
     # ComfyUI's own `utils` package must be imported before `nodes`: nodes.py puts ComfyUI/comfy
     # on sys.path[0], after which `import utils` would find comfy/utils.py instead (main.py imports
     # utils.extra_config first for the same reason). Without this comfy_extras/nodes_images fails.

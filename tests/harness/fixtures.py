@@ -47,9 +47,10 @@ def comfy_env():
 @pytest.fixture(scope="session")
 def tiny_models(comfy_env, tmp_path_factory):
     """``harness.tiny_models.TinyModels`` written once per session, registered with folder_paths."""
-    from harness.tiny_models import register_with_folder_paths, write_tiny_models
+    from harness.tiny_models import default_cache_dir, register_with_folder_paths, write_tiny_models
 
-    models = write_tiny_models(tmp_path_factory.mktemp("tiny_models"), names=TEMPLATE_NAMES)
+    models = write_tiny_models(tmp_path_factory.mktemp("tiny_models"), names=TEMPLATE_NAMES,
+                               cache_dir=default_cache_dir())
     register_with_folder_paths(models)
     return models
 

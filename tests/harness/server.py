@@ -101,13 +101,17 @@ class ComfyServer:
     def command(self) -> list:
         yaml_path = self._prepare()
         return [self.python, str(self.comfy_root / "main.py"), "--cpu", "--listen", HOST,
-                "--port", str(self.port), "--disable-auto-launch",
+                "--port", str(self.port), "--disable-auto-launch", "--use-pytorch-cross-attention",
                 "--base-directory", str(self.workdir / "base"),
                 "--extra-model-paths-config", str(yaml_path), *self.extra_args]
 
     def start(self, timeout: float = 180.0) -> "ComfyServer":
         cmd = self.command()
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # One intra-op thread by default: on a few shared cores, OpenMP workers spin-waiting on
+        # descheduled siblings made tiny graphs 10-40x slower. SHARDDIT_TEST_THREADS overrides.
+        threads = os.environ.get("SHARDDIT_TEST_THREADS", "1")
+        env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         env.pop("PYTHONPATH", None)  # never let the test process' path (repo, tests/) leak in
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,

@@ -31,13 +31,17 @@ WAN_CONFIG = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=1
                   ffn_dim=512, freq_dim=256, text_dim=4096, out_dim=16, num_heads=2, num_layers=4,
                   window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6)
 
-# UMT5 for CLIPLoader type "wan". ComfyUI detects T5-XXL by `encoder.block.23...wi_1` with
-# 4096 input features, so d_model stays 4096 and there are 24 layers; everything else is tiny.
-# ComfyUI builds the text encoder from its fixed umt5_config_xxl.json (5.7B params) unless
-# model_options["umt5xxl_model_config"] overrides it: see ``tiny_clip_model_options``.
-UMT5_CONFIG = dict(d_ff=16, d_kv=8, d_model=4096, num_heads=2, num_layers=24, vocab_size=256,
+# UMT5 for CLIPLoader type "wan". The DiT's text_embedding takes 4096 features, so d_model stays
+# 4096; everything else is tiny. ComfyUI builds the text encoder from its fixed
+# umt5_config_xxl.json (5.7B params) unless model_options["umt5xxl_model_config"] overrides it
+# (see ``tiny_clip_model_options``). ComfyUI detects T5-XXL only by the key UMT5_DETECT_KEY
+# (block 23, 4096 input features): the file carries that one tensor as a marker beside the 2
+# real blocks (the loader ignores it as an unexpected key; 24 real blocks made every CPU encode
+# of the 512 padded tokens ~12x slower).
+UMT5_CONFIG = dict(d_ff=16, d_kv=8, d_model=4096, num_heads=2, num_layers=2, vocab_size=256,
                    dense_act_fn="gelu_pytorch_tanh", is_gated_act=True, model_type="umt5",
                    layer_norm_epsilon=1e-6, relative_attention_num_buckets=32)
+UMT5_DETECT_KEY = "encoder.block.23.layer.1.DenseReluDense.wi_1.weight"
 
 # ComfyUI's VAE() picks the Wan 2.1 config itself (dim 96, 127M params): no smaller one exists.
 WAN21_VAE_CONFIG = dict(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
@@ -157,6 +161,7 @@ def umt5_state_dict(seed: int = SEED, dtype=torch.float32) -> dict:
     config.update(UMT5_CONFIG)
     model = comfy.text_encoders.t5.T5(config, None, "meta", _meta_ops())
     sd = fill_state_dict(model, seed, dtype)
+    sd[UMT5_DETECT_KEY] = _fill(UMT5_DETECT_KEY, torch.Size([config["d_ff"], config["d_model"]]), seed).to(dtype)
     sd["spiece_model"] = torch.frombuffer(bytearray(tiny_spiece_model()), dtype=torch.uint8).clone()
     sd[TE_CONFIG_KEY] = _bytes_tensor(json.dumps({"umt5xxl_model_config": UMT5_CONFIG}).encode())
     return sd
@@ -263,7 +268,7 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "hunyuan_video": ModelKind("diffusion_models", "tiny_hunyuan_video_t2v.safetensors",
                                "HunyuanVideo hidden 256, 2 heads, 1 double + 1 single block; UNETLoader → HunyuanVideo"),
     "umt5": ModelKind("text_encoders", "tiny_umt5.safetensors",
-                      "T5 (umt5) d_model 4096, 24 layers, 2 heads × 8, ffn 16, vocab 256 + spiece_model; "
+                      "T5 (umt5) d_model 4096, 2 layers, 2 heads × 8, ffn 16, vocab 256 + spiece_model; "
                       "CLIPLoader type wan with the harness's tiny-TE hook"),
     "wan21_vae": ModelKind("vae", "tiny_wan_2.1_vae.safetensors",
                            "WanVAE dim 96 (full size, 127M params, bf16); VAELoader → Wan 2.1 VAE"),
@@ -319,20 +324,41 @@ class TinyModels:
 
 
 def save_file(sd: Mapping, path: Path, metadata: Mapping | None = None) -> None:
+    """safetensors save via a unique temp file + rename (safe with concurrent writers)."""
     from safetensors.torch import save_file as _save
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     _save(dict(sd), str(tmp), metadata=dict(metadata or {}))
     os.replace(tmp, path)
 
 
+def default_cache_dir() -> Path | None:
+    """Where built files are kept between sessions: ``$SHARDDIT_TINY_MODELS_CACHE`` (``0`` turns
+    caching off), else ``~/.cache/sharddit/tiny_models``. A subfolder per hash of this file and
+    the ComfyUI version, so a change to either rebuilds."""
+    env = os.environ.get("SHARDDIT_TINY_MODELS_CACHE")
+    if env == "0":
+        return None
+    base = Path(env) if env else Path.home() / ".cache" / "sharddit" / "tiny_models"
+    try:
+        import comfyui_version
+
+        version = comfyui_version.__version__
+    except ImportError:
+        version = "unknown"
+    digest = zlib.crc32(Path(__file__).read_bytes() + version.encode())
+    return base / f"{version}-{digest:08x}"
+
+
 def write_tiny_models(models_dir, kinds=None, names: Mapping[str, str] | None = None,
-                      seed: int = SEED) -> TinyModels:
+                      seed: int = SEED, cache_dir=None) -> TinyModels:
     """Write tiny models into ``models_dir/{diffusion_models,text_encoders,vae,loras}/``.
 
     ``kinds``: which of ``MODEL_KINDS`` to write (default all). ``names``: extra file names →
-    kind (written as symlinks, see ``TinyModels.add_aliases``). Returns a ``TinyModels``.
+    kind (written as symlinks, see ``TinyModels.add_aliases``). ``cache_dir``: build each file
+    there once (atomically) and symlink it into ``models_dir`` (e.g. ``default_cache_dir()``).
+    Returns a ``TinyModels``.
     """
     root = Path(models_dir)
     for folder in FOLDERS:
@@ -341,9 +367,12 @@ def write_tiny_models(models_dir, kinds=None, names: Mapping[str, str] | None = 
     for kind in kinds or MODEL_KINDS:
         spec = MODEL_KINDS[kind]
         path = root / spec.folder / spec.default_name
+        built = Path(cache_dir) / f"seed{seed}" / spec.folder / spec.default_name if cache_dir else path
         meta = {"sharddit_tiny_kind": kind, "sharddit_tiny_seed": str(seed)}
-        if not path.exists():
-            save_file(_BUILDERS[kind](seed), path, meta)
+        if not built.exists():
+            save_file(_BUILDERS[kind](seed), built, meta)
+        if built != path and not path.exists():
+            os.symlink(built, path)
         out.names[kind] = spec.default_name
     if names:
         out.add_aliases(names)
