@@ -64,11 +64,13 @@ def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, 
     ctx = dict(spec=spec, dit=dit, layout=layout, inventory=inventory, request=request,
                block_bytes=block_bytes, home_bytes=home_bytes, compute_dtype=compute_dtype,
                size=(width, height, frames), dtype=dtype)
-    report = None
+    report = rejected = None
     for b in ([batch] if batch else [2, 1]):
-        report = _simulate_batch(ctx, b, batch_given=bool(batch))
+        rejected, report = report, _simulate_batch(ctx, b, batch_given=bool(batch))
         if report.fits:
             break
+    if rejected is not None:
+        report.rejected = rejected.summarize_needs()
     report.seconds = time.monotonic() - started
     return report
 
@@ -111,8 +113,8 @@ def _simulate_batch(ctx: dict, batch: int, batch_given: bool) -> SimulationRepor
     """Probe the activation peak on one device, plan with it, then simulate the plan."""
     spec, inventory = ctx["spec"], ctx["inventory"]
     first = inventory.gpus[0].device if inventory.gpus else "cpu"
-    probe = _run(ctx, batch, [first] * len(ctx["block_bytes"]), first)
-    activation = probe[first][1]
+    with _first_blocks_only(ctx["dit"], ctx["layout"]) as n_blocks:
+        activation = _run(ctx, batch, [first] * n_blocks, first)[first][1]
     plan, error = _plan(ctx, activation)
     block_devices, home = _block_devices(ctx, plan)
     measured = _run(ctx, batch, block_devices, home)
@@ -192,6 +194,29 @@ def _run(ctx: dict, batch: int, block_devices: list[str], home: str) -> dict:
 
 
 @contextlib.contextmanager
+def _first_blocks_only(dit, layout):
+    """Keep only the first block of each block list (a probe for the planner's activation
+    headroom: the blocks of a list are alike, so one of each shows the per-device peak)."""
+    saved = []
+    for path in layout.block_lists:
+        parent, _, name = ("." + path).rpartition(".")
+        owner = _get(dit, parent[1:]) if parent else dit
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, torch.nn.ModuleList([getattr(owner, name)[0]]))
+    try:
+        yield len(saved)
+    finally:
+        for owner, name, blocks in saved:
+            setattr(owner, name, blocks)
+
+
+def _get(obj, path: str):
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+@contextlib.contextmanager
 def _placed_already(modules):
     """Make ``module.to(device)`` a no-op on these modules while the engine attaches.
 
@@ -209,13 +234,7 @@ def _placed_already(modules):
 
 
 def _blocks(dit, layout) -> list:
-    blocks = []
-    for path in layout.block_lists:
-        obj = dit
-        for name in path.split("."):
-            obj = getattr(obj, name)
-        blocks.extend(obj)
-    return blocks
+    return [b for path in layout.block_lists for b in _get(dit, path)]
 
 
 def _to_meta(dit) -> None:

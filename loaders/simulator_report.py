@@ -72,6 +72,8 @@ class SimulationReport:
     devices: list
     reserve_vram_gb: float = 0.0
     seconds: float = 0.0
+    rejected: str | None = None
+    """Why the larger batch was not chosen (its per-device needs), when ``batch`` was not given."""
 
     @property
     def fits(self) -> bool:
@@ -84,6 +86,11 @@ class SimulationReport:
         if self.batch_given:
             return "batch 1"
         return "cond and uncond one after the other (batch 1): together they do not fit"
+
+    def summarize_needs(self) -> str:
+        needs = ", ".join(f"{d.device} {format_gib(d.need)}" + (f" of {format_gib(d.usable)}" if d.usable else "")
+                          for d in self.devices)
+        return f"batch {self.batch} would need {needs} GiB"
 
     def shortfalls(self) -> dict:
         return {d.device: d.shortfall for d in self.devices if d.shortfall}
@@ -109,6 +116,8 @@ class SimulationReport:
                   self._device_table()]
         if self.plan is not None and self.plan.notes:
             lines += [f"- {n}" for n in self.plan.notes]
+        if self.rejected:
+            lines.append(f"- cond+uncond together: {self.rejected}")
         lines += ["", self._verdict(), f"({NOT_MODELLED}; simulated in {self.seconds:.1f} s)"]
         return "\n".join(lines)
 
