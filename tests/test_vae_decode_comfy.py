@@ -141,7 +141,8 @@ def test_schema_matches_core_inputs(env):
     inputs = {i.id: i for i in schema.inputs}
     assert list(inputs) == ["samples", "vae", "tile_size", "overlap", "temporal_size", "temporal_overlap",
                             "tile_batch_size", "devices"]
-    for name, (_, opts) in env.nodes.VAEDecodeTiled.INPUT_TYPES()["required"].items():
+    for name, spec in env.nodes.VAEDecodeTiled.INPUT_TYPES()["required"].items():
+        opts = spec[1] if len(spec) > 1 else {}
         for key in ("default", "min", "max", "step"):
             if key in opts:
                 assert getattr(inputs[name], key) == opts[key], (name, key)
