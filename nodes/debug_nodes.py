@@ -1,2 +1,47 @@
-"""Node classes (filled in by their issue)."""
-NODES: list = []
+"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/)."""
+from comfy_api.latest import io, ui
+
+from ..loaders import plan_node, presets, simulator
+
+CATEGORY = "sharddit/debug"
+
+
+class ShardDiTPlan(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ShardDiTPlan",
+            display_name="Placement Plan (ShardDiT)",
+            category=CATEGORY,
+            description="Shows every device (total, free, what ComfyUI and ShardDiT hold) and simulates "
+                        "one forward of the chosen model on the planned devices (no weights needed): "
+                        "weights, peak activations and whether it fits.",
+            is_output_node=True,
+            inputs=[
+                io.String.Input("devices", default="auto", tooltip=(
+                    "'auto': this machine's GPUs, read now. A list 'cuda:0,cuda:1' to use those. Or imagined "
+                    "GPUs with their free memory, 'cuda:0=24GiB,cuda:1=12GiB', to ask 'would it fit there?'.")),
+                io.Combo.Input("model", options=presets.preset_names(), default="wan2.1-t2v-14b",
+                               tooltip="Model architecture to simulate (ComfyUI's own class, built without weights)."),
+                io.Int.Input("width", default=832, min=16, max=8192, step=16, tooltip="Video width in pixels."),
+                io.Int.Input("height", default=480, min=16, max=8192, step=16, tooltip="Video height in pixels."),
+                io.Int.Input("frames", default=81, min=1, max=1025, step=4,
+                             tooltip="Frames (Wan/Hunyuan: 4k+1, LTX-Video: 8k+1)."),
+                io.Combo.Input("batch", options=list(plan_node.BATCH_CHOICES), default="auto", tooltip=(
+                    "'2': cond+uncond in one batch; '1': one at a time; 'auto': 2 if it fits, else 1 "
+                    "(what ComfyUI's sampler does).")),
+                io.Combo.Input("dtype", options=list(simulator.DTYPES), default="bf16",
+                               tooltip="Weight dtype; fp8 = 1-byte weights computed in bf16."),
+                io.Float.Input("reserve_vram_gb", default=1.0, min=0.0, max=1024.0, step=0.1,
+                               tooltip="GiB left free on every GPU (CUDA context ~0.5 GiB, other apps, slack)."),
+            ],
+            outputs=[io.String.Output(display_name="plan", tooltip="The inventory and plan as text.")],
+        )
+
+    @classmethod
+    def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb) -> io.NodeOutput:
+        text, _ = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
+        return io.NodeOutput(text, ui=ui.PreviewText(text))
+
+
+NODES = [ShardDiTPlan]

@@ -1,0 +1,57 @@
+"""Logic of the ``ShardDiTPlan`` node: inventory with what ComfyUI and ShardDiT hold, then the
+simulated plan for the chosen preset, as one text."""
+from __future__ import annotations
+
+from ..parallel.inventory import read_inventory
+from . import simulator
+from .simulator_report import format_inventory
+
+__all__ = ["BATCH_CHOICES", "read_holdings", "run_plan"]
+
+BATCH_CHOICES = ("auto", "1", "2")
+
+
+def _is_sharddit(patcher) -> bool:
+    if hasattr(patcher, "sharddit_keys"):
+        return True
+    get = getattr(patcher, "get_attachment", None)
+    return callable(get) and get("sharddit") is not None
+
+
+def read_holdings() -> dict[str, tuple[int, int]]:
+    """Per device: (bytes ComfyUI's other loaded models hold, bytes ShardDiT's models hold).
+
+    From ``comfy.model_management.current_loaded_models`` (each entry: a ModelPatcher loaded on
+    one device; ``loaded_size()`` is what sits on that device now).
+    """
+    import comfy.model_management as mm
+
+    out: dict[str, list[int]] = {}
+    for loaded in list(mm.current_loaded_models):
+        patcher = loaded.model
+        if patcher is None:
+            continue
+        size = int(patcher.loaded_size())
+        slot = out.setdefault(str(loaded.device), [0, 0])
+        slot[1 if _is_sharddit(patcher) else 0] += size
+    return {d: (c, s) for d, (c, s) in out.items()}
+
+
+def run_plan(model: str, devices: str, width: int, height: int, frames: int, batch: str,
+             dtype: str, reserve_vram_gb: float) -> tuple[str, bool]:
+    """(text, fits). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs)."""
+    holdings = read_holdings()
+    devices = str(devices).strip() or "auto"
+    inventory = None
+    if "=" not in devices:
+        inventory = read_inventory()
+        held = {d: s for d, (_, s) in holdings.items() if d in inventory.names and s}
+        inventory = inventory.with_held_bytes(held)
+    report = simulator.simulate(model, devices=devices, width=width, height=height, frames=frames,
+                                batch=None if batch == "auto" else int(batch), dtype=dtype,
+                                reserve_vram_gb=reserve_vram_gb, inventory=inventory)
+    text = report.to_text()
+    if inventory is not None:
+        now = "Inventory now (GiB held per device):\n" + format_inventory(inventory, holdings)
+        text = now + "\n\n" + text
+    return text, report.fits

@@ -1,0 +1,176 @@
+"""Dry-run simulator on ComfyUI's own model classes (fake GPUs, no weights) and the ``plan`` CLI.
+
+Reference figures: TESTING.md, tier 2 (ComfyUI's Wan 2.1 14B, bf16, 20/20 blocks on two fake
+GPUs, per device): 480p x 81 -> 13.5 GiB weights + 2.9 GiB activations (batch 1), 5.7 (batch 2);
+720p x 81 -> 6.6 (batch 1), 13.1 (batch 2). Each simulation takes ~10-30 s of CPU here.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+TWO_24 = "cuda:0=24GiB,cuda:1=24GiB"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    from sharddit.loaders import cli
+
+    cli.import_comfyui()  # CPU mode, ComfyUI root on sys.path (never the pack's own dir)
+    from sharddit.loaders import presets, simulator
+
+    return simulator, presets
+
+
+def _close(value_bytes, expected_gib, rel=0.10):
+    return abs(value_bytes / GiB - expected_gib) <= rel * expected_gib
+
+
+def _real_bytes(module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters()) + \
+        sum(b.numel() * b.element_size() for b in module.buffers())
+
+
+@pytest.mark.comfy
+def test_wan14b_480p_cond_uncond_fits_two_24gib(sim):
+    simulator, presets = sim
+    report = simulator.simulate("wan2.1-t2v-14b", TWO_24, 832, 480, 81, batch=2, dtype="bf16")
+    assert report.fits, report.to_text()
+    assert report.latent_shape == (2, 16, 21, 60, 104)
+    by_dev = {d.device: d for d in report.devices}
+    assert set(by_dev) == {"cuda:0", "cuda:1"}
+    for d in report.devices:
+        assert d.need < 24 * GiB
+        assert _close(d.peak_activations, 5.7), d
+    assert _close(by_dev["cuda:0"].weights, 13.5) and _close(by_dev["cuda:1"].weights, 13.1)
+
+    # weight bytes per device == real parameter sizes of what the plan put there
+    dit = presets.build_meta_model(presets.PRESETS["wan2.1-t2v-14b"], torch.bfloat16, None).diffusion_model
+    expected = {}
+    for r in report.plan.block_ranges:
+        expected[r.device] = expected.get(r.device, 0) + sum(_real_bytes(b) for b in dit.blocks[r.start:r.stop])
+    home = _real_bytes(dit) - sum(_real_bytes(b) for b in dit.blocks)
+    expected[report.plan.home_device] += home
+    assert {d.device: d.weights for d in report.devices} == expected
+    assert sum(expected.values()) == _real_bytes(dit)
+
+
+@pytest.mark.comfy
+def test_wan14b_720p_cond_uncond_does_not_fit_and_names_shortfall(sim):
+    simulator, _ = sim
+    report = simulator.simulate("wan2.1-t2v-14b", TWO_24, 1280, 720, 81, batch=2, dtype="bf16")
+    assert not report.fits
+    assert report.plan is None and "does not fit" in report.plan_error
+    assert [d.blocks for d in report.devices] == [list(range(20)), list(range(20, 40))]
+    for d in report.devices:
+        assert _close(d.peak_activations, 13.1), d
+        assert d.shortfall > 0
+    assert "DOES NOT FIT: cuda:0 short by" in report.to_text()
+
+
+@pytest.mark.comfy
+def test_attention_entry_points_restored(sim):
+    simulator, _ = sim
+    import comfy.ldm.flux.math as flux_math
+    import comfy.ldm.modules.attention as attention
+    import comfy.ldm.wan.model as wan
+
+    before = (attention.optimized_attention, attention.optimized_attention_masked,
+              wan.optimized_attention, flux_math.optimized_attention)
+    simulator.simulate("wan2.1-t2v-1.3b", "cuda:0=8GiB", 256, 256, 5, batch=1)
+    after = (attention.optimized_attention, attention.optimized_attention_masked,
+             wan.optimized_attention, flux_math.optimized_attention)
+    assert before == after
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("name, cls, params_b", [
+    ("wan2.1-t2v-14b", "WanModel", 14.29), ("wan2.1-t2v-1.3b", "WanModel", 1.42),
+    ("wan2.2-t2v-a14b", "WanModel", 14.29), ("wan2.2-ti2v-5b", "WanModel", 5.00),
+    ("ltxv-13b", "LTXVModel", 13.04), ("ltxv-2b", "LTXVModel", 1.92),
+    ("hunyuanvideo-13b", "HunyuanVideo", 12.82),
+])
+def test_presets_build_comfyui_classes_on_meta(sim, name, cls, params_b):
+    _, presets = sim
+    dit = presets.build_meta_model(presets.PRESETS[name], torch.bfloat16, None).diffusion_model
+    assert type(dit).__name__ == cls
+    assert abs(sum(p.numel() for p in dit.parameters()) / 1e9 - params_b) < 0.01
+    assert all(p.device.type == "meta" for p in dit.parameters())
+
+
+@pytest.fixture(scope="module")
+def tiny_wan_file(tmp_path_factory, sim):
+    """A real (tiny, zero-filled) Wan t2v checkpoint with ComfyUI's key names: dim 256, 2 blocks."""
+    import comfy.ldm.wan.model as wan
+    import comfy.ops
+    from safetensors.torch import save_file
+
+    model = wan.WanModel(model_type="t2v", dim=256, ffn_dim=512, num_heads=2, num_layers=2, in_dim=16,
+                         out_dim=16, text_dim=4096, freq_dim=256, device="meta",
+                         operations=comfy.ops.disable_weight_init)
+    sd = {k: torch.zeros(v.shape, dtype=torch.bfloat16) for k, v in model.state_dict().items()}
+    path = tmp_path_factory.mktemp("models") / "tiny_wan.safetensors"
+    save_file(sd, str(path))
+    return path
+
+
+@pytest.mark.comfy
+def test_safetensors_header_detected_by_comfyui_and_simulated(sim, tiny_wan_file):
+    simulator, presets = sim
+    spec = presets.resolve_model(str(tiny_wan_file))
+    assert spec.family == "wan" and spec.file_dtype == "bf16"
+    assert spec.unet_config["dim"] == 256 and spec.unet_config["num_layers"] == 2
+    report = simulator.simulate(str(tiny_wan_file), "cuda:0=1GiB,cuda:1=1GiB", 256, 256, 9, dtype=None)
+    assert report.fits and report.batch == 2
+    dit = presets.build_meta_model(spec, torch.bfloat16, None).diffusion_model
+    assert sum(d.weights for d in report.devices) == _real_bytes(dit)
+    # the file's bytes, except that ComfyUI keeps Wan's patch embedding (16*256*4 + 256) in fp32
+    data = os.path.getsize(tiny_wan_file) - _header_len(tiny_wan_file)
+    assert _real_bytes(dit) == data + (16 * 256 * 4 + 256) * 2
+
+
+def _header_len(path) -> int:
+    with open(path, "rb") as f:
+        return 8 + int.from_bytes(f.read(8), "little")
+
+
+def _cli(*args, env_extra=None, drop=("COMFYUI_PATH",)):
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, str(REPO), *args], capture_output=True, text=True, env=env,
+                          cwd=str(REPO), timeout=600)
+
+
+@pytest.mark.comfy
+def test_cli_plan_fits_on_two_gpus_exit_0():
+    out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24, "--size", "832x480",
+               "--frames", "81", "--batch", "1", env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", out.stdout, re.M)
+    assert [(r[0], r[1].strip()) for r in rows] == [("cuda:0", "home + blocks 0-19"), ("cuda:1", "blocks 20-39")]
+    assert [float(r[2]) for r in rows] == pytest.approx([13.5, 13.1], rel=0.1)
+    assert [float(r[3]) for r in rows] == pytest.approx([2.9, 2.9], rel=0.1)
+    assert "FITS: batch 1." in out.stdout
+
+
+@pytest.mark.comfy
+def test_cli_plan_single_24gib_exit_3_with_shortfall():
+    out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", "cuda:0=24GiB", "--size", "832x480",
+               "--frames", "81", "--batch", "2", env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
+    assert out.returncode == 3, out.stdout + out.stderr
+    short = re.search(r"DOES NOT FIT: cuda:0 short by ([\d.]+) GiB", out.stdout)
+    assert short, out.stdout
+    assert float(short.group(1)) == pytest.approx(26.6 + 5.7 - 24, abs=0.6)
+
+
+def test_cli_without_comfyui_path_says_how_to_set_it():
+    out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24)
+    assert out.returncode == 2
+    assert "COMFYUI_PATH" in out.stderr and "cannot find ComfyUI" in out.stderr
+    assert "Traceback" not in out.stderr
