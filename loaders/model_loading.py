@@ -1,0 +1,49 @@
+"""Loading models the way core's loader nodes do, then placing them per ShardDiT's plan."""
+import logging
+
+import torch
+
+import comfy.sd
+import folder_paths
+
+from .sharded_model import shard_model
+
+log = logging.getLogger("sharddit")
+
+WEIGHT_DTYPES = ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]
+
+
+def check_file_name(folder: str, name: str) -> str:
+    """Full path of ``name`` in ComfyUI's ``folder`` list, or a ValueError naming what exists.
+
+    V3 combo values are not validated server-side in ComfyUI 0.3.64, so loaders check here.
+    """
+    names = folder_paths.get_filename_list(folder)
+    if name not in names:
+        shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "(none)"
+        raise ValueError(
+            f"[ShardDiT] {folder} file {name!r} not found. Available in models/{folder}: {shown}. "
+            f"Put the file into ComfyUI/models/{folder}/ (or an extra_model_paths.yaml folder) and refresh."
+        )
+    return folder_paths.get_full_path_or_raise(folder, name)
+
+
+def unet_model_options(weight_dtype: str) -> dict:
+    """Same mapping as core UNETLoader."""
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"[ShardDiT] weight_dtype {weight_dtype!r} is not one of {WEIGHT_DTYPES}.")
+    options = {}
+    if weight_dtype in ("fp8_e4m3fn", "fp8_e4m3fn_fast"):
+        options["dtype"] = torch.float8_e4m3fn
+    if weight_dtype == "fp8_e4m3fn_fast":
+        options["fp8_optimizations"] = True
+    if weight_dtype == "fp8_e5m2":
+        options["dtype"] = torch.float8_e5m2
+    return options
+
+
+def load_sharded_diffusion_model(unet_name: str, weight_dtype: str, devices: str, reserve_vram_gb: float):
+    """Core UNETLoader (weights land in CPU RAM, nothing on a GPU), then shard per plan."""
+    path = check_file_name("diffusion_models", unet_name)
+    model = comfy.sd.load_diffusion_model(path, model_options=unet_model_options(weight_dtype))
+    return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb)

@@ -1,0 +1,287 @@
+"""A sharded MODEL that ComfyUI's own memory manager loads honestly, one shard per device.
+
+How it plugs into ComfyUI 0.3.64 (no patching of ``comfy.model_management``):
+
+- The main ``ModelPatcher`` (a clone of the incoming MODEL) keeps everything but the transformer
+  blocks. ``add_object_patch("diffusion_model.<blocks>", proxies)`` swaps each block list for
+  lightweight proxies that do not register the real blocks as submodules, so while the main
+  patcher is patched in, ComfyUI neither loads nor counts the block weights with it. Its ``size``
+  is set to the non-block bytes.
+- Each planned device gets a ``ShardRoot`` module holding that device's real blocks under their
+  original key names (``diffusion_model.blocks.N.*``) wrapped in its own
+  ``ModelPatcher(load_device=that device)``; the shards are registered with
+  ``set_additional_models``, so ``load_models_gpu`` loads each on its device with that device's
+  accounting and lowvram fallback. The DiT never lands whole on one GPU.
+- Weight patches (LoRA, ...) keep ComfyUI's key space: a ``PREPARE_SAMPLING`` wrapper copies the
+  main patcher's patches for ``diffusion_model.<blocks>.N.*`` onto the shard holding block N just
+  before ComfyUI loads the models, so patches added after sharding are followed too.
+- A ``DIFFUSION_MODEL`` wrapper opens one routing scope per forward (constants copied once per
+  device, cache released even when the forward raises, e.g. on interrupt).
+- An ``ON_DETACH`` callback releases the shards when ComfyUI fully unloads the main patcher
+  (``unload_all_models`` / ``POST /free`` only free the default device themselves).
+
+Alternatives rejected: an ``ON_LOAD`` callback that moves blocks after load lands the whole model
+on one GPU first and leaves ComfyUI's accounting wrong; a ModelPatcher subclass depends on
+private internals that change between releases.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+import comfy.model_management as mm
+import comfy.model_patcher
+from comfy.patcher_extension import CallbacksMP, WrappersMP
+
+from ..parallel.inventory import read_inventory
+from ..parallel.planner import Footprint, PlacementRequest, plan_placement
+from ..parallel.routing import BlockRouter
+from ..parallel.sharding import build_block_proxies, needs_home_every_block
+from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
+from .specs import get_arch_spec
+
+log = logging.getLogger("sharddit")
+
+SHARD_KEY = "sharddit_shards"
+ATTACHMENT_KEY = "sharddit"
+_CACHE_ATTR = "_sharddit_states"
+
+
+class ShardRoot(torch.nn.Module):
+    """One device's blocks, named exactly as in the full model (``diffusion_model.blocks.N``)."""
+
+    def __init__(self, blocks_by_list: dict[str, dict[int, torch.nn.Module]], dtype: torch.dtype):
+        super().__init__()
+        self.diffusion_model = torch.nn.Module()
+        for path, blocks in blocks_by_list.items():
+            assert "." not in path, f"nested block list path {path!r} not supported"
+            self.diffusion_model.add_module(path, torch.nn.ModuleDict({str(i): b for i, b in blocks.items()}))
+        self._dtype = dtype
+        self.device = None
+
+    def get_dtype(self) -> torch.dtype:
+        return self._dtype
+
+
+@dataclass(frozen=True)
+class ShardState:
+    """Everything clones of one sharded model share: the plan, the router, proxies and shard roots."""
+
+    plan: object
+    layout: object
+    router: BlockRouter
+    proxies: dict  # block list path -> nn.ModuleList of proxies
+    roots: tuple  # (torch.device, ShardRoot, template ModelPatcher) per planned block range
+    non_block_bytes: int
+    request_key: tuple
+
+
+def is_sharded(model) -> bool:
+    return model.get_attachment(ATTACHMENT_KEY) is not None
+
+
+def get_shard_state(model) -> ShardState | None:
+    return model.get_attachment(ATTACHMENT_KEY)
+
+
+def get_shard_patchers(model) -> list:
+    return model.get_additional_models_with_key(SHARD_KEY)
+
+
+def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inventory=None):
+    """Return a sharded clone of ``model`` (a ComfyUI ModelPatcher); ``model`` is not mutated.
+
+    Everything that can fail on user input (unknown architecture, bad device string, a plan that
+    does not fit) fails here, before any weight moves.
+    """
+    request_key = (str(devices).strip(), float(reserve_vram_gb))
+    existing = get_shard_state(model)
+    if existing is not None and existing.request_key == request_key:
+        return model.clone()
+    base = unshard(model) if existing is not None else model
+    state = _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key)
+    return _sharded_clone(base, state)
+
+
+def unshard(model):
+    """A clone of a sharded model with ShardDiT's patches, shards, wrappers and callbacks removed."""
+    state = get_shard_state(model)
+    m = model.clone()
+    if state is None:
+        return m
+    for path in state.proxies:
+        m.object_patches.pop(f"diffusion_model.{path}", None)
+    m.remove_additional_models(SHARD_KEY)
+    m.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY)
+    m.remove_wrappers_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY)
+    m.remove_callbacks_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY)
+    m.remove_attachments(ATTACHMENT_KEY)
+    m.load_device = mm.get_torch_device()
+    m.size = model.size + sum(mm.module_size(root) for _, root, _ in state.roots)
+    return m
+
+
+def _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key) -> ShardState:
+    """States are cached on the BaseModel so re-sharding the same weights reuses the same shard
+    modules: ComfyUI then sees clones (``is_clone``) and never holds two copies of a block."""
+    cache = base.model.__dict__.setdefault(_CACHE_ATTR, {})
+    state = cache.get(request_key)
+    if state is None:
+        state = _build_state(base, devices, reserve_vram_gb, inventory, request_key)
+        for old in cache.values():  # one live shard set per weights: the new one regroups the blocks
+            _release_roots(old)
+        cache.clear()
+        cache[request_key] = state
+    return state
+
+
+def _release_roots(state: ShardState) -> None:
+    """Restore an older shard set's blocks to their original weights on the offload device."""
+    for _, root, template in state.roots:
+        if root.model_loaded_weight_memory > 0 or template.backup:
+            template.detach(unpatch_all=True)
+
+
+def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> ShardState:
+    dit = base.get_model_object("diffusion_model")
+    layout = get_arch_spec(dit)
+    block_bytes = compute_block_bytes(dit, layout)
+    non_block = compute_non_block_bytes(dit, layout)
+    inventory = inventory if inventory is not None else read_inventory()
+    footprint = Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=non_block,
+                          dit_activation_bytes=_activation_headroom(block_bytes))
+    request = PlacementRequest(devices=devices, reserve_vram_gb=reserve_vram_gb)
+    plan = plan_placement(inventory, footprint, request)
+    log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), devices,
+             plan.to_text(inventory))
+
+    blocks = [(path, i, b) for path in layout.block_lists for i, b in enumerate(_real_blocks(base, dit, path))]
+    block_devices = _block_devices(plan, len(blocks))
+    home = torch.device(plan.home_device)
+    router = BlockRouter(layout, home)
+    proxies = {}
+    for path in layout.block_lists:
+        idx = [g for g, (p, _, _) in enumerate(blocks) if p == path]
+        proxies[path] = torch.nn.ModuleList(
+            build_block_proxies([blocks[g][2] for g in idx], [block_devices[g] for g in idx], home, router,
+                                global_indices=idx, block_list=path))
+    roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device))
+    return ShardState(plan, layout, router, proxies, roots, non_block, request_key)
+
+
+def _activation_headroom(block_bytes) -> int:
+    """Activation room planned per DiT device at load time, before any latent shape is known.
+
+    Two blocks' worth of weights: for Wan 2.1 14B (0.67 GiB per bf16 block) that is 1.3 GiB, the
+    order of one 480p x 81 frame forward (2.9 GiB per device at batch 1, measured on fake GPUs;
+    see TESTING.md). Larger videos need ``reserve_vram_gb`` or the ``plan`` dry run, which
+    simulates the real peak.
+    """
+    return 2 * max(block_bytes, default=0)
+
+
+def _block_devices(plan, n_blocks) -> list[torch.device]:
+    devices = [None] * n_blocks
+    for r in plan.block_ranges:
+        for g in range(r.start, r.stop):
+            devices[g] = torch.device(r.device)
+    assert None not in devices, f"plan does not cover all {n_blocks} blocks: {plan.block_ranges}"
+    return devices
+
+
+def _build_roots(blocks, plan, dtype, offload_device):
+    """One ShardRoot and its template patcher per planned block range (a repeated device gets one
+    shard per entry). Every shard patcher is a clone of its template and shares its weight backup,
+    so the state can always restore the blocks' original weights, whichever clone patched them."""
+    for r in plan.block_ranges:
+        by_list: dict[str, dict[int, torch.nn.Module]] = {}
+        for path, i, block in blocks[r.start:r.stop]:
+            by_list.setdefault(path, {})[i] = block
+        root = ShardRoot(by_list, dtype)
+        root.sharddit_keys = frozenset(root.state_dict().keys())
+        device = torch.device(r.device)
+        yield device, root, comfy.model_patcher.ModelPatcher(root, load_device=device, offload_device=offload_device)
+
+
+def _sharded_clone(base, state: ShardState):
+    m = base.clone()
+    m.load_device = torch.device(state.plan.home_device)
+    for path, proxies in state.proxies.items():
+        m.add_object_patch(f"diffusion_model.{path}", proxies)
+    # module_size reads state_dict(), which lists the blocks whether or not the proxies are in.
+    m.size = mm.module_size(m.model) - sum(mm.module_size(root) for _, root, _ in state.roots)
+    shards = []
+    for _, _, template in state.roots:
+        shards.append(template.clone())
+    m.set_additional_models(SHARD_KEY, shards)
+    sync_shard_patches(m)
+    m.set_attachments(ATTACHMENT_KEY, state)
+    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY, functools.partial(_routing_scope_wrapper, state))
+    m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, _prepare_sampling_wrapper)
+    m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, _release_shards_on_detach)
+    return m
+
+
+def sync_shard_patches(main) -> None:
+    """Copy the main patcher's weight patches for block keys onto the shard holding each block."""
+    for shard in get_shard_patchers(main):
+        keys = shard.model.sharddit_keys
+        shard.patches = {k: v[:] for k, v in main.patches.items() if k in keys}
+        shard.weight_wrapper_patches = {k: v[:] for k, v in main.weight_wrapper_patches.items() if k in keys}
+        shard.patches_uuid = main.patches_uuid
+        shard.force_cast_weights = main.force_cast_weights
+
+
+def _prepare_sampling_wrapper(executor, model, *args, **kwargs):
+    _unload_unsharded_clones(model)
+    sync_shard_patches(model)
+    return executor(model, *args, **kwargs)
+
+
+def _unload_unsharded_clones(main) -> None:
+    """Fully unload a loaded *unsharded* clone of the same weights (e.g. core KSampler ran on the
+    MODEL before it was sharded): its in-place weight patches and "already patched" marks on the
+    blocks must be undone before the shards patch those blocks themselves."""
+    models = mm.current_loaded_models
+    for i in reversed(range(len(models))):
+        patcher = models[i].model
+        if patcher is not None and patcher is not main and patcher.is_clone(main) and not is_sharded(patcher):
+            log.info("[ShardDiT] unloading the unsharded copy of %s before loading its shards",
+                     type(patcher.model).__name__)
+            if models[i].model_unload():
+                models.pop(i)
+
+
+def _routing_scope_wrapper(state: ShardState, executor, *args, **kwargs):
+    """One routing scope per DiT forward; a ControlNet-style input brings every block output home."""
+    home_all = needs_home_every_block(state.layout, executor.original, args, kwargs)
+    with state.router.forward_scope(return_home_all=home_all):
+        return executor(*args, **kwargs)
+
+
+def _release_shards_on_detach(main, unpatch_all: bool) -> None:
+    """ComfyUI fully unloads the main patcher: move every shard's weights off its GPU too.
+
+    ``unpatch_all=False`` is ComfyUI switching between clones of the same weights (it happens on
+    every prompt): the shards stay loaded then, so an identical prompt reloads nothing.
+    """
+    if not unpatch_all:
+        return
+    for shard in get_shard_patchers(main):
+        if shard.loaded_size() > 0 or shard.model.device not in (None, shard.offload_device):
+            shard.detach(unpatch_all=True)
+
+
+def _real_blocks(base, dit, path: str):
+    """The real block list, even while a sharded clone has its proxies patched into the model."""
+    backup = base.object_patches_backup.get(f"diffusion_model.{path}")
+    return backup if backup is not None else _get_path(dit, path)
+
+
+def _get_path(obj, path: str):
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj

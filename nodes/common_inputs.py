@@ -1,0 +1,20 @@
+"""Inputs several ShardDiT nodes share, defined once (same name, default and tooltip everywhere)."""
+from comfy_api.latest import io
+
+DEVICES_TOOLTIP = (
+    "Where the DiT blocks run. 'auto' plans from the free VRAM of every GPU (fewest GPUs that fit). "
+    "Or a list such as 'cuda:0,cuda:1', optionally weighted 'cuda:0:3,cuda:1:1' (3/4 of the blocks on "
+    "cuda:0); 'cpu' is allowed and may repeat ('cpu,cpu' = two shards on the CPU, for testing)."
+)
+
+
+def devices_input(id: str = "devices", default: str = "auto", tooltip: str = DEVICES_TOOLTIP) -> io.String.Input:
+    return io.String.Input(id, default=default, multiline=False, tooltip=tooltip)
+
+
+def reserve_vram_input() -> io.Float.Input:
+    return io.Float.Input(
+        "reserve_vram_gb", default=1.0, min=0.0, max=1024.0, step=0.1,
+        tooltip="GiB left free on every GPU for the CUDA context, other apps and allocator slack; "
+                "the planner never fills it with weights or activations.",
+    )
