@@ -1,0 +1,159 @@
+"""One DiT forward on fake devices, the way ``simulator`` needs it (ComfyUI classes, pure fakes).
+
+- every block's weights on its planned fake device, the rest on ``home``; the pack's own engine
+  (``parallel/sharding.attach_block_sharding``) routes the forward, then ``detach()``;
+- the DiT is called as ComfyUI's sampler calls it, with inputs of the family's shapes;
+- attention is an output-only stand-in (flash / memory-efficient semantics) through ComfyUI's own
+  ``transformer_options["optimized_attention_override"]`` hook AND by swapping the module-level
+  ``optimized_attention`` names for the duration of the forward (always restored), so call sites
+  that do not pass ``transformer_options`` are covered too;
+- afterwards every tensor goes back to ``meta``: nothing fake leaks, the next run starts clean.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+
+from ..parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_module
+
+__all__ = ["run_fake_forward", "first_blocks_only"]
+
+
+def run_fake_forward(ctx: dict, batch: int, block_devices: list[str], home: str) -> dict:
+    """One fake forward; {device: (weight bytes, peak activation bytes)}."""
+    from ..parallel.sharding import attach_block_sharding
+
+    dit, layout = ctx["dit"], ctx["layout"]
+    blocks = _blocks(dit, layout)
+    try:
+        with fake_device_mode(), _attention_standin():
+            memo = {}
+            materialize_module(dit, home, exclude=blocks, memo=memo)
+            for block, device in zip(blocks, block_devices):
+                materialize_module(block, device, memo=memo)
+            with _placed_already([dit] + blocks):
+                handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
+                                               torch.device(home))
+            try:
+                with MemoryTracker(dit, *blocks) as tracker, handle.router.forward_scope():
+                    del_out = _forward(ctx, dit, batch, torch.device(home))
+                    del del_out
+            finally:
+                handle.detach()
+    finally:
+        _to_meta(dit)
+    return {d: (m.weights, m.peak_activations) for d, m in tracker.report().items()}
+
+
+@contextlib.contextmanager
+def first_blocks_only(dit, layout):
+    """Keep only the first block of each block list (a probe for the planner's activation
+    headroom: the blocks of a list are alike, so one of each shows the per-device peak)."""
+    saved = []
+    for path in layout.block_lists:
+        parent, _, name = ("." + path).rpartition(".")
+        owner = _get(dit, parent[1:]) if parent else dit
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, torch.nn.ModuleList([getattr(owner, name)[0]]))
+    try:
+        yield len(saved)
+    finally:
+        for owner, name, blocks in saved:
+            setattr(owner, name, blocks)
+
+
+def _get(obj, path: str):
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+@contextlib.contextmanager
+def _placed_already(modules):
+    """Make ``module.to(device)`` a no-op on these modules while the engine attaches.
+
+    Their fake tensors already sit on the planned devices. ``Module._apply`` in torch >= 2.13
+    always swaps FakeTensor parameters, and the swap fails ("Cannot swap t1 because it has weakref
+    associated with it"), so the engine's own ``.to`` calls must not reach it.
+    """
+    for m in modules:
+        m.to = (lambda mod: lambda *a, **k: mod)(m)
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.__dict__.pop("to", None)
+
+
+def _blocks(dit, layout) -> list:
+    return [b for path in layout.block_lists for b in _get(dit, path)]
+
+
+def _to_meta(dit) -> None:
+    """Back to ``meta`` after a run: the next run starts clean and no fake tensor leaks out."""
+    memo = {}
+    for mod in dit.modules():
+        for name, p in list(mod._parameters.items()):
+            if p is not None:
+                if id(p) not in memo:
+                    meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
+                    memo[id(p)] = torch.nn.Parameter(meta, requires_grad=False)
+                mod._parameters[name] = memo[id(p)]
+        for name, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="meta")
+
+
+def _forward(ctx: dict, dit, batch: int, home: torch.device):
+    """Call the DiT as ComfyUI's sampler does, with inputs of the family's shapes on ``home``."""
+    spec, dtype = ctx["spec"], ctx["compute_dtype"]
+    g = spec.geometry
+
+    def empty(*shape, dt=dtype):
+        return torch.empty(shape, dtype=dt, device=home)
+
+    x = empty(*g.latent_shape(*ctx["size"], batch))
+    t = empty(batch, dt=torch.float32)
+    context = empty(batch, g.context_tokens, g.context_dim)
+    options = {"optimized_attention_override": _attention_override}
+    kwargs = {}
+    if spec.family == "wan" and g.clip_tokens:
+        kwargs["clip_fea"] = empty(batch, g.clip_tokens, 1280)
+    if spec.family == "ltxv":
+        kwargs.update(attention_mask=None, frame_rate=25)
+    if spec.family == "hunyuan_video":
+        if g.pooled_dim:
+            kwargs["y"] = empty(batch, g.pooled_dim)
+        if spec.unet_config.get("guidance_embed"):
+            kwargs["guidance"] = empty(batch, dt=torch.float32)
+    return dit(x, t, context, transformer_options=options, **kwargs)
+
+
+def _attention_override(func, *args, **kwargs):
+    """ComfyUI's ``optimized_attention_override`` hook: ignore ``func``, run the stand-in."""
+    return flash_attention_standin(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _attention_standin():
+    """Swap ComfyUI's module-level attention entry points for the stand-in; always restored."""
+    import comfy.ldm.modules.attention as attention
+
+    originals = {getattr(attention, n) for n in dir(attention) if n.startswith("attention_")}
+    originals |= {attention.optimized_attention, attention.optimized_attention_masked}
+    swapped = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith("comfy.ldm"):
+            continue
+        for attr in ("optimized_attention", "optimized_attention_masked"):
+            value = getattr(module, attr, None)
+            if value is not None and value in originals:
+                swapped.append((module, attr, value))
+                setattr(module, attr, flash_attention_standin)
+    try:
+        yield
+    finally:
+        for module, attr, value in swapped:
+            setattr(module, attr, value)
