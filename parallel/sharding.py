@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .routing import BlockLayout, BlockRouter, RouterStats, _Slot, normalize_device
 
@@ -43,7 +44,7 @@ class BlockProxy(torch.nn.Module):
 
     def __init__(self, block: torch.nn.Module, slot: _Slot, router: BlockRouter):
         super().__init__()
-        # object.__setattr__: keep the block out of _modules (no parameters, no state_dict keys).
+        # object.__setattr__: keep the block out of _modules (no parameters, not moved by .to()).
         object.__setattr__(self, "_sharddit_block", block)
         object.__setattr__(self, "_sharddit_slot", slot)
         object.__setattr__(self, "_sharddit_router", router)
@@ -67,6 +68,15 @@ class BlockProxy(torch.nn.Module):
     def train(self, mode: bool = True):
         self._sharddit_block.train(mode)
         return super().train(mode)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        """``state_dict()`` still lists the real block's tensors under its own key names.
+
+        Parameter/module traversal (``named_parameters``, ``named_modules``, ``.to()``) does not
+        see the block, so a ComfyUI ModelPatcher never loads or moves it; but key-based code
+        (LoRA key mapping, ``add_patches``' key check, ``module_size``) sees the full model.
+        """
+        self._sharddit_block.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
 
     def __getattr__(self, name: str):
         try:
@@ -264,8 +274,11 @@ def _move_tree(module: torch.nn.Module, dev: torch.device, memo: dict) -> None:
                 continue
             new = memo.get(id(p))
             if new is None:
-                p.data = p.data.to(dev)
-                new = p if p.device == dev else torch.nn.Parameter(p.detach().to(dev), p.requires_grad)
+                if isinstance(p, FakeTensor):
+                    new = torch.nn.Parameter(p.detach().to(dev), p.requires_grad)
+                else:
+                    p.data = p.data.to(dev)
+                    new = p
                 memo[id(p)] = new
             mod._parameters[name] = new
         for name, b in mod._buffers.items():
