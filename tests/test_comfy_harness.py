@@ -72,6 +72,32 @@ def test_stock_ksampler_runs_tiny_wan_deterministically(comfy_env, tiny_models):
     assert image.shape[-3:] == (64, 64, 3) and torch.isfinite(image).all()
 
 
+@pytest.mark.parametrize("kind,shape", [("ltxv", (1, 128, 1, 4, 4)), ("hunyuan_video", (1, 16, 1, 8, 8)),
+                                         ("wan22_high_noise", (1, 16, 1, 8, 8))])
+def test_stock_ksampler_runs_other_tiny_dits(comfy_env, tiny_models, kind, shape):
+    from harness.tiny_models import adapt_conditioning
+
+    nodes = comfy_env.nodes
+    (model,) = nodes.UNETLoader().load_unet(tiny_models.names[kind], "default")
+    (clip,) = nodes.CLIPLoader().load_clip(tiny_models.names["umt5"], "wan")
+    (cond,) = nodes.CLIPTextEncode().encode(clip, "a red fox")
+    cond = adapt_conditioning(cond, kind)
+    (out,) = nodes.KSampler().sample(model, 3, 2, 1.0, "euler", "simple", cond, cond, {"samples": torch.zeros(shape)})
+    assert out["samples"].shape == shape and torch.isfinite(out["samples"]).all()
+
+
+def test_tiny_lora_changes_the_wan_output(comfy_env, tiny_models):
+    nodes = comfy_env.nodes
+    (model,) = nodes.UNETLoader().load_unet(tiny_models.names["wan21_t2v"], "default")
+    (patched,) = nodes.LoraLoaderModelOnly().load_lora_model_only(model, tiny_models.names["wan21_lora"], 1.0)
+    (clip,) = nodes.CLIPLoader().load_clip(tiny_models.names["umt5"], "wan")
+    (cond,) = nodes.CLIPTextEncode().encode(clip, "a red fox")
+    plain = _sample(nodes, model, cond, cond, seed=5)
+    lora = _sample(nodes, patched, cond, cond, seed=5)
+    assert torch.isfinite(lora).all() and not torch.equal(plain, lora)
+    assert torch.equal(plain, _sample(nodes, model, cond, cond, seed=5))  # unpatched model untouched
+
+
 # ----------------------------------------------------------------------------- server
 def tiny_wan_api_graph(tiny_models, seed: int = 7, decode: bool = True, prefix: str = "harness/wan") -> dict:
     """Stock-node API graph: tiny Wan 2.1 t2v, 2 KSampler steps, 64×64×1 frame, saved."""

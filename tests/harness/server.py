@@ -3,8 +3,9 @@
 ``ComfyServer(comfy_root, workdir, models_dir).start()`` runs
 ``main.py --cpu --listen 127.0.0.1 --port <free> --disable-auto-launch`` with
 
-- ``--base-directory <workdir>/base``: input/output/temp/user (and the sqlite db) stay in the
-  test's tmp dir, never in the shared ComfyUI tree;
+- ``--base-directory <workdir>/base``: input/output/temp/user stay in the test's tmp dir, never
+  in the shared ComfyUI tree (and ``--database-url sqlite:///:memory:``, whose default is there);
+- ``--use-pytorch-cross-attention --disable-api-nodes``, as the in-process ``load_comfy()``;
 - ``--extra-model-paths-config <workdir>/extra_model_paths.yaml``: the tiny models'
   ``diffusion_models/ text_encoders/ vae/ loras/`` and ``custom_nodes: <workdir>/custom_nodes``
   (0.3.64 accepts any ``folder_paths`` key there, custom_nodes included), which holds
@@ -103,7 +104,11 @@ class ComfyServer:
         return [self.python, str(self.comfy_root / "main.py"), "--cpu", "--listen", HOST,
                 "--port", str(self.port), "--disable-auto-launch", "--use-pytorch-cross-attention",
                 "--base-directory", str(self.workdir / "base"),
-                "--extra-model-paths-config", str(yaml_path), *self.extra_args]
+                "--extra-model-paths-config", str(yaml_path),
+                # API (partner) nodes: not needed, many imports, and they talk to the internet.
+                "--disable-api-nodes",
+                # The default sqlite db lives in ComfyUI/user/ (not under --base-directory).
+                "--database-url", "sqlite:///:memory:", *self.extra_args]
 
     def start(self, timeout: float = 180.0) -> "ComfyServer":
         cmd = self.command()

@@ -248,6 +248,24 @@ def wan_lora_state_dict(dit_sd: Mapping, seed: int = SEED, rank: int = LORA_RANK
     return out
 
 
+def adapt_conditioning(conditioning: list, model_kind: str) -> list:
+    """Conditioning from the tiny UMT5 made acceptable to other tiny DiTs (a new list).
+
+    The tiny UMT5 (4096 wide) is the only tiny text encoder; LTXV's forward also needs the
+    ``attention_mask`` its own T5 would return, HunyuanVideo the CLIP-L ``pooled_output`` (768).
+    Wan kinds pass through unchanged.
+    """
+    out = []
+    for tensor, extra in conditioning:
+        extra = dict(extra)
+        if model_kind == "ltxv" and extra.get("attention_mask") is None:
+            extra["attention_mask"] = torch.ones(tensor.shape[:2], dtype=torch.long)
+        elif model_kind == "hunyuan_video" and extra.get("pooled_output") is None:  # umt5 gives None
+            extra["pooled_output"] = torch.zeros(tensor.shape[0], 768)
+        out.append([tensor, extra])
+    return out
+
+
 # ----------------------------------------------------------------------------- writing files
 @dataclass(frozen=True)
 class ModelKind:
