@@ -15,8 +15,11 @@ Core's rules, per latent dimension ``d`` of size ``S``, tile ``T`` and overlap `
   tile (skipped when ``F >= tile length``);
 - a latent sample that fits into one tile in every dimension is decoded whole, without mask.
 
-Here the tile parameters must satisfy ``0 <= overlap < tile`` in every dimension; core raises
-(step 0) or silently returns NaN (negative step) otherwise, so ``check_tiling`` raises instead.
+Here the tile parameters must satisfy ``0 <= overlap < tile`` in every dimension, and the decoded
+tiles must cover the whole output; core raises (step 0) or silently returns NaN (negative step, or
+gaps: with Wan's causal time a tile of ``l`` latent frames at ``p`` gives frames ``4p .. 4p+4l-4``,
+so temporal overlap 0 leaves 3 frames uncovered; core's ``VAE.decode_tiled`` forces temporal
+tile >= 2 and overlap >= 1 for that reason), so ``check_tiling`` raises instead.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ __all__ = [
     "Scale",
     "Tile",
     "TileSpec",
+    "check_coverage",
     "check_tiling",
     "dim_tiles",
     "feather_mask",
@@ -130,6 +134,21 @@ def check_tiling(latent_shape: Sequence[int], spec: TileSpec) -> None:
             )
 
 
+def check_coverage(latent_shape: Sequence[int], spec: TileSpec) -> None:
+    """Raise ValueError when the tiles' outputs leave a gap (voxels no tile writes: NaN in core)."""
+    for d, size in enumerate(latent_shape[2:]):
+        covered = 0
+        for start, n in dim_tiles(size, spec.tile[d], spec.overlap[d]):
+            lo = spec.out_pos(d, start)
+            if lo > covered:
+                raise ValueError(
+                    f"tiles of {spec.tile[d]} with overlap {spec.overlap[d]} (latent units) leave output "
+                    f"positions {covered}..{lo - 1} of dim {d} undecoded (latent size {size}); raise the "
+                    f"overlap (temporal overlap >= 1 latent frame for causal video VAEs) or the tile size"
+                )
+            covered = max(covered, lo + spec.out_len(d, n))
+
+
 def dim_tiles(size: int, tile: int, overlap: int) -> list[tuple[int, int]]:
     """``(start, length)`` of core's tiles along one dimension (before combining dimensions)."""
     starts = range(0, size - overlap, tile - overlap) if size > tile else [0]
@@ -143,6 +162,7 @@ def dim_tiles(size: int, tile: int, overlap: int) -> list[tuple[int, int]]:
 def plan_tiles(latent_shape: Sequence[int], spec: TileSpec) -> list[Tile]:
     """Every tile core decodes for ``latent_shape`` ``(B, C, *dims)``, in core's order."""
     check_tiling(latent_shape, spec)
+    check_coverage(latent_shape, spec)
     sizes = tuple(latent_shape[2:])
     tiles: list[Tile] = []
     for b in range(latent_shape[0]):

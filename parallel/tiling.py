@@ -11,6 +11,7 @@ from .tile_geometry import (  # noqa: F401
     Scale,
     Tile,
     TileSpec,
+    check_coverage,
     check_tiling,
     dim_tiles,
     feather_mask,
@@ -21,6 +22,6 @@ from .tile_geometry import (  # noqa: F401
 from .tile_runner import TilePlan, plan_decode, run_tiled  # noqa: F401
 
 __all__ = [
-    "Scale", "Tile", "TilePlan", "TileSpec", "check_tiling", "dim_tiles", "feather_mask",
+    "Scale", "Tile", "TilePlan", "TileSpec", "check_coverage", "check_tiling", "dim_tiles", "feather_mask",
     "group_tiles", "make_batches", "plan_decode", "plan_tiles", "run_tiled",
 ]
