@@ -95,7 +95,10 @@ def test_proxies_hide_block_weights_but_expose_attributes():
     handle = attach_block_sharding(model, WAN_LAYOUT, ["cpu"] * 3, "cpu")
     names = [n for n, _ in model.named_parameters()]
     assert names and not any(n.startswith("blocks.") for n in names)
-    assert not any(k.startswith("blocks.") for k in model.state_dict())
+    # state_dict keeps the full key space (ComfyUI's LoRA key mapping reads it), same tensors
+    sd = model.state_dict(keep_vars=True)
+    assert sd["blocks.1.q.weight"] is real[1].q.weight
+    assert [k for k in sd if k.startswith("blocks.")] == [f"blocks.{i}.{k}" for i in range(3) for k in real[i].state_dict()]
     proxy = model.blocks[1]
     assert proxy.modulation is real[1].modulation and proxy.real_block is real[1]
     assert proxy.block_index == 1 and proxy.block_device == torch.device("cpu")
