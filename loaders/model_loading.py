@@ -6,6 +6,8 @@ import torch
 import comfy.sd
 import folder_paths
 
+from ..parallel.devices import check_devices_exist, parse_component_device, parse_devices
+from ..parallel.inventory import read_inventory
 from .sharded_model import shard_model
 
 log = logging.getLogger("sharddit")
@@ -28,6 +30,20 @@ def check_file_name(folder: str, name: str) -> str:
     return folder_paths.get_full_path_or_raise(folder, name)
 
 
+def check_devices(devices: str) -> None:
+    """Cheap checks of a ``devices`` input (syntax, existence) before anything is loaded."""
+    parsed = parse_devices(devices)
+    if not parsed.auto:
+        check_devices_exist(parsed.unique_devices, read_inventory().names)
+
+
+def check_component_device(device: str) -> None:
+    """Cheap checks of a single ``device`` input (``auto``, ``cpu``, ``cuda:N``)."""
+    chosen = parse_component_device(device)
+    if chosen != "auto":
+        check_devices_exist([chosen], read_inventory().names)
+
+
 def unet_model_options(weight_dtype: str) -> dict:
     """Same mapping as core UNETLoader."""
     if weight_dtype not in WEIGHT_DTYPES:
@@ -45,5 +61,6 @@ def unet_model_options(weight_dtype: str) -> dict:
 def load_sharded_diffusion_model(unet_name: str, weight_dtype: str, devices: str, reserve_vram_gb: float):
     """Core UNETLoader (weights land in CPU RAM, nothing on a GPU), then shard per plan."""
     path = check_file_name("diffusion_models", unet_name)
+    check_devices(devices)
     model = comfy.sd.load_diffusion_model(path, model_options=unet_model_options(weight_dtype))
     return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb)

@@ -1,7 +1,17 @@
 """Sampling glue: shard when needed, then run core's own KSampler code path unchanged."""
 import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on sys.path)
 
+from .model_loading import check_devices
 from .sharded_model import is_sharded, shard_model
+
+
+def validate_devices(devices: str):
+    """``validate_inputs`` form of ``check_devices``: True or the message."""
+    try:
+        check_devices(devices)
+    except ValueError as e:
+        return str(e)
+    return True
 
 
 def shard(model, devices: str, reserve_vram_gb: float = 1.0):

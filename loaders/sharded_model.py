@@ -41,6 +41,7 @@ from ..parallel.planner import Footprint, PlacementRequest, plan_placement
 from ..parallel.routing import BlockRouter
 from ..parallel.sharding import build_block_proxies, needs_home_every_block
 from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
+from .placement import record_dit
 from .specs import get_arch_spec
 
 log = logging.getLogger("sharddit")
@@ -52,6 +53,8 @@ _CACHE_ATTR = "_sharddit_states"
 
 class ShardRoot(torch.nn.Module):
     """One device's blocks, named exactly as in the full model (``diffusion_model.blocks.N``)."""
+
+    sharddit_component = "dit_shard"  # how ShardDiT recognises its own loaded models
 
     def __init__(self, blocks_by_list: dict[str, dict[int, torch.nn.Module]], dtype: torch.dtype):
         super().__init__()
@@ -155,6 +158,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                           dit_activation_bytes=_activation_headroom(block_bytes))
     request = PlacementRequest(devices=devices, reserve_vram_gb=reserve_vram_gb)
     plan = plan_placement(inventory, footprint, request)
+    record_dit(footprint, ",".join(r.device for r in plan.block_ranges))
     log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), devices,
              plan.to_text(inventory))
 

@@ -2,7 +2,7 @@
 import folder_paths
 from comfy_api.latest import io
 
-from ..loaders import model_loading
+from ..loaders import component_loading, model_loading
 from .common_inputs import devices_input, reserve_vram_input
 
 CATEGORY = "sharddit/loaders"
@@ -29,16 +29,83 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, unet_name, weight_dtype, devices, reserve_vram_gb):
-        try:
-            model_loading.check_file_name("diffusion_models", unet_name)
-        except ValueError as e:
-            return str(e)
-        return True
+    def validate_inputs(cls, unet_name, devices="auto"):
+        return _validate((model_loading.check_file_name, "diffusion_models", unet_name),
+                         (model_loading.check_devices, devices))
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb) -> io.NodeOutput:
         return io.NodeOutput(model_loading.load_sharded_diffusion_model(unet_name, weight_dtype, devices, reserve_vram_gb))
 
 
-NODES = [ShardDiTLoadDiffusionModel]
+
+DEVICE_TOOLTIP = ("Where this model runs: 'auto' (a GPU the DiT does not use when one has room, else beside the "
+                  "DiT, else the CPU; decided from free VRAM and logged), 'cpu', or 'cuda:N'.")
+
+
+class ShardDiTLoadTextEncoder(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ShardDiTLoadTextEncoder",
+            display_name="Load Text Encoder (ShardDiT)",
+            category=CATEGORY,
+            description="Core 'Load CLIP' with the device chosen from free VRAM (or given).",
+            inputs=[
+                io.Combo.Input("clip_name", options=folder_paths.get_filename_list("text_encoders"),
+                               tooltip="A text encoder file in ComfyUI/models/text_encoders (e.g. umt5_xxl for Wan)."),
+                io.Combo.Input("type", options=component_loading.clip_types(), default="wan",
+                               tooltip="The model family the text encoder is for (core CLIPLoader's list)."),
+                devices_input("device", tooltip=DEVICE_TOOLTIP),
+            ],
+            outputs=[io.Clip.Output(tooltip="A CLIP for the text encode nodes; it runs on the chosen device.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, clip_name, device="auto"):
+        return _validate((model_loading.check_file_name, "text_encoders", clip_name),
+                         (model_loading.check_component_device, device))
+
+    @classmethod
+    def execute(cls, clip_name, type, device) -> io.NodeOutput:
+        return io.NodeOutput(component_loading.load_text_encoder(clip_name, type, device))
+
+
+class ShardDiTLoadVAE(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ShardDiTLoadVAE",
+            display_name="Load VAE (ShardDiT)",
+            category=CATEGORY,
+            description="Core 'Load VAE' with the device chosen from free VRAM (or given).",
+            inputs=[
+                io.Combo.Input("vae_name", options=folder_paths.get_filename_list("vae"),
+                               tooltip="A VAE file in ComfyUI/models/vae (e.g. wan_2.1_vae.safetensors)."),
+                devices_input("device", tooltip=DEVICE_TOOLTIP),
+            ],
+            outputs=[io.Vae.Output(tooltip="A VAE that encodes/decodes on the chosen device.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, vae_name, device="auto"):
+        return _validate((model_loading.check_file_name, "vae", vae_name),
+                         (model_loading.check_component_device, device))
+
+    @classmethod
+    def execute(cls, vae_name, device) -> io.NodeOutput:
+        return io.NodeOutput(component_loading.load_vae(vae_name, device))
+
+
+def _validate(*checks):
+    """``validate_inputs`` form of ``(check, *args)`` calls: True, or the first error message,
+    which ComfyUI shows on the node before anything runs."""
+    for check, *args in checks:
+        try:
+            check(*args)
+        except ValueError as e:
+            return str(e)
+    return True
+
+
+NODES = [ShardDiTLoadDiffusionModel, ShardDiTLoadTextEncoder, ShardDiTLoadVAE]

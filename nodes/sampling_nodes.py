@@ -26,6 +26,10 @@ class ShardDiTShardModel(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, devices="auto"):
+        return sampling.validate_devices(devices)
+
+    @classmethod
     def execute(cls, model, devices, reserve_vram_gb) -> io.NodeOutput:
         return io.NodeOutput(sampling.shard(model, devices, reserve_vram_gb))
 
@@ -59,6 +63,10 @@ class ShardDiTKSampler(io.ComfyNode):
             ],
             outputs=[io.Latent.Output(tooltip="The denoised latent.")],
         )
+
+    @classmethod
+    def validate_inputs(cls, devices="auto"):
+        return sampling.validate_devices(devices)
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,

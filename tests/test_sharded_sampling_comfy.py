@@ -226,3 +226,35 @@ def test_stock_sampler_after_sharded_lora_run(env, tiny, tmp_path):
     plain = _stock(env, base, latent, {})
     _ours(env, apply_lora(base), latent, {}, "cpu,cpu")
     assert torch.equal(_stock(env, base, latent, {}), plain)
+
+
+def _unknown_arch_model():
+    import comfy.model_patcher
+
+    root = torch.nn.Module()
+    root.diffusion_model = torch.nn.Linear(4, 4)
+    return comfy.model_patcher.ModelPatcher(root, torch.device("cpu"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("case,devices,inventory,match", [
+    ("missing device", "cpu,cuda:1", None,
+     r"^device 'cuda:1' does not exist; this machine has cpu; no GPU is visible to torch here: use 'cpu' or 'auto'"),
+    ("malformed", "cuda0,cpu", None,
+     r"^devices 'cuda0,cpu': 'cuda0' is not a device; accepted: 'auto', or a list like 'cuda:0,cuda:1'"),
+    ("does not fit", "cuda:0,cuda:1", "cuda:0=4MiB,cuda:1=4MiB",
+     r"^the DiT does not fit: it needs 0\.0 GiB of weights .* To fit: fewer frames or a smaller resolution"),
+    ("unknown architecture", "cpu,cpu", None,
+     r"^\[ShardDiT\] cannot shard diffusion model class 'Linear': supported architectures are Wan 2\.1/2\.2"),
+])
+def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory, match):
+    from harness.comfy_env import pack_module
+
+    sm = pack_module(env, "loaders.sharded_model")
+    inv_mod = pack_module(env, "parallel.inventory")
+    model = _unknown_arch_model() if case == "unknown architecture" else _load(env, tiny.wan21_t2v_state_dict())
+    weights = {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()}
+    inv = inv_mod.inventory_from_spec(inventory) if inventory else None
+    with pytest.raises(ValueError, match=match):
+        sm.shard_model(model, devices, 0.0, inventory=inv)
+    assert model.object_patches == {} and model.additional_models == {}
+    assert {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()} == weights

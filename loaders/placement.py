@@ -1,0 +1,71 @@
+"""Where ShardDiT puts the text encoder and the VAE: the planner's rules, applied to what this
+process already placed, so ``auto`` is deterministic for a given inventory and re-queuing the same
+workflow moves nothing.
+
+The registry below is the only process-wide state: the last plan of each component ShardDiT
+loaded (device and bytes). Components of a loaded DiT are pinned to where they are.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+
+from ..parallel.inventory import Inventory, read_inventory
+from ..parallel.planner import Footprint, PlacementRequest, plan_placement
+
+log = logging.getLogger("sharddit")
+
+_LOCK = threading.Lock()
+_PLACED: dict[str, dict] = {}  # "text_encoder"/"vae" -> {"device", "bytes"}; "dit" -> {"footprint", "devices"}
+
+_COMPONENTS = ("text_encoder", "vae")
+
+
+def record_dit(footprint: Footprint, block_devices: str) -> None:
+    """Called when a DiT is sharded: later ``auto`` components plan around it."""
+    with _LOCK:
+        _PLACED["dit"] = {"footprint": footprint, "devices": block_devices}
+
+
+def record_component(kind: str, device: str, nbytes: int) -> None:
+    with _LOCK:
+        _PLACED[kind] = {"device": device, "bytes": int(nbytes)}
+
+
+def placed() -> dict:
+    with _LOCK:
+        return {k: dict(v) for k, v in _PLACED.items()}
+
+
+def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: float = 1.0,
+                          inventory: Inventory | None = None) -> str:
+    """Device for a text encoder or VAE of ``nbytes``: ``device`` if explicit (checked to exist),
+    else the planner's choice: a GPU the DiT does not use when one fits, else beside the DiT,
+    else the CPU. Raises ValueError (naming the value and the fix) before anything is loaded."""
+    assert kind in _COMPONENTS, kind
+    state = placed()
+    inventory = inventory if inventory is not None else read_inventory()
+    footprint, request = _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state)
+    plan = plan_placement(inventory, footprint, request)
+    chosen = plan.text_encoder_device if kind == "text_encoder" else plan.vae_device
+    if str(device).strip().lower() == "auto":
+        why = [n for n in plan.notes if kind.replace("_", " ") in n.lower()]
+        log.info("[ShardDiT] %s (%.2f GiB) -> %s%s", kind.replace("_", " "), nbytes / 2**30, chosen,
+                 f" ({why[0]})" if why else "")
+    return chosen
+
+
+def _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state):
+    """The DiT and the other component as already placed (pinned), plus this component."""
+    dit = state.get("dit")
+    footprint = dit["footprint"] if dit else Footprint(block_bytes=(1,))
+    pinned = {}
+    for other in _COMPONENTS:
+        if other != kind and other in state:
+            footprint = replace(footprint, **{f"{other}_bytes": state[other]["bytes"]})
+            pinned[f"{other}_device"] = state[other]["device"]
+    footprint = replace(footprint, **{f"{kind}_bytes": int(nbytes)})
+    request = PlacementRequest(devices=dit["devices"] if dit else "auto", reserve_vram_gb=reserve_vram_gb,
+                               **pinned, **{f"{kind}_device": str(device).strip()})
+    return footprint, request
