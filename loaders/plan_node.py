@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from ..parallel.inventory import read_inventory
 from . import simulator
-from .simulator_report import format_inventory
 
 __all__ = ["BATCH_CHOICES", "read_holdings", "run_plan"]
 
@@ -50,8 +49,4 @@ def run_plan(model: str, devices: str, width: int, height: int, frames: int, bat
     report = simulator.simulate(model, devices=devices, width=width, height=height, frames=frames,
                                 batch=None if batch == "auto" else int(batch), dtype=dtype,
                                 reserve_vram_gb=reserve_vram_gb, inventory=inventory)
-    text = report.to_text()
-    if inventory is not None:
-        now = "Inventory now (GiB held per device):\n" + format_inventory(inventory, holdings)
-        text = now + "\n\n" + text
-    return text, report.fits
+    return report.to_text(holdings if inventory is not None else None), report.fits

@@ -105,14 +105,16 @@ class SimulationReport:
                         for d in self.devices},
         }
 
-    def to_text(self) -> str:
+    def to_text(self, holdings: dict | None = None) -> str:
+        """The report users read; ``holdings`` (device -> (ComfyUI bytes, ShardDiT bytes)) adds
+        what is loaded now to the inventory table."""
         w, h, f = self.size
         lines = [f"[ShardDiT] plan: {self.model} ({self.family}), {self.dtype}, {w}x{h}x{f} frames, "
                  f"latent {'x'.join(map(str, self.latent_shape))}, {self.batch_mode}"]
         if self.experts > 1:
             lines.append(f"{self.experts} experts of this shape, loaded in turn by ComfyUI: the peak holds one "
                          f"(keeping all {self.experts} resident needs {self.experts}x the weights)")
-        lines += ["", "Inventory:", format_inventory(self.inventory), "", "Simulated forward:",
+        lines += ["", "Inventory:", format_inventory(self.inventory, holdings), "", "Simulated forward:",
                   self._device_table()]
         if self.plan is not None and self.plan.notes:
             lines += [f"- {n}" for n in self.plan.notes]

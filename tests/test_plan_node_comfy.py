@@ -1,0 +1,46 @@
+"""``ShardDiTPlan`` inside real ComfyUI (CPU): registered, schema, text in the UI and as STRING."""
+import re
+
+import pytest
+
+from harness.comfy_env import load_comfy
+
+pytestmark = pytest.mark.comfy
+
+
+@pytest.fixture(scope="module")
+def env():
+    return load_comfy()
+
+
+def test_schema(env):
+    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
+    schema = node.define_schema()
+    assert schema.display_name == "Placement Plan (ShardDiT)" and schema.category == "sharddit/debug"
+    assert schema.is_output_node
+    ids = [i.id for i in schema.inputs]
+    assert ids == ["devices", "model", "width", "height", "frames", "batch", "dtype", "reserve_vram_gb"]
+    assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
+    model = next(i for i in schema.inputs if i.id == "model")
+    assert "wan2.1-t2v-14b" in model.options and "hunyuanvideo-13b" in model.options
+
+
+def test_execute_shows_plan_text(env):
+    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
+    out = node.execute(devices="cuda:0=8GiB,cuda:1=8GiB", model="wan2.1-t2v-1.3b", width=256, height=256,
+                       frames=5, batch="auto", dtype="bf16", reserve_vram_gb=1.0)
+    text = out.result[0]
+    assert isinstance(text, str) and "FITS: cond+uncond together (batch 2)." in text
+    assert "cuda:0 | home + blocks 0-29" in text
+    assert out.ui.as_dict() == {"text": (text,)}
+
+
+def test_execute_on_this_machine_lists_holdings(env):
+    """devices 'auto' reads this machine (CPU only here): the inventory table has the holdings
+    columns and the DiT is simulated on cpu."""
+    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
+    out = node.execute(devices="auto", model="wan2.1-t2v-1.3b", width=128, height=128, frames=1,
+                       batch="1", dtype="fp8", reserve_vram_gb=0.0)
+    text = out.result[0]
+    assert "ComfyUI holds" in text and "ShardDiT holds" in text
+    assert re.search(r"^cpu +\| home \+ blocks 0-29 ", text, re.M), text
