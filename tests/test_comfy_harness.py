@@ -158,3 +158,28 @@ def test_comfy_cli_run_wait_against_test_server(comfy_server, tiny_models, tmp_p
     prompt_id = events[-1]["data"]["prompt_id"]
     files = comfy_server.output_files(prompt_id)
     assert [f.suffix for f in files] == [".latent"] and files[0].is_file(), (files, detail)
+
+
+def test_server_wait_reports_execution_errors(comfy_server, tiny_models):
+    from harness.server import ComfyServerError
+
+    g = tiny_wan_api_graph(tiny_models, seed=13, decode=False, prefix="harness/error")
+    g["1"]["inputs"]["unet_name"] = tiny_models.names["ltxv"]  # 128-channel DiT fed a 16-channel latent
+    prompt_id = comfy_server.queue_prompt(g)
+    with pytest.raises(ComfyServerError, match="execution_error"):
+        comfy_server.wait(prompt_id, timeout=120)
+
+
+def test_import_failures_reads_comfyui_log(tmp_path):
+    from harness.server import ComfyServer
+
+    server = ComfyServer("/nonexistent", tmp_path, tmp_path)
+    server.log_path.write_text(
+        "Cannot import /w/custom_nodes/other_pack module for custom nodes: boom\n"
+        "   0.0 seconds (IMPORT FAILED): /w/custom_nodes/other_pack\n"
+        "Cannot import /w/custom_nodes/sharddit module for custom nodes: deliberately broken\n"
+        "   0.0 seconds (IMPORT FAILED): /w/custom_nodes/sharddit\n"
+        "   0.0 seconds: /w/custom_nodes/sharddit_test_hooks\n")
+    assert server.import_failures() == [
+        "Cannot import /w/custom_nodes/sharddit module for custom nodes: deliberately broken",
+        "0.0 seconds (IMPORT FAILED): /w/custom_nodes/sharddit"]
