@@ -258,3 +258,22 @@ def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory
         sm.shard_model(model, devices, 0.0, inventory=inv)
     assert model.object_patches == {} and model.additional_models == {}
     assert {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()} == weights
+
+
+def test_block_patches_of_other_packs_keep_working(env, tiny):
+    """Core's SkipLayerGuidanceDiT and a plain `patches_replace` block patch on a sharded model."""
+    latent = torch.zeros(1, 16, 2, 8, 8)
+    base = _load(env, tiny.wan21_t2v_state_dict())
+    plain = _stock(env, base, latent, {})
+
+    def halve_block_1(args, extra):
+        out = extra["original_block"](args)
+        return {**out, "img": out["img"] * 0.5}
+
+    patched = base.clone()
+    patched.set_model_patch_replace(halve_block_1, "dit", "double_block", 1)
+    slg = env.nodes.NODE_CLASS_MAPPINGS["SkipLayerGuidanceDiT"]
+    patched = slg.execute(patched, 3.0, 0.0, 1.0, "2", "", 0.0).result[0]
+    ref = _stock(env, patched, latent, {})
+    assert not torch.equal(ref, plain), "the patches must change the output, or this test proves nothing"
+    assert torch.equal(_ours(env, patched, latent, {}, "cpu,cpu,cpu"), ref)
