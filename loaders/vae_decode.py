@@ -82,7 +82,8 @@ def resolve_devices(vae, devices: str) -> list[torch.device]:
     if parsed.auto:
         return _auto_devices(vae)
     if parsed.weighted:
-        log.warning("[ShardDiT] VAE decode ignores device weights in %r: each device takes the next batch when free", devices)
+        log.warning("[ShardDiT] VAE decode ignores device weights in %r: each device takes the next batch "
+                    "when it is free", devices)
     names = [e.device for e in parsed.entries]
     check_devices_exist(dict.fromkeys(names), read_inventory().names)
     return [torch.device(n) for n in names]
@@ -156,7 +157,8 @@ def plan_video_decode(vae, reps, latent_shape, spec: TileSpec, batch: int | None
                        force_full_load=vae.disable_offload)
     if batch is not None:
         return plan_decode(latent_shape, spec, vae.output_channels, batch)
-    free = min(mm.get_free_memory(r.device) for r in reps)
+    devs = [torch.device(r.device) for r in reps]
+    free = min(mm.get_free_memory(d) / devs.count(d) for d in devs)  # replicas sharing a device share it
 
     def auto(group) -> int:
         fit = max(1, int(free // _tile_memory(vae, latent_shape, group[0])))

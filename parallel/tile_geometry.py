@@ -190,7 +190,8 @@ def group_tiles(tiles: Sequence[Tile]) -> list[list[Tile]]:
     return list(groups.values())
 
 
-def make_batches(groups: Sequence[Sequence[Tile]], batch_size: int | Callable[[Sequence[Tile]], int]) -> list[list[Tile]]:
+def make_batches(groups: Sequence[Sequence[Tile]],
+                 batch_size: int | Callable[[Sequence[Tile]], int]) -> list[list[Tile]]:
     """Split each group into consecutive batches of ``batch_size`` tiles (last may be smaller).
 
     ``batch_size`` is a positive int or a callable ``group -> int`` (per-group size, e.g. from memory).
