@@ -208,6 +208,21 @@ def test_workflow_inputs_valid_for_real_schemas(pair, comfy_env, real_names):
 
 
 # ----------------------------------------------------------------------------- server
+@pytest.fixture(scope="module")
+def object_info(comfy_server):
+    return comfy_server.object_info()
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_comfy_cli_converts_ui_workflow_to_its_api_twin(pair, object_info):
+    """An independent UI -> API converter (comfy-cli's port of the frontend's, fed the server's
+    /object_info) turns each UI workflow into exactly its committed API twin."""
+    from comfy_cli.workflow_to_api import convert_ui_to_api
+
+    converted = convert_ui_to_api(wt.load(pair[1]), object_info)
+    assert wt.strip_meta(converted) == wt.strip_meta(wt.load(pair[2]))
+
+
 @pytest.mark.parametrize("name", IDS)
 def test_api_workflow_passes_comfyui_validation(name, validation_answers):
     status, body = validation_answers[name]
