@@ -49,4 +49,25 @@ def run_plan(model: str, devices: str, width: int, height: int, frames: int, bat
     report = simulator.simulate(model, devices=devices, width=width, height=height, frames=frames,
                                 batch=None if batch == "auto" else int(batch), dtype=dtype,
                                 reserve_vram_gb=reserve_vram_gb, inventory=inventory)
-    return report.to_text(holdings if inventory is not None else None), report.fits
+    text = report.to_text(holdings if inventory is not None else None)
+    current = describe_current_placements(inventory)
+    return (text + "\n\n" + current if current else text), report.fits
+
+
+def describe_current_placements(inventory) -> str:
+    """The plans of the models ShardDiT has sharded and ComfyUI holds loaded now ('' if none)."""
+    import comfy.model_management as mm
+
+    parts, seen = [], set()
+    for loaded in list(mm.current_loaded_models):
+        patcher = loaded.model
+        get = getattr(patcher, "get_attachment", None)
+        state = get("sharddit") if callable(get) else None
+        plan = getattr(state, "plan", None)
+        if plan is None or id(plan) in seen:
+            continue
+        seen.add(id(plan))
+        name = type(patcher.model.diffusion_model).__name__ if hasattr(patcher.model, "diffusion_model") else "model"
+        body = plan.to_text(inventory) if inventory is not None else str(plan.to_dict())
+        parts.append(f"Loaded now, sharded by ShardDiT: {name}\n{body}")
+    return "\n\n".join(parts)

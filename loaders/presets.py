@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 __all__ = ["Geometry", "ModelSpec", "PRESETS", "preset_names", "resolve_model",
-           "read_safetensors_header", "meta_state_dict", "build_meta_model"]
+           "read_safetensors_header", "meta_state_dict", "build_meta_model", "spec_from_model_config"]
 
 
 @dataclass(frozen=True)
@@ -163,6 +163,14 @@ def spec_from_safetensors(path: str) -> ModelSpec:
     family = _family(unet, path)
     dtype = _DTYPE_NAMES.get(comfy.utils.weight_dtype(sd))
     return ModelSpec(os.path.basename(path), family, unet, _geometry(family, unet), 1, dtype, sd)
+
+
+def spec_from_model_config(model_config) -> ModelSpec:
+    """The spec of a model ComfyUI already loaded (``BaseModel.model_config``): config only."""
+    unet = {k: v for k, v in model_config.unet_config.items() if k not in ("dtype", "device", "operations")}
+    name = type(model_config).__name__
+    family = _family(unet, name)
+    return ModelSpec(name, family, unet, _geometry(family, unet))
 
 
 def _family(unet: dict, path: str) -> str:

@@ -24,7 +24,7 @@ from .simulator_report import DeviceReport, SimulationReport, fallback_block_ran
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["simulate", "SimulationReport", "DeviceReport", "DTYPES"]
+__all__ = ["simulate", "probe_activation_bytes", "SimulationReport", "DeviceReport", "DTYPES"]
 
 DTYPES = ("bf16", "fp16", "fp8")
 _WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn,
@@ -43,22 +43,10 @@ def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, 
     (1-byte weights, bf16 compute); None for a file's own dtype.
     """
     started = time.monotonic()
-    spec = model if isinstance(model, presets.ModelSpec) else presets.resolve_model(str(model))
-    _check_size(spec, width, height, frames)
-    dtype = dtype or spec.file_dtype or "bf16"
-    weight_dtype, compute_dtype = _dtypes(dtype, spec)
+    spec = _resolve(model)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
-    dit = presets.build_meta_model(spec, weight_dtype, None if compute_dtype == weight_dtype
-                                   else compute_dtype).diffusion_model
-    from .specs import get_arch_spec
-    from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
-
-    layout = get_arch_spec(dit)
-    block_bytes = tuple(compute_block_bytes(dit, layout))
-    home_bytes = compute_non_block_bytes(dit, layout)
-    ctx = dict(spec=spec, dit=dit, layout=layout, inventory=inventory, request=request,
-               block_bytes=block_bytes, home_bytes=home_bytes, compute_dtype=compute_dtype,
-               size=(width, height, frames), dtype=dtype)
+    ctx = _build_context(spec, width, height, frames, dtype)
+    ctx.update(inventory=inventory, request=request)
     report = rejected = None
     for b in ([batch] if batch else [2, 1]):
         rejected, report = report, _simulate_batch(ctx, b, batch_given=bool(batch))
@@ -68,6 +56,43 @@ def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, 
         report.rejected = rejected.summarize_needs()
     report.seconds = time.monotonic() - started
     return report
+
+
+def probe_activation_bytes(model, width: int, height: int, frames: int, batch: int = 2,
+                           dtype: str | None = None) -> int:
+    """Peak activation bytes on a device running DiT blocks (one block of each list simulated
+    on a fake ``cuda:0``): for a planner asked to use the simulated peak instead of its estimate.
+
+    ``model``: a preset name, a ``.safetensors`` path, a ``presets.ModelSpec`` or a loaded
+    ComfyUI model (``comfy.model_base.BaseModel``; its config is used, never its weights).
+    """
+    ctx = _build_context(_resolve(model), width, height, frames, dtype)
+    with first_blocks_only(ctx["dit"], ctx["layout"]) as n_blocks:
+        return run_fake_forward(ctx, batch, ["cuda:0"] * n_blocks, "cuda:0")["cuda:0"][1]
+
+
+def _resolve(model):
+    if isinstance(model, presets.ModelSpec):
+        return model
+    if hasattr(model, "model_config"):
+        return presets.spec_from_model_config(model.model_config)
+    return presets.resolve_model(str(model))
+
+
+def _build_context(spec, width: int, height: int, frames: int, dtype: str | None) -> dict:
+    """The meta DiT, its layout and sizes, and the run settings shared by every fake forward."""
+    from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
+    from .specs import get_arch_spec
+
+    _check_size(spec, width, height, frames)
+    dtype = dtype or spec.file_dtype or "bf16"
+    weight_dtype, compute_dtype = _dtypes(dtype, spec)
+    manual_cast = None if compute_dtype == weight_dtype else compute_dtype
+    dit = presets.build_meta_model(spec, weight_dtype, manual_cast).diffusion_model
+    layout = get_arch_spec(dit)
+    return dict(spec=spec, dit=dit, layout=layout, block_bytes=tuple(compute_block_bytes(dit, layout)),
+                home_bytes=compute_non_block_bytes(dit, layout), compute_dtype=compute_dtype,
+                size=(width, height, frames), dtype=dtype)
 
 
 def _check_size(spec, width: int, height: int, frames: int) -> None:

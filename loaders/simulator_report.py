@@ -114,8 +114,10 @@ class SimulationReport:
         if self.experts > 1:
             lines.append(f"{self.experts} experts of this shape, loaded in turn by ComfyUI: the peak holds one "
                          f"(keeping all {self.experts} resident needs {self.experts}x the weights)")
-        lines += ["", "Inventory:", format_inventory(self.inventory, holdings), "", "Simulated forward:",
-                  self._device_table()]
+        lines += ["", "Inventory:", format_inventory(self.inventory, holdings)]
+        if not self.inventory.gpus:
+            lines.append("No GPU here: pass devices like 'cuda:0=24GiB,cuda:1=24GiB' to simulate GPUs you have elsewhere.")
+        lines += ["", "Simulated forward:", self._device_table()]
         if self.plan is not None and self.plan.notes:
             lines += [f"- {n}" for n in self.plan.notes]
         if self.rejected:

@@ -44,3 +44,42 @@ def test_execute_on_this_machine_lists_holdings(env):
     text = out.result[0]
     assert "ComfyUI holds" in text and "ShardDiT holds" in text
     assert re.search(r"^cpu +\| home \+ blocks 0-29 ", text, re.M), text
+
+
+def test_holdings_and_current_placements_from_loaded_models(env, monkeypatch):
+    """ComfyUI's loaded models are split into 'ComfyUI holds' / 'ShardDiT holds' per device, and a
+    sharded model's plan is listed."""
+    from types import SimpleNamespace
+
+    from harness.comfy_env import pack_module
+
+    plan_node = pack_module(env, "loaders.plan_node")
+    planner = pack_module(env, "parallel.planner")
+    inventory = pack_module(env, "parallel.inventory").inventory_from_spec("cuda:0=24GiB,cuda:1=24GiB")
+    plan = planner.plan_placement(inventory, planner.Footprint(block_bytes=(10 << 30,) * 4),
+                                  planner.PlacementRequest())
+
+    class Patcher:
+        def __init__(self, size, state=None, shard=False):
+            self.size, self.state, self.model = size, state, SimpleNamespace(diffusion_model=torch_module())
+            if shard:
+                self.sharddit_keys = frozenset()
+
+        def loaded_size(self):
+            return self.size
+
+        def get_attachment(self, key):
+            return self.state if key == "sharddit" else None
+
+    def torch_module():
+        import torch
+
+        return torch.nn.Identity()
+
+    loaded = [SimpleNamespace(device="cuda:0", model=Patcher(3, SimpleNamespace(plan=plan))),
+              SimpleNamespace(device="cuda:1", model=Patcher(5, shard=True)),
+              SimpleNamespace(device="cuda:1", model=Patcher(7))]
+    monkeypatch.setattr(env.mm, "current_loaded_models", loaded)
+    assert plan_node.read_holdings() == {"cuda:0": (0, 3), "cuda:1": (7, 5)}
+    text = plan_node.describe_current_placements(inventory)
+    assert text.startswith("Loaded now, sharded by ShardDiT: Identity") and "blocks" in text
