@@ -17,8 +17,10 @@ include its tail. ``comfy_run`` drives the same server with comfy-cli's ``comfy 
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import signal
 import shutil
 import socket
 import subprocess
@@ -50,6 +52,16 @@ NODE_CLASS_MAPPINGS = {{}}
 
 class ComfyServerError(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the test process dies, even by SIGKILL (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def free_port() -> int:
@@ -120,7 +132,8 @@ class ComfyServer:
         env.pop("PYTHONPATH", None)  # never let the test process' path (repo, tests/) leak in
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, cwd=self.workdir, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
+        atexit.register(self.stop)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -135,15 +148,16 @@ class ComfyServer:
         raise ComfyServerError(f"ComfyUI not ready after {timeout:.0f}s\n{self.log_tail()}")
 
     def stop(self, timeout: float = 15.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout)
-        self._log.close()
+        """Terminate the server (kill after ``timeout``); idempotent."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
 
     def __enter__(self):
         return self.start() if self.proc is None else self
