@@ -22,9 +22,9 @@ class ComfyUINotFound(RuntimeError):
 
 
 def _commands():
-    from . import cli_plan
+    from . import cli_plan, cli_selftest
 
-    return (cli_plan,)
+    return (cli_plan, cli_selftest)
 
 
 def main(argv=None) -> int:
@@ -67,7 +67,7 @@ def import_comfyui() -> Path:
     """Put ComfyUI's root on sys.path and import what the simulator needs, in CPU mode."""
     root = find_comfyui()
     if str(root) not in sys.path:
-        sys.path.append(str(root))
+        sys.path.insert(0, str(root))
     import comfy.options
 
     comfy.options.enable_args_parsing(False)
