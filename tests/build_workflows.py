@@ -90,7 +90,7 @@ class Graph:
         self.links = []      # (link_id, src, src_slot, dst, input_name)
         self.groups = []     # (title, [node ids])
 
-    def node(self, nid, type_, pos, size, title=None, models=(), control="fixed", **widgets):
+    def node(self, nid, type_, pos, size, title=None, models=(), control="fixed", mode=0, **widgets):
         spec = self.table.get(type_)
         if spec is not None:
             names = [i.name for i in spec.widgets]
@@ -99,12 +99,12 @@ class Graph:
             if unknown or missing:
                 raise ValueError(f"{self.name}: node {nid} {type_}: unknown widgets {sorted(unknown)}, missing {missing}")
         self.nodes[nid] = dict(type=type_, pos=list(pos), size=list(size), widgets=widgets, title=title,
-                               models=list(models), control=control)
+                               models=list(models), control=control, mode=mode)
         return nid
 
     def note(self, nid, pos, size, text, type_="MarkdownNote"):
         self.nodes[nid] = dict(type=type_, pos=list(pos), size=list(size), widgets={"text": text}, title=None,
-                               models=[], control=None)
+                               models=[], control=None, mode=0)
 
     def link(self, src, src_slot, dst, input_name):
         self.links.append((len(self.links) + 1, src, src_slot, dst, input_name))
@@ -144,7 +144,7 @@ class Graph:
             node = self.nodes[nid]
             spec = self.table.get(node["type"])
             entry = {"id": nid, "type": node["type"], "pos": node["pos"], "size": node["size"], "flags": {},
-                     "order": order.index(nid), "mode": 0}
+                     "order": order.index(nid), "mode": node["mode"]}
             if node["title"]:
                 entry["title"] = node["title"]
             if spec is not None:
@@ -194,7 +194,7 @@ class Graph:
         for nid in sorted(self.nodes):
             node = self.nodes[nid]
             spec = self.table.get(node["type"])
-            if spec is None:
+            if spec is None or node["mode"] != 0:
                 continue
             inputs = {}
             for inp in spec.inputs:
@@ -246,6 +246,19 @@ def decode_nodes(g: Graph, first_id: int, x: int, samples_src, vae_src, fps, pre
     return dec, vid, save
 
 
+PLAN_NOTE = ("Placement Plan (ShardDiT) is muted: select it and press Ctrl+M, then Queue, to see your GPUs and "
+             "whether this model fits them (a dry run: no weights needed). Imagined GPUs: devices "
+             "'cuda:0=16GiB,cuda:1=16GiB'.")
+
+
+def plan_node(g: Graph, nid: int, model: str, width: int, height: int, frames: int, dtype: str, batch="auto"):
+    """A muted ShardDiTPlan below the files note, set to this workflow's model and video size."""
+    g.node(nid, "ShardDiTPlan", (-530, 700), (480, 330), title="Placement Plan (ShardDiT) - un-mute to check",
+           mode=2, devices="auto", model=model, width=width, height=height, frames=frames, batch=batch,
+           dtype=dtype, reserve_vram_gb=1.0)
+    g.group("0 - Will it fit? (optional, Ctrl+M to un-mute)", [nid])
+
+
 # ----------------------------------------------------------------------------- graphs
 def wan21_t2v(t) -> Graph:
     g = Graph("wan2.1_t2v_14B_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2101", t)
@@ -272,7 +285,8 @@ def wan21_t2v(t) -> Graph:
     g.link(6, 0, 8, "negative")
     g.link(4, 0, 8, "latent_image")
     decode_nodes(g, 9, 1320, (8, 0), (3, 0), 16.0, "video/sharddit_wan2.1_t2v_14B")
-    g.note(12, (-530, 0), (480, 560), files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files))
+    g.note(12, (-530, 0), (480, 560), files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, PLAN_NOTE))
+    plan_node(g, 13, "wan2.1-t2v-14b", 832, 480, 81, "fp8")
     g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6])
@@ -321,7 +335,8 @@ def wan22_t2v(t) -> Graph:
         "Wan 2.2 T2V A14B, 640×640, 81 frames", files,
         "Two experts: the high-noise one denoises steps 0-10, the low-noise one steps 10-20 (ComfyUI's "
         "usual split). Each is sharded over the GPUs when it is loaded; ComfyUI moves one out when the "
-        "other needs the room."))
+        "other needs the room.\n\n" + PLAN_NOTE))
+    plan_node(g, 16, "wan2.2-t2v-a14b", 640, 640, 81, "fp8")
     g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3, 4])
     g.group("2 - Video size", [5])
     g.group("3 - Prompt", [6, 7])
@@ -369,7 +384,8 @@ def ltxv_t2v(t) -> Graph:
         "LTX-Video 13B T2V, 768×512, 97 frames", files,
         "The LTX-Video checkpoint holds the DiT and the VAE: core's Load Checkpoint reads it from "
         "`models/checkpoints/`, **Shard DiT Blocks (ShardDiT)** spreads its blocks over the GPUs. Its "
-        "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts."))
+        "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts.\n\n" + PLAN_NOTE))
+    plan_node(g, 15, "ltxv-13b", 768, 512, 97, "bf16")
     g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6, 7])
@@ -414,7 +430,8 @@ def hunyuan_t2v(t) -> Graph:
     g.note(16, (-530, 0), (480, 600), files_note(
         "HunyuanVideo T2V 720p model, 848×480, 73 frames", files,
         "HunyuanVideo's two text encoders load through core's DualCLIPLoader (ShardDiT's text encoder "
-        "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt."))
+        "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt.\n\n" + PLAN_NOTE))
+    plan_node(g, 17, "hunyuanvideo-13b", 848, 480, 73, "bf16", batch="1")
     g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6])

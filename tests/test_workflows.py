@@ -94,13 +94,14 @@ def _check_value(inp: wt.Input, value, files: dict, where: str):
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=IDS)
-def test_sharddit_inputs_exist_with_valid_values(pair, ours):
+def test_sharddit_inputs_exist_with_valid_values(pair, ours, table):
     ui, api = _load(pair)
     files = {}
     for folder, name in wt.model_files(ui):
         files.setdefault(folder, set()).add(name)
     used = 0
-    for node_id, node in api.items():
+    everything = {**wt.ui_to_api(ui, table, include_muted=True), **api}  # muted nodes (Plan) too
+    for node_id, node in everything.items():
         spec = ours.get(node["class_type"])
         if spec is None:
             continue
@@ -118,14 +119,27 @@ def test_sharddit_inputs_exist_with_valid_values(pair, ours):
             if inp.is_widget:
                 _check_value(inp, value, files, where)
             else:
-                assert isinstance(value, list) and len(value) == 2 and value[0] in api, f"{where}: bad link {value!r}"
+                assert isinstance(value, list) and len(value) == 2 and value[0] in everything, f"{where}: bad link {value!r}"
     assert used, f"{pair[0]} uses no ShardDiT node"
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=IDS)
-def test_all_placement_inputs_are_auto(pair, ours):
-    _, api = _load(pair)
-    for node_id, node in api.items():
+def test_plan_node_matches_the_workflow(pair, table):
+    """The muted Placement Plan simulates this workflow's model at its video size."""
+    ui, api = _load(pair)
+    plans = [n for n in wt.ui_to_api(ui, table, include_muted=True).values() if n["class_type"] == "ShardDiTPlan"]
+    assert len(plans) == 1 and all(n["class_type"] != "ShardDiTPlan" for n in api.values()), "one muted Plan node"
+    plan = plans[0]["inputs"]
+    latent = next(n["inputs"] for n in api.values() if n["class_type"].startswith("Empty") and "length" in n["inputs"])
+    assert (plan["width"], plan["height"], plan["frames"]) == (latent["width"], latent["height"], latent["length"])
+    family = {"wan2.1": "wan2.1-", "wan2.2": "wan2.2-", "ltxv": "ltxv-", "hunyuan": "hunyuanvideo-"}
+    assert any(pair[0].startswith(k) and plan["model"].startswith(v) for k, v in family.items()), plan["model"]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_all_placement_inputs_are_auto(pair, ours, table):
+    ui, api = _load(pair)
+    for node_id, node in {**wt.ui_to_api(ui, table, include_muted=True), **api}.items():
         if node["class_type"] in ours:
             for key in ("devices", "device", "tile_batch_size"):
                 if key in node["inputs"]:

@@ -182,7 +182,7 @@ def test_workflow_inputs_valid_for_real_schemas(pair, comfy_env, real_names):
     import folder_paths
 
     mappings = comfy_env.nodes.NODE_CLASS_MAPPINGS
-    api = wt.load(pair[2])
+    api = {**wt.ui_to_api(wt.load(pair[1]), wt.node_table(), include_muted=True), **wt.load(pair[2])}
     for node_id, node in api.items():
         assert node["class_type"] in mappings, f"{pair[0]} node {node_id}: {node['class_type']} is not registered"
         cls = mappings[node["class_type"]]

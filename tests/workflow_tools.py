@@ -150,6 +150,10 @@ class _Resolver:
                 return self.consts[key]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_filename_list":
             return ("folder", ast.literal_eval(node.args[0]))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("list", "tuple") \
+                and len(node.args) == 1:
+            inner = self.value(node.args[0], env)
+            return list(inner) if isinstance(inner, (list, tuple)) else None
         if isinstance(node, ast.BinOp):  # e.g. tooltip concatenation: not needed
             return None
         try:
@@ -240,7 +244,8 @@ def sharddit_schemas(nodes_dir: Path = NODES_DIR) -> dict:
             for item in kw["outputs"].elts if isinstance(kw.get("outputs"), ast.List) else []:
                 t = _io_call_type(item) if isinstance(item, ast.Call) else None
                 typ = _IO_TYPES.get(t[0], t[0].upper()) if t else "*"
-                outputs.append((typ, typ))
+                label = next((ast.literal_eval(k.value) for k in item.keywords if k.arg == "display_name"), typ)
+                outputs.append((label, typ))
             output_node = isinstance(kw.get("is_output_node"), ast.Constant) and bool(kw["is_output_node"].value)
             specs[node_id] = NodeSpec(node_id, tuple(inputs), tuple(outputs), output_node,
                                       extra={"file": path.name})
@@ -295,12 +300,13 @@ def ui_links(ui: dict) -> dict:
     return {link[0]: tuple(link[1:6]) for link in ui["links"]}
 
 
-def ui_to_api(ui: dict, table: dict) -> dict:
-    """The API-format prompt the frontend would queue for ``ui`` (active nodes only)."""
+def ui_to_api(ui: dict, table: dict, include_muted: bool = False) -> dict:
+    """The API-format prompt the frontend would queue for ``ui`` (active nodes only, unless
+    ``include_muted``: then muted nodes too, to check their values)."""
     links = ui_links(ui)
     api = {}
     for node in ui["nodes"]:
-        if node["type"] in FRONTEND_ONLY or node.get("mode", 0) != 0:
+        if node["type"] in FRONTEND_ONLY or (node.get("mode", 0) != 0 and not include_muted):
             continue
         spec = table[node["type"]]
         inputs = widget_map(spec, node.get("widgets_values") or [])
