@@ -34,7 +34,8 @@ def test_tiny_models_load_through_stock_loaders(comfy_env, tiny_models):
         assert type(m.model.model_config).__name__ == config_name, kind
     (clip,) = nodes.CLIPLoader().load_clip(tiny_models.names["umt5"], "wan")
     assert type(clip.cond_stage_model).__name__ == "WanTEModel"
-    assert clip.cond_stage_model.umt5xxl.transformer.encoder.block[0].layer[0].SelfAttention.q.weight.shape == (16, 4096)
+    encoder = clip.cond_stage_model.umt5xxl.transformer.encoder
+    assert len(encoder.block) == 2 and encoder.block[0].layer[0].SelfAttention.q.weight.shape == (16, 4096)
     (vae,) = nodes.VAELoader().load_vae(tiny_models.names["wan21_vae"])
     assert type(vae.first_stage_model).__name__ == "WanVAE" and vae.latent_channels == 16
     (patched,) = nodes.LoraLoaderModelOnly().load_lora_model_only(model, tiny_models.names["wan21_lora"], 1.0)
@@ -101,12 +102,14 @@ def test_tiny_lora_changes_the_wan_output(comfy_env, tiny_models):
 # ----------------------------------------------------------------------------- server
 def tiny_wan_api_graph(tiny_models, seed: int = 7, decode: bool = True, prefix: str = "harness/wan") -> dict:
     """Stock-node API graph: tiny Wan 2.1 t2v, 2 KSampler steps, 64×64×1 frame, saved."""
+    names = tiny_models.names
     g = {
-        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": tiny_models.names["wan21_t2v"], "weight_dtype": "default"}},
-        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": tiny_models.names["umt5"], "type": "wan", "device": "default"}},
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": names["wan21_t2v"], "weight_dtype": "default"}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": names["umt5"], "type": "wan", "device": "default"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox in the rain", "clip": ["2", 0]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["2", 0]}},
-        "5": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 64, "height": 64, "length": 1, "batch_size": 1}},
+        "5": {"class_type": "EmptyHunyuanLatentVideo",
+              "inputs": {"width": 64, "height": 64, "length": 1, "batch_size": 1}},
         "6": {"class_type": "KSampler", "inputs": {"model": ["1", 0], "seed": seed, "steps": 2, "cfg": 1.0,
                                                    "sampler_name": "euler", "scheduler": "simple", "positive": ["3", 0],
                                                    "negative": ["4", 0], "latent_image": ["5", 0], "denoise": 1.0}},
@@ -153,7 +156,8 @@ def test_comfy_cli_run_wait_against_test_server(comfy_server, tiny_models, tmp_p
     path.write_text(json.dumps(tiny_wan_api_graph(tiny_models, seed=11, decode=False, prefix="harness/comfy_run")))
     result = comfy_run(path, comfy_server, timeout=240)
     events = parse_comfy_run_events(result.stdout)
-    detail = f"rc={result.returncode}\nstdout tail:\n{result.stdout[-2000:]}\nstderr tail:\n{result.stderr[-2000:]}\n{comfy_server.log_tail()}"
+    detail = (f"rc={result.returncode}\nstdout tail:\n{result.stdout[-2000:]}\n"
+              f"stderr tail:\n{result.stderr[-2000:]}\n{comfy_server.log_tail()}")
     assert result.returncode == 0 and events and events[-1].get("ok") is True, detail
     prompt_id = events[-1]["data"]["prompt_id"]
     files = comfy_server.output_files(prompt_id)

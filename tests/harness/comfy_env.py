@@ -69,7 +69,7 @@ def load_comfy() -> types.SimpleNamespace:
         pack_node_ids=sorted(set(nodes.NODE_CLASS_MAPPINGS) - before),
     )
     logging.getLogger().setLevel(logging.INFO)
-    from .tiny_models import install_tiny_te_hook
+    from .tiny_te_hook import install_tiny_te_hook
 
     install_tiny_te_hook()  # test-only: lets stock CLIPLoader load the harness's tiny text encoder
     _STATE["env"] = env

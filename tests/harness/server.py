@@ -10,7 +10,7 @@
   ``diffusion_models/ text_encoders/ vae/ loras/`` and ``custom_nodes: <workdir>/custom_nodes``
   (0.3.64 accepts any ``folder_paths`` key there, custom_nodes included), which holds
   ``sharddit`` (a symlink to this repo, as ``git clone`` into custom_nodes would) and
-  ``sharddit_test_hooks`` (test-only: installs the tiny text encoder hook, see tiny_models).
+  ``sharddit_test_hooks`` (test-only: installs ``harness.tiny_te_hook``).
 
 It only ever talks to 127.0.0.1. The server log goes to ``<workdir>/comfyui.log``; errors
 include its tail. ``comfy_run`` drives the same server with comfy-cli's ``comfy run --wait``.
@@ -41,7 +41,7 @@ _HOOK_INIT = '''"""Test-only (ShardDiT test harness): let stock loaders read the
 import importlib.util
 import sys
 
-_spec = importlib.util.spec_from_file_location("sharddit_test_harness_tiny_models", {path!r})
+_spec = importlib.util.spec_from_file_location("sharddit_test_harness_tiny_te_hook", {path!r})
 _mod = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _mod
 _spec.loader.exec_module(_mod)
@@ -99,8 +99,8 @@ class ComfyServer:
             os.symlink(self.pack_dir, link, target_is_directory=True)
         hooks = custom_nodes / HOOKS_DIR_NAME
         hooks.mkdir(exist_ok=True)
-        tiny = Path(__file__).with_name("tiny_models.py")
-        (hooks / "__init__.py").write_text(_HOOK_INIT.format(path=str(tiny)))
+        hook = Path(__file__).with_name("tiny_te_hook.py")
+        (hooks / "__init__.py").write_text(_HOOK_INIT.format(path=str(hook)))
         # --base-directory's own custom_nodes/ must exist (main.py lists it); it stays empty.
         (self.workdir / "base" / "custom_nodes").mkdir(parents=True, exist_ok=True)
         lines = ["sharddit_tests:"]
@@ -226,7 +226,8 @@ class ComfyServer:
                 status = entry["status"]
                 if status.get("status_str") != "success":
                     msgs = [m for m in status.get("messages", []) if m[0] == "execution_error"]
-                    raise ComfyServerError(f"prompt {prompt_id} failed: {json.dumps(msgs, indent=1)[:4000]}\n{self.log_tail()}")
+                    detail = json.dumps(msgs, indent=1)[:4000]
+                    raise ComfyServerError(f"prompt {prompt_id} failed: {detail}\n{self.log_tail()}")
                 return entry
             if self.proc is not None and self.proc.poll() is not None:
                 raise ComfyServerError(f"ComfyUI died while running {prompt_id}\n{self.log_tail()}")

@@ -24,6 +24,8 @@ from typing import Callable, Mapping
 
 import torch
 
+from .tiny_te_hook import TE_CONFIG_KEY, install_tiny_te_hook  # noqa: F401  (re-exported)
+
 SEED = 0
 
 # Wan 2.1 t2v. ComfyUI infers heads = dim // 128 and takes text_dim 4096 (not detected).
@@ -187,45 +189,6 @@ def tiny_clip_model_options(model_options: Mapping | None = None) -> dict:
     return {**(model_options or {}), "umt5xxl_model_config": dict(UMT5_CONFIG)}
 
 
-# A tiny text encoder file carries its config override as this (uint8 JSON) tensor. The hook
-# below reads it so that ComfyUI's STOCK CLIPLoader (and any node that calls comfy.sd.load_clip,
-# e.g. ShardDiTLoadTextEncoder) builds the tiny model. Without the hook ComfyUI would build the
-# full-size encoder: never load a tiny text encoder in a ComfyUI without it.
-TE_CONFIG_KEY = "sharddit_tiny.te_model_options"
-
-
-def install_tiny_te_hook() -> None:
-    """Test-only: wrap ``comfy.sd.load_text_encoder_state_dicts`` to honour ``TE_CONFIG_KEY``.
-
-    Idempotent. Files without the key load exactly as before. Installed in-process by
-    ``harness.comfy_env.load_comfy()`` and in the test server by its ``sharddit_test_hooks``
-    custom node folder.
-    """
-    import comfy.sd
-
-    original = comfy.sd.load_text_encoder_state_dicts
-    if getattr(original, "_sharddit_tiny_hook", False):
-        return
-
-    def load_text_encoder_state_dicts(state_dicts=[], embedding_directory=None, clip_type=None,
-                                      model_options={}, **kwargs):
-        extra = {}
-        cleaned = []
-        for sd in state_dicts:
-            if TE_CONFIG_KEY in sd:
-                sd = dict(sd)
-                extra.update(json.loads(bytes(sd.pop(TE_CONFIG_KEY).tolist()).decode()))
-            cleaned.append(sd)
-        if clip_type is None:
-            clip_type = comfy.sd.CLIPType.STABLE_DIFFUSION
-        return original(cleaned, embedding_directory=embedding_directory, clip_type=clip_type,
-                        model_options={**extra, **model_options}, **kwargs)
-
-    load_text_encoder_state_dicts._sharddit_tiny_hook = True
-    load_text_encoder_state_dicts.__wrapped__ = original
-    comfy.sd.load_text_encoder_state_dicts = load_text_encoder_state_dicts
-
-
 def wan_lora_state_dict(dit_sd: Mapping, seed: int = SEED, rank: int = LORA_RANK,
                         blocks: tuple = (0, 1), strength_scale: float = 1.0) -> dict:
     """LoRA for a Wan DiT: ``diffusion_model.blocks.N.<linear>.lora_up/lora_down/alpha`` keys.
@@ -284,7 +247,8 @@ MODEL_KINDS: dict[str, ModelKind] = {
     "ltxv": ModelKind("diffusion_models", "tiny_ltxv.safetensors",
                       "LTXVModel 32 heads × 8, 2 blocks, in 128; UNETLoader → LTXV"),
     "hunyuan_video": ModelKind("diffusion_models", "tiny_hunyuan_video_t2v.safetensors",
-                               "HunyuanVideo hidden 256, 2 heads, 1 double + 1 single block; UNETLoader → HunyuanVideo"),
+                               "HunyuanVideo hidden 256, 2 heads, 1 double + 1 single block; "
+                               "UNETLoader → HunyuanVideo"),
     "umt5": ModelKind("text_encoders", "tiny_umt5.safetensors",
                       "T5 (umt5) d_model 4096, 2 layers, 2 heads × 8, ffn 16, vocab 256 + spiece_model; "
                       "CLIPLoader type wan with the harness's tiny-TE hook"),
