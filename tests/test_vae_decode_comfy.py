@@ -113,7 +113,11 @@ def ours(env, vae, samples, *tiles, batch="auto", devices="auto"):
 
 @pytest.fixture(scope="module")
 def env():
-    return load_comfy()
+    yield load_comfy()
+    _CACHE.clear()  # free VAEs (and their cached replicas) while ComfyUI is still importable
+    import gc
+
+    gc.collect()
 
 
 def _reference(env, kind, i):
