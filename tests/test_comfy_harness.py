@@ -187,3 +187,9 @@ def test_import_failures_reads_comfyui_log(tmp_path):
     assert server.import_failures() == [
         "Cannot import /w/custom_nodes/sharddit module for custom nodes: deliberately broken",
         "0.0 seconds (IMPORT FAILED): /w/custom_nodes/sharddit"]
+
+
+def test_server_free_and_interrupt_are_accepted(comfy_server):
+    comfy_server.interrupt()  # nothing running: a no-op ComfyUI still answers 200
+    comfy_server.free()
+    assert comfy_server.proc.poll() is None
