@@ -186,7 +186,7 @@ def test_fake_return_home_after_inter_block_code():
     with fake_device_mode():
         materialize_module(model, "cuda:0")
         handle = attach_block_sharding(model, WAN_LAYOUT, devs, "cuda:0")  # layout lacks {1}
-        with pytest.raises(Exception, match="(?i)device"):
+        with pytest.raises(Exception, match="on the same device"):
             model(*inputs())
         handle.detach()
         layout = BlockLayout(("blocks",), (("x",),), return_home_after=frozenset({1}))
@@ -213,7 +213,7 @@ def test_fake_broken_router_is_caught(monkeypatch):
     with fake_device_mode():
         materialize_module(model, "cuda:0")
         attach_block_sharding(model, WAN_LAYOUT, ["cuda:0", "cuda:0", "cuda:1", "cuda:1"], "cuda:0")
-        with pytest.raises(Exception, match="(?i)device") as err:
+        with pytest.raises(Exception, match="on the same device") as err:
             model(*_toy_inputs("cuda:0", fake=True))
     assert "cuda:1" in str(err.value) and "cuda:0" in str(err.value)
 
