@@ -14,41 +14,14 @@ import comfy.sd
 import comfy.utils
 import folder_paths
 
-from ..parallel.inventory import read_inventory
 from .model_loading import check_component_device, check_file_name
-from .placement import plan_component_device, record_component
-
-SHARDDIT_ATTR = "sharddit_component"
-
+from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
 
 def clip_types() -> list[str]:
     """Core CLIPLoader's ``type`` list, read from core so new model types appear automatically."""
     import nodes as comfy_nodes
 
     return list(comfy_nodes.CLIPLoader.INPUT_TYPES()["required"]["type"][0])
-
-
-def sharddit_holdings() -> dict[str, int]:
-    """Bytes ShardDiT's own loaded models hold per device (they are re-placed, not in the way)."""
-    held: dict[str, int] = {}
-    for loaded in list(mm.current_loaded_models):
-        patcher = loaded.model
-        if patcher is not None and is_sharddit_patcher(patcher):
-            held[str(loaded.device)] = held.get(str(loaded.device), 0) + int(patcher.loaded_size())
-    return held
-
-
-def is_sharddit_patcher(patcher) -> bool:
-    if getattr(patcher.model, SHARDDIT_ATTR, None) is not None:
-        return True
-    get = getattr(patcher, "get_attachment", None)
-    return callable(get) and get("sharddit") is not None
-
-
-def current_inventory():
-    inventory = read_inventory()
-    held = {d: b for d, b in sharddit_holdings().items() if d in inventory.names}
-    return inventory.with_held_bytes(held)
 
 
 def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_gb: float = 1.0):

@@ -11,6 +11,8 @@ import logging
 import threading
 from dataclasses import replace
 
+import comfy.model_management as mm
+
 from ..parallel.inventory import Inventory, read_inventory
 from ..parallel.planner import Footprint, PlacementRequest, plan_placement
 
@@ -20,6 +22,7 @@ _LOCK = threading.Lock()
 _PLACED: dict[str, dict] = {}  # "text_encoder"/"vae" -> {"device", "bytes"}; "dit" -> {"footprint", "devices"}
 
 _COMPONENTS = ("text_encoder", "vae")
+SHARDDIT_ATTR = "sharddit_component"  # set on the torch module of every model ShardDiT loads
 
 
 def record_dit(footprint: Footprint, block_devices: str) -> None:
@@ -45,7 +48,7 @@ def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: 
     else the CPU. Raises ValueError (naming the value and the fix) before anything is loaded."""
     assert kind in _COMPONENTS, kind
     state = placed()
-    inventory = inventory if inventory is not None else read_inventory()
+    inventory = inventory if inventory is not None else current_inventory()
     footprint, request = _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state)
     plan = plan_placement(inventory, footprint, request)
     chosen = plan.text_encoder_device if kind == "text_encoder" else plan.vae_device
@@ -69,3 +72,27 @@ def _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state):
     request = PlacementRequest(devices=dit["devices"] if dit else "auto", reserve_vram_gb=reserve_vram_gb,
                                **pinned, **{f"{kind}_device": str(device).strip()})
     return footprint, request
+
+
+def sharddit_holdings() -> dict[str, int]:
+    """Bytes ShardDiT's own loaded models hold per device (they are re-placed, not in the way)."""
+    held: dict[str, int] = {}
+    for loaded in list(mm.current_loaded_models):
+        patcher = loaded.model
+        if patcher is not None and is_sharddit_patcher(patcher):
+            held[str(loaded.device)] = held.get(str(loaded.device), 0) + int(patcher.loaded_size())
+    return held
+
+
+def is_sharddit_patcher(patcher) -> bool:
+    if getattr(patcher.model, SHARDDIT_ATTR, None) is not None:
+        return True
+    get = getattr(patcher, "get_attachment", None)
+    return callable(get) and get("sharddit") is not None
+
+
+def current_inventory() -> Inventory:
+    """The inventory now, with bytes ShardDiT's own loaded models hold counted as available."""
+    inventory = read_inventory()
+    held = {d: b for d, b in sharddit_holdings().items() if d in inventory.names}
+    return inventory.with_held_bytes(held)

@@ -36,12 +36,11 @@ import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..parallel.inventory import read_inventory
 from ..parallel.planner import Footprint, PlacementRequest, plan_placement
 from ..parallel.routing import BlockRouter
 from ..parallel.sharding import build_block_proxies, needs_home_every_block
 from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
-from .placement import record_dit
+from .placement import current_inventory, record_dit
 from .specs import get_arch_spec
 
 log = logging.getLogger("sharddit")
@@ -78,7 +77,6 @@ class ShardState:
     router: BlockRouter
     proxies: dict  # block list path -> nn.ModuleList of proxies
     roots: tuple  # (torch.device, ShardRoot, template ModelPatcher) per planned block range
-    non_block_bytes: int
     request_key: tuple
 
 
@@ -153,7 +151,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     layout = get_arch_spec(dit)
     block_bytes = compute_block_bytes(dit, layout)
     non_block = compute_non_block_bytes(dit, layout)
-    inventory = inventory if inventory is not None else read_inventory()
+    inventory = inventory if inventory is not None else current_inventory()
     footprint = Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=non_block,
                           dit_activation_bytes=_activation_headroom(block_bytes))
     request = PlacementRequest(devices=devices, reserve_vram_gb=reserve_vram_gb)
@@ -173,7 +171,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
             build_block_proxies([blocks[g][2] for g in idx], [block_devices[g] for g in idx], home, router,
                                 global_indices=idx, block_list=path))
     roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device))
-    return ShardState(plan, layout, router, proxies, roots, non_block, request_key)
+    return ShardState(plan, layout, router, proxies, roots, request_key)
 
 
 def _activation_headroom(block_bytes) -> int:
