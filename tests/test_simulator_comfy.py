@@ -174,3 +174,15 @@ def test_cli_without_comfyui_path_says_how_to_set_it():
     assert out.returncode == 2
     assert "COMFYUI_PATH" in out.stderr and "cannot find ComfyUI" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.comfy
+def test_fp8_weights_are_one_byte_and_compute_in_bf16(sim):
+    simulator, presets = sim
+    report = simulator.simulate("wan2.1-t2v-1.3b", "cuda:0=8GiB", 256, 256, 5, batch=1, dtype="fp8")
+    dit = presets.build_meta_model(presets.PRESETS["wan2.1-t2v-1.3b"], torch.float8_e4m3fn,
+                                   torch.bfloat16).diffusion_model
+    n_params = sum(p.numel() for p in dit.parameters())
+    assert report.fits and report.dtype == "fp8"
+    assert report.devices[0].weights == _real_bytes(dit)
+    assert abs(report.devices[0].weights / n_params - 1.0) < 0.01  # ~1 byte per parameter
