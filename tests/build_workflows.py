@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workflow_tools import (CORE_NODES, WORKFLOWS_DIR, Input, NodeSpec,  # noqa: E402
-                            sharddit_schemas)
+                            display_name, sharddit_schemas)
 
 # Inputs of ShardDiT nodes per DESIGN.md, used only for a node whose file does not define it yet.
 CONTRACT = {n.node_id: n for n in [
@@ -206,7 +206,7 @@ class Graph:
                 if link is not None:
                     inputs[inp.name] = [str(link[0]), link[1]]
             out[str(nid)] = {"inputs": inputs, "class_type": node["type"],
-                             "_meta": {"title": node["title"] or node["type"]}}
+                             "_meta": {"title": node["title"] or display_name(spec)}}
         return out
 
 

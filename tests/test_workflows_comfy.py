@@ -157,6 +157,8 @@ def test_core_node_table_matches_comfyui(comfy_env):
         cls = mappings[node_id]
         assert [str(getattr(t, "value", t)) for t in cls.RETURN_TYPES] == [t for _, t in spec.outputs], node_id
         assert bool(getattr(cls, "OUTPUT_NODE", False)) == spec.output_node, node_id
+        real_name = comfy_env.nodes.NODE_DISPLAY_NAME_MAPPINGS.get(node_id) or node_id
+        assert wt.display_name(spec) == real_name, f"{node_id}: display name {real_name!r}"
 
 
 def test_sharddit_schemas_read_by_ast_match_define_schema(comfy_env):
@@ -166,6 +168,7 @@ def test_sharddit_schemas_read_by_ast_match_define_schema(comfy_env):
     assert sorted(ours) == sorted(comfy_env.pack_node_ids)
     for node_id, spec in ours.items():
         schema = mappings[node_id].define_schema()
+        assert spec.extra["display_name"] == schema.display_name, node_id
         real = [(i.id, str(i.get_io_type()), bool(getattr(i, "optional", False)),
                  bool(getattr(i, "control_after_generate", False))) for i in schema.inputs]
         assert real == [(i.name, i.type, i.optional, i.control) for i in spec.inputs], node_id

@@ -114,6 +114,17 @@ CORE_NODES = {n.node_id: n for n in [
 ]}
 
 
+# Display names (what the frontend writes as an untitled node's API ``_meta.title``); a core node
+# not listed here has none and shows its id.
+CORE_DISPLAY_NAMES = {"CheckpointLoaderSimple": "Load Checkpoint", "CLIPTextEncode": "CLIP Text Encode (Prompt)",
+                      "KSamplerAdvanced": "KSampler (Advanced)", "CreateVideo": "Create Video",
+                      "SaveVideo": "Save Video"}
+
+
+def display_name(spec: NodeSpec) -> str:
+    return spec.extra.get("display_name") or CORE_DISPLAY_NAMES.get(spec.node_id, spec.node_id)
+
+
 # ----------------------------------------------------------------------------- our schemas (ast)
 _IO_TYPES = {"Int": "INT", "Float": "FLOAT", "String": "STRING", "Boolean": "BOOLEAN", "Combo": "COMBO",
              "Model": "MODEL", "Clip": "CLIP", "Vae": "VAE", "Latent": "LATENT", "Image": "IMAGE",
@@ -247,8 +258,9 @@ def sharddit_schemas(nodes_dir: Path = NODES_DIR) -> dict:
                 label = next((ast.literal_eval(k.value) for k in item.keywords if k.arg == "display_name"), typ)
                 outputs.append((label, typ))
             output_node = isinstance(kw.get("is_output_node"), ast.Constant) and bool(kw["is_output_node"].value)
+            name = ast.literal_eval(kw["display_name"]) if isinstance(kw.get("display_name"), ast.Constant) else None
             specs[node_id] = NodeSpec(node_id, tuple(inputs), tuple(outputs), output_node,
-                                      extra={"file": path.name})
+                                      extra={"file": path.name, "display_name": name})
     return specs
 
 
