@@ -31,7 +31,7 @@ def run_fake_forward(ctx: dict, batch: int, block_devices: list[str], home: str)
         with fake_device_mode(), _attention_standin():
             memo = {}
             materialize_module(dit, home, exclude=blocks, memo=memo)
-            for block, device in zip(blocks, block_devices):
+            for block, device in zip(blocks, block_devices, strict=True):
                 materialize_module(block, device, memo=memo)
             with _placed_already([dit] + blocks):
                 handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],

@@ -67,7 +67,10 @@ def test_fallback_ranges_split_by_usable_memory():
     assert only == [("cuda:1", 0, 30)]
 
 
-def _report(devices, plan=SimpleNamespace(notes=()), batch=2, given=False):
+_NO_NOTES = SimpleNamespace(notes=())
+
+
+def _report(devices, plan=_NO_NOTES, batch=2, given=False):
     return SimulationReport("m", "wan", "bf16", (832, 480, 81), (batch, 16, 21, 60, 104), batch, given, 1,
                             inventory_from_spec("cuda:0=24GiB,cuda:1=24GiB"), plan, None, devices)
 
