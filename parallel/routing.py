@@ -181,6 +181,19 @@ class BlockRouter:
             self._cache.clear()
         return out
 
+    def return_home_if_due(self, global_index: int, out):
+        """``out`` (tensor / tuple / list / dict) moved home if block ``global_index`` returns home.
+
+        For a block-replacement patch (``patches_replace["dit"]``) that may skip the block, e.g.
+        skip-layer guidance returning its input: the proxy never runs, so call this on the
+        patch's output to keep "home after the last block / inter-block code" true.
+        """
+        if self._home_all or global_index in self._home_after:
+            out, moved = _move(out, self.home, 2)
+            if moved:
+                self._count_hop(global_index, "patch", self.home)
+        return out
+
     def _route_inputs(self, slot: _Slot, dev, args, kwargs):
         moved_from = None
         new_args = list(args)

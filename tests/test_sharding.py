@@ -237,3 +237,18 @@ def test_fake_mmdit_two_lists_tuple_outputs(with_control):
         assert handle.stats.hops == handle.router.planned_hops(return_home_all=home_all)
         # double: 0->1 at 2, home after 3; single: home->1 at 4, 1->2 at 5, home after 7
         assert with_control or handle.stats.hops == 5
+
+
+def test_fake_return_home_if_due_for_skipping_patches():
+    model = _fake_toy(n_blocks=4)
+    with fake_device_mode():
+        materialize_module(model, "cuda:0")
+        handle = attach_block_sharding(model, WAN_LAYOUT, ["cuda:0", "cuda:0", "cuda:1", "cuda:1"], "cuda:0")
+        x = torch.empty(2, 3, device="cuda:1")
+        router = handle.router
+        assert router.return_home_if_due(2, {"img": x})["img"] is x  # not the last block
+        out = router.return_home_if_due(3, {"img": x, "txt": x})  # a patch skipped the last block
+        assert out["img"].device == out["txt"].device == torch.device("cuda:0")
+        with router.forward_scope(return_home_all=True):
+            assert router.return_home_if_due(2, (x,))[0].device == torch.device("cuda:0")
+        handle.detach()
