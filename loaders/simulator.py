@@ -135,10 +135,11 @@ def _simulate_batch(ctx: dict, batch: int, batch_given: bool) -> SimulationRepor
     first = inventory.gpus[0].device if inventory.gpus else "cpu"
     with first_blocks_only(ctx["dit"], ctx["layout"]) as n_blocks:
         activation = run_fake_forward(ctx, batch, [first] * n_blocks, first)[first][1]
-    plan, error = _plan(ctx, activation)
-    block_devices, home = _block_devices(ctx, plan)
-    measured = run_fake_forward(ctx, batch, block_devices, home)
-    devices = _device_reports(ctx, measured, block_devices, home)
+    plan, error, devices = _place_and_run(ctx, batch, activation)
+    peak = max(d.peak_activations for d in devices)
+    if plan is not None and any(d.shortfall for d in devices) and peak > activation:
+        # the sharded run needs more than the probe (hops copy the hidden state): plan again with it
+        plan, error, devices = _place_and_run(ctx, batch, peak)
     report = SimulationReport(
         model=spec.name, family=spec.family, dtype=ctx["dtype"], size=ctx["size"],
         latent_shape=spec.geometry.latent_shape(*ctx["size"], batch), batch=batch,
@@ -147,6 +148,14 @@ def _simulate_batch(ctx: dict, batch: int, batch_given: bool) -> SimulationRepor
     log.info("[ShardDiT] simulated %s batch %d: %s", spec.name, batch,
              "fits" if report.fits else "does not fit")
     return report
+
+
+def _place_and_run(ctx: dict, batch: int, activation: int):
+    """Plan with ``activation`` bytes of headroom per device, simulate the plan, report devices."""
+    plan, error = _plan(ctx, activation)
+    block_devices, home = _block_devices(ctx, plan)
+    measured = run_fake_forward(ctx, batch, block_devices, home)
+    return plan, error, _device_reports(ctx, measured, block_devices, home)
 
 
 def _plan(ctx: dict, activation: int):
