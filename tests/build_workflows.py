@@ -276,9 +276,9 @@ def wan21_t2v(t) -> Graph:
     g.node(6, "CLIPTextEncode", (450, 230), (440, 180), title="Negative prompt", text=WAN_NEGATIVE)
     g.link(2, 0, 5, "clip")
     g.link(2, 0, 6, "clip")
-    g.node(7, "ModelSamplingSD3", (450, 460), (300, 60), shift=8.0)
+    g.node(7, "ModelSamplingSD3", (940, 0), (330, 60), shift=8.0)
     g.link(1, 0, 7, "model")
-    g.node(8, "ShardDiTKSampler", (940, 0), (330, 330), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
+    g.node(8, "ShardDiTKSampler", (940, 110), (330, 330), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
            scheduler="simple", denoise=1.0, devices="auto")
     g.link(7, 0, 8, "model")
     g.link(5, 0, 8, "positive")
@@ -314,14 +314,14 @@ def wan22_t2v(t) -> Graph:
     g.node(7, "CLIPTextEncode", (450, 230), (440, 180), title="Negative prompt", text=WAN_NEGATIVE)
     g.link(3, 0, 6, "clip")
     g.link(3, 0, 7, "clip")
-    g.node(8, "ModelSamplingSD3", (450, 460), (300, 60), title="Shift (high noise)", shift=8.0)
-    g.node(9, "ModelSamplingSD3", (450, 570), (300, 60), title="Shift (low noise)", shift=8.0)
+    g.node(8, "ModelSamplingSD3", (940, 0), (320, 60), title="Shift (high noise)", shift=8.0)
+    g.node(9, "ModelSamplingSD3", (1300, 0), (320, 60), title="Shift (low noise)", shift=8.0)
     g.link(1, 0, 8, "model")
     g.link(2, 0, 9, "model")
-    g.node(10, "KSamplerAdvanced", (940, 0), (320, 560), title="Steps 0-10: high-noise expert",
+    g.node(10, "KSamplerAdvanced", (940, 110), (320, 560), title="Steps 0-10: high-noise expert",
            add_noise="enable", noise_seed=42, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
            start_at_step=0, end_at_step=10, return_with_leftover_noise="enable")
-    g.node(11, "KSamplerAdvanced", (1300, 0), (320, 560), title="Steps 10-20: low-noise expert",
+    g.node(11, "KSamplerAdvanced", (1300, 110), (320, 560), title="Steps 10-20: low-noise expert",
            add_noise="disable", noise_seed=0, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
            start_at_step=10, end_at_step=10000, return_with_leftover_noise="disable")
     for sampler, shift in ((10, 8), (11, 9)):
@@ -411,16 +411,16 @@ def hunyuan_t2v(t) -> Graph:
     g.link(2, 0, 5, "clip")
     g.node(6, "FluxGuidance", (450, 230), (320, 60), guidance=6.0)
     g.link(5, 0, 6, "conditioning")
-    g.node(7, "ModelSamplingSD3", (450, 340), (320, 60), shift=7.0)
+    g.node(7, "ModelSamplingSD3", (940, 0), (320, 60), shift=7.0)
     g.link(1, 0, 7, "model")
-    g.node(8, "RandomNoise", (940, 0), (320, 82), noise_seed=42)
-    g.node(9, "BasicGuider", (940, 130), (320, 50))
+    g.node(8, "RandomNoise", (940, 110), (320, 82), noise_seed=42)
+    g.node(9, "BasicGuider", (940, 240), (320, 50))
     g.link(7, 0, 9, "model")
     g.link(6, 0, 9, "conditioning")
-    g.node(10, "KSamplerSelect", (940, 230), (320, 60), sampler_name="euler")
-    g.node(11, "BasicScheduler", (940, 340), (320, 110), scheduler="simple", steps=20, denoise=1.0)
+    g.node(10, "KSamplerSelect", (940, 340), (320, 60), sampler_name="euler")
+    g.node(11, "BasicScheduler", (940, 450), (320, 110), scheduler="simple", steps=20, denoise=1.0)
     g.link(1, 0, 11, "model")
-    g.node(12, "SamplerCustomAdvanced", (940, 500), (320, 130))
+    g.node(12, "SamplerCustomAdvanced", (940, 610), (320, 130))
     g.link(8, 0, 12, "noise")
     g.link(9, 0, 12, "guider")
     g.link(10, 0, 12, "sampler")

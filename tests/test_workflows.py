@@ -187,6 +187,15 @@ def test_ui_layout_groups_and_files_note(pair):
         and g["bounding"][1] <= n["pos"][1] and n["pos"][1] + n["size"][1] <= g["bounding"][1] + g["bounding"][3]
         for g in ui["groups"])]
     assert len(grouped) == len([n for n in ui["nodes"] if n["type"] not in wt.FRONTEND_ONLY]), "a node outside every group"
+    boxes = [(n["id"], n["pos"][0], n["pos"][1] - 30, n["size"][0], n["size"][1] + 30) for n in ui["nodes"]]
+    for i, (a, ax, ay, aw, ah) in enumerate(boxes):  # nodes (with their 30 px title bar) never overlap
+        for b, bx, by, bw, bh in boxes[i + 1:]:
+            assert ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay, f"nodes {a} and {b} overlap"
+    for i, a in enumerate(ui["groups"]):  # overlapping groups drag each other's nodes in the UI
+        for b in ui["groups"][i + 1:]:
+            (ax, ay, aw, ah), (bx, by, bw, bh) = a["bounding"], b["bounding"]
+            assert ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay, \
+                f"groups {a['title']!r} and {b['title']!r} overlap"
     notes = [n["widgets_values"][0] for n in ui["nodes"] if n["type"] in wt.FRONTEND_ONLY]
     assert notes, "no Note/MarkdownNote naming the model files"
     files = wt.model_files(ui)
