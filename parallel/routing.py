@@ -195,20 +195,23 @@ class BlockRouter:
         return out
 
     def _route_inputs(self, slot: _Slot, dev, args, kwargs):
+        """(args, kwargs, device a stream came from or None). On the home device no constant can
+        move (only home tensors move), so only the stream arguments are looked at."""
+        scan = dev != self.home
         moved_from = None
         new_args = list(args)
         for i, a in enumerate(args):
             if i in slot.stream_pos:
                 new_args[i], src = _move_stream(a, dev)
-            else:
-                new_args[i], src = self._constant(a, dev, _NEST), None
-            moved_from = moved_from or src
-        new_kwargs = {}
+                moved_from = moved_from or src
+            elif scan:
+                new_args[i] = self._constant(a, dev, _NEST)
+        new_kwargs = dict(kwargs)
         for k, v in kwargs.items():
             if k in slot.stream_names:
                 new_kwargs[k], src = _move_stream(v, dev)
                 moved_from = moved_from or src
-            else:
+            elif scan:
                 new_kwargs[k] = self._constant(v, dev, _NEST)
         return new_args, new_kwargs, moved_from
 
