@@ -1,0 +1,121 @@
+"""``python <pack-dir> selftest`` as a user runs it (a subprocess with COMFYUI_PATH), plus its
+exit status logic in-process.
+
+The CPU run hides every GPU (``CUDA_VISIBLE_DEVICES=""``) so it checks the ``cpu,cpu`` report on
+any machine; the ``gpu`` run expects ``cuda:0`` + ``cpu`` (one GPU) or all GPUs.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.comfy
+REPO = Path(__file__).resolve().parents[1]
+PREFIX = "[ShardDiT] selftest"
+
+
+def _selftest(**env) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "COMFYUI_PATH": os.environ.get("COMFYUI_PATH", ""), **env}
+    return subprocess.run([sys.executable, str(REPO), "selftest"], check=False, capture_output=True, text=True,
+                          timeout=900, env=full_env, cwd=str(REPO.parent))
+
+
+def _lines(proc) -> list[str]:
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
+    return proc.stdout.splitlines()
+
+
+def _one(lines, start: str) -> str:
+    found = [line for line in lines if line.startswith(f"{PREFIX} {start}")]
+    assert found, f"no line starting {PREFIX} {start!r} in:\n" + "\n".join(lines)
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def cpu_report():
+    return _selftest(CUDA_VISIBLE_DEVICES="")
+
+
+def test_cpu_selftest_passes_with_full_report(cpu_report):
+    lines = _lines(cpu_report)
+    assert lines and all(line.startswith(PREFIX) for line in lines), cpu_report.stdout
+    assert "ComfyUI device cpu" in _one(lines, "ComfyUI ")
+    assert "GiB free /" in _one(lines, "device cpu (CPU):")
+    assert "cpu vs cpu blocks 0-1, cpu blocks 2-3" in _one(lines, "sampling: tiny Wan 2.1 DiT")
+    assert "identical, max diff 0" in _one(lines, "sampling: PASS: bit-exact expected")
+    assert _one(lines, "p2p:").startswith(f"{PREFIX} p2p: no GPU: skipped")
+    assert _one(lines, "hop:").startswith(f"{PREFIX} hop: no GPU: skipped")
+    assert "9 tiles" in _one(lines, "VAE: tiny Wan 2.1 VAE") and "on cpu,cpu" in _one(lines, "VAE: tiny")
+    assert "(limit 1e-05)" in _one(lines, "VAE: PASS: max diff")
+    assert "4/4 checks passed" in _one(lines, "PASS:")
+
+
+def test_without_comfyui_exit_2_and_says_how():
+    proc = _selftest(COMFYUI_PATH="/nonexistent/ComfyUI")
+    assert proc.returncode == 2
+    assert "COMFYUI_PATH" in proc.stderr
+
+
+@pytest.fixture
+def selftest_module(comfy_env):
+    from harness.comfy_env import pack_module
+
+    return pack_module(comfy_env, "loaders.selftest")
+
+
+def test_choose_devices(selftest_module):
+    choose = selftest_module.choose_devices
+    assert choose(0) == ("cpu", ["cpu", "cpu"])
+    assert choose(1) == ("cuda:0", ["cuda:0", "cpu"])
+    assert choose(3) == ("cuda:0", ["cuda:0", "cuda:1", "cuda:2"])
+    assert selftest_module.one_kind(["cpu", "cpu"]) and not selftest_module.one_kind(["cpu", "cuda:0"])
+
+
+def test_failed_or_crashing_check_exits_1_and_the_rest_still_run(selftest_module, monkeypatch, capsys):
+    """Exit status logic without the real checks (they are covered by the subprocess run)."""
+    def failing(check, *args):
+        check.ok = False
+        check.lines.append("FAIL: made to fail")
+
+    def crashing(check, *args):
+        raise RuntimeError("boom")
+
+    ran = []
+    monkeypatch.setattr(selftest_module, "check_sampling", failing)
+    monkeypatch.setattr(selftest_module, "check_p2p", crashing)
+    monkeypatch.setattr(selftest_module, "check_hops", lambda check, *a: ran.append("hop"))
+    monkeypatch.setattr(selftest_module, "check_vae", lambda check, *a: ran.append("VAE"))
+    assert selftest_module.run_selftest("/comfyui") == 1
+    out = capsys.readouterr().out
+    assert f"{PREFIX} p2p: FAIL: RuntimeError: boom" in out
+    assert f"{PREFIX} FAIL (sampling, p2p): 2/4 checks passed" in out
+    assert ran == ["hop", "VAE"]
+
+    for name in ("check_sampling", "check_p2p"):
+        monkeypatch.setattr(selftest_module, name, lambda check, *a: None)
+    assert selftest_module.run_selftest("/comfyui") == 0
+    assert f"{PREFIX} PASS: 4/4 checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_gpu_selftest_shards_over_cuda_and_cpu():
+    import torch
+
+    n = torch.cuda.device_count()
+    lines = _lines(_selftest())
+    assert "ComfyUI device cuda:0" in _one(lines, "ComfyUI ")
+    assert "GiB free /" in _one(lines, "device cuda:0")
+    sampling = _one(lines, "sampling: tiny Wan 2.1 DiT")
+    if n == 1:
+        assert "cuda:0 vs cuda:0 blocks 0-1, cpu blocks 2-3" in sampling
+        assert "(limit 0.001" in _one(lines, "sampling: PASS: max diff")
+        assert "one GPU" in _one(lines, "p2p:")
+        assert "GB/s" in _one(lines, "hop: cuda:0 -> cpu: 64 MiB in")
+        assert "on cuda:0,cpu vs core decode_tiled on cuda:0" in _one(lines, "VAE: tiny")
+    else:
+        assert f"cuda:{n - 1} blocks" in sampling
+        assert "GB/s" in _one(lines, "hop: cuda:0 -> cuda:1: 64 MiB in")
+    assert _one(lines, "VAE: PASS")
+    assert "4/4 checks passed" in _one(lines, "PASS:")
