@@ -109,6 +109,8 @@ class BlockRouter:
         self._cache: dict = {}
         self._scoped = False
         self._home_all = False
+        # Kernels that launch on the *current* CUDA device (Triton/Sage attention) need it set.
+        self.set_current_device = torch.cuda.is_available()
 
     # ---- registration (build_block_proxies) -------------------------------------------------
     def register(self, slot: _Slot) -> None:
@@ -172,7 +174,11 @@ class BlockRouter:
         if moved_from is not None:
             self._count_hop(g, moved_from, dev)
         self.stats.blocks_run += 1
-        out = block(*args, **kwargs)
+        if self.set_current_device and dev.type == "cuda":
+            with torch.cuda.device(dev):
+                out = block(*args, **kwargs)
+        else:
+            out = block(*args, **kwargs)
         if dev != self.home and (self._home_all or g in self._home_after):
             out, moved = _move(out, self.home, 1)
             if moved:

@@ -252,3 +252,27 @@ def test_fake_return_home_if_due_for_skipping_patches():
         with router.forward_scope(return_home_all=True):
             assert router.return_home_if_due(2, (x,))[0].device == torch.device("cuda:0")
         handle.detach()
+
+
+def test_current_cuda_device_is_set_around_blocks(monkeypatch):
+    entered = []
+
+    class _Recorder:
+        def __init__(self, dev):
+            self.dev = dev
+
+        def __enter__(self):
+            entered.append(str(self.dev))
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "device", _Recorder)
+    model = _fake_toy(n_blocks=4)
+    with fake_device_mode():
+        materialize_module(model, "cuda:0")
+        handle = attach_block_sharding(model, WAN_LAYOUT, ["cuda:0", "cuda:0", "cuda:1", "cuda:1"], "cuda:0")
+        handle.router.set_current_device = True  # what a CUDA build sets
+        model(*_toy_inputs("cuda:0", fake=True))
+        handle.detach()
+    assert entered == ["cuda:0", "cuda:0", "cuda:1", "cuda:1"]
