@@ -36,7 +36,7 @@ def import_comfyui_with_cuda(verbose: bool = False) -> Path:
 
     root = find_comfyui()
     if str(root) not in sys.path:
-        sys.path.append(str(root))
+        sys.path.insert(0, str(root))  # as cli.import_comfyui: ComfyUI's modules win over same-named ones
     import torch
     import comfy.options
 
