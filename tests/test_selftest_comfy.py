@@ -82,6 +82,9 @@ def test_failed_or_crashing_check_exits_1_and_the_rest_still_run(selftest_module
     def crashing(check, *args):
         raise RuntimeError("boom")
 
+    import torch
+
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # run_selftest pins 1 thread: not in pytest
     ran = []
     monkeypatch.setattr(selftest_module, "check_sampling", failing)
     monkeypatch.setattr(selftest_module, "check_p2p", crashing)
