@@ -92,6 +92,16 @@ def find_arch_spec(class_name: str) -> ArchSpec:
         "an issue at https://github.com/sharddit/sharddit/issues with the model's name.")
 
 
-def get_arch_spec(diffusion_model: torch.nn.Module) -> BlockLayout:
-    """The ``BlockLayout`` of a ComfyUI diffusion model (``model.diffusion_model``)."""
+def get_arch_spec(diffusion_model: torch.nn.Module | str) -> BlockLayout:
+    """The ``BlockLayout`` of a ComfyUI diffusion model (``model.diffusion_model``).
+
+    A class name works too for families without instance-dependent inter-block code; VACE, S2V
+    and Animate read their inter-block layers off the model and need the instance.
+    """
+    if isinstance(diffusion_model, str):
+        spec = find_arch_spec(diffusion_model)
+        if spec.home_after is not _no_inter_block_code:
+            raise ValueError(f"[ShardDiT] the {spec.name} layout depends on the model's configuration: "
+                             f"pass the {diffusion_model} instance (model.diffusion_model), not its class name")
+        return spec.layout(None)
     return find_arch_spec(type(diffusion_model).__name__).layout(diffusion_model)
