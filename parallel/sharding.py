@@ -8,10 +8,12 @@ Pure PyTorch (no ComfyUI). Two ways to use it:
 - ``build_block_proxies(...)`` + ``BlockRouter``: the pieces, for the ComfyUI integration that
   keeps the real blocks in per-device shard modules and installs the proxies as an object patch.
 
-A ``BlockProxy`` does not register its block as a submodule: ``named_parameters()`` /
-``state_dict()`` of the parent skip the block weights (ComfyUI's main ModelPatcher must not load
-them). Attribute reads the proxy does not have fall back to the real block. Routing rules (what
-moves, when, how often) are in ``routing.py``.
+A ``BlockProxy`` does not register its block as a submodule: ``named_parameters()``,
+``named_modules()`` and ``.to()`` of the parent skip the block weights (ComfyUI's main
+ModelPatcher must not load them), while ``state_dict()`` still lists them under their usual keys
+(key-based code such as LoRA mapping sees the whole model). Attribute reads the proxy does not
+have fall back to the real block. Routing rules (what moves, when, how often) are in
+``routing.py``.
 """
 from __future__ import annotations
 
