@@ -10,13 +10,6 @@ __all__ = ["BATCH_CHOICES", "read_holdings", "run_plan"]
 BATCH_CHOICES = ("auto", "1", "2")
 
 
-def _is_sharddit(patcher) -> bool:
-    if hasattr(patcher, "sharddit_keys"):
-        return True
-    get = getattr(patcher, "get_attachment", None)
-    return callable(get) and get("sharddit") is not None
-
-
 def read_holdings() -> dict[str, tuple[int, int]]:
     """Per device: (bytes ComfyUI's other loaded models hold, bytes ShardDiT's models hold).
 
@@ -25,6 +18,8 @@ def read_holdings() -> dict[str, tuple[int, int]]:
     """
     import comfy.model_management as mm
 
+    from .placement import is_sharddit_patcher
+
     out: dict[str, list[int]] = {}
     for loaded in list(mm.current_loaded_models):
         patcher = loaded.model
@@ -32,7 +27,7 @@ def read_holdings() -> dict[str, tuple[int, int]]:
             continue
         size = int(patcher.loaded_size())
         slot = out.setdefault(str(loaded.device), [0, 0])
-        slot[1 if _is_sharddit(patcher) else 0] += size
+        slot[1 if is_sharddit_patcher(patcher) else 0] += size
     return {d: (c, s) for d, (c, s) in out.items()}
 
 

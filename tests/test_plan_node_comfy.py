@@ -46,40 +46,26 @@ def test_execute_on_this_machine_lists_holdings(env):
     assert re.search(r"^cpu +\| home \+ blocks 0-29 ", text, re.M), text
 
 
-def test_holdings_and_current_placements_from_loaded_models(env, monkeypatch):
-    """ComfyUI's loaded models are split into 'ComfyUI holds' / 'ShardDiT holds' per device, and a
-    sharded model's plan is listed."""
-    from types import SimpleNamespace
-
+def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
+    """A real sharded model, loaded by ComfyUI's sampler: its main patcher and shards count as
+    'ShardDiT holds', other loaded models as 'ComfyUI holds', and its plan is listed."""
+    import torch
     from harness.comfy_env import pack_module
 
     plan_node = pack_module(env, "loaders.plan_node")
-    planner = pack_module(env, "parallel.planner")
-    inventory = pack_module(env, "parallel.inventory").inventory_from_spec("cuda:0=24GiB,cuda:1=24GiB")
-    plan = planner.plan_placement(inventory, planner.Footprint(block_bytes=(10 << 30,) * 4),
-                                  planner.PlacementRequest())
+    N = env.nodes.NODE_CLASS_MAPPINGS
+    env.mm.unload_all_models()
+    model = N["ShardDiTLoadDiffusionModel"].execute(tiny_models.names["wan21_t2v"], "default", "cpu,cpu", 0.0).result[0]
+    cond = [[torch.zeros(1, 4, 4096), {}]]
+    N["ShardDiTKSampler"].execute(model, 1, 1, 2.0, "euler", "simple", cond, cond,
+                                  {"samples": torch.zeros(1, 16, 1, 4, 4)}, 1.0, "auto")
+    vae = env.nodes.VAELoader().load_vae(tiny_models.names["wan21_vae"])[0]
+    env.mm.load_models_gpu([vae.patcher])
 
-    class Patcher:
-        def __init__(self, size, state=None, shard=False):
-            self.size, self.state, self.model = size, state, SimpleNamespace(diffusion_model=torch_module())
-            if shard:
-                self.sharddit_keys = frozenset()
-
-        def loaded_size(self):
-            return self.size
-
-        def get_attachment(self, key):
-            return self.state if key == "sharddit" else None
-
-    def torch_module():
-        import torch
-
-        return torch.nn.Identity()
-
-    loaded = [SimpleNamespace(device="cuda:0", model=Patcher(3, SimpleNamespace(plan=plan))),
-              SimpleNamespace(device="cuda:1", model=Patcher(5, shard=True)),
-              SimpleNamespace(device="cuda:1", model=Patcher(7))]
-    monkeypatch.setattr(env.mm, "current_loaded_models", loaded)
-    assert plan_node.read_holdings() == {"cuda:0": (0, 3), "cuda:1": (7, 5)}
-    text = plan_node.describe_current_placements(inventory)
-    assert text.startswith("Loaded now, sharded by ShardDiT: Identity") and "blocks" in text
+    ours = sum(lm.model.loaded_size() for lm in env.mm.current_loaded_models if lm.model is not vae.patcher)
+    assert plan_node.read_holdings() == {"cpu": (vae.patcher.loaded_size(), ours)}
+    assert ours == model.model_size() + sum(s.model_size() for s in
+                                            pack_module(env, "loaders.sharded_model").get_shard_patchers(model))
+    text = plan_node.describe_current_placements(None)
+    assert text.startswith("Loaded now, sharded by ShardDiT: WanModel") and "'blocks': [['cpu', 0, 2], ['cpu', 2, 4]]" in text
+    env.mm.unload_all_models()
