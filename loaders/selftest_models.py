@@ -14,9 +14,10 @@ and the rest ~ N(0, 0.02^2). Same seed, same weights, on any machine.
 from __future__ import annotations
 
 import contextlib
-import zlib
 
 import torch
+
+from ..parallel.random_weights import random_state_dict as _random_state_dict
 
 import comfy.ldm.wan.model
 import comfy.ldm.wan.vae
@@ -36,23 +37,9 @@ WAN_VAE = dict(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_s
 WAN_VAE_SMALL = dict(dim=8, num_res_blocks=1)
 
 
-def _generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-
-
-def _fill(name: str, shape: torch.Size, seed: int) -> torch.Tensor:
-    g = _generator(seed, name)
-    leaf = name.rsplit(".", 1)[-1]
-    if len(shape) >= 2 and shape.numel() > 0 and leaf not in ("modulation", "gamma", "beta"):
-        return torch.randn(shape, generator=g) / (shape.numel() // shape[0]) ** 0.5
-    t = torch.randn(shape, generator=g) * 0.02
-    is_norm = leaf in ("gamma", "scale") or (leaf == "weight" and len(shape) == 1)
-    return t + 1.0 if is_norm else t
-
-
 def random_state_dict(module: torch.nn.Module, seed: int = SEED) -> dict:
     """Deterministic fp32 tensors for every state-dict entry of ``module`` (which may be on meta)."""
-    return {k: _fill(k, v.shape, seed).contiguous() for k, v in module.state_dict().items()}
+    return _random_state_dict(module, seed)
 
 
 def build_wan_dit(num_layers: int = 4, seed: int = SEED):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
+from sharddit.parallel.random_weights import random_generator, random_state_dict, random_tensor
 
 from .tiny_te_hook import TE_CONFIG_KEY, install_tiny_te_hook  # noqa: F401  (re-exported)
 
@@ -64,24 +65,13 @@ LORA_RANK = 4
 
 
 # ----------------------------------------------------------------------------- filling weights
-def _generator(seed: int, name: str) -> torch.Generator:
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63))
-
-
 def _fill(name: str, shape: torch.Size, seed: int) -> torch.Tensor:
-    g = _generator(seed, name)
-    leaf = name.rsplit(".", 1)[-1]
-    if len(shape) >= 2 and shape.numel() > 0 and leaf not in ("modulation", "gamma", "beta"):
-        fan_in = shape.numel() // shape[0]
-        return torch.randn(shape, generator=g) / fan_in**0.5
-    t = torch.randn(shape, generator=g) * 0.02
-    is_norm = leaf in ("gamma", "scale") or (leaf == "weight" and len(shape) == 1)
-    return t + 1.0 if is_norm else t
+    return random_tensor(name, shape, seed)
 
 
 def fill_state_dict(module: torch.nn.Module, seed: int, dtype=torch.float32) -> dict:
     """Deterministic random tensors for every state-dict entry of ``module`` (may be on meta)."""
-    return {k: _fill(k, v.shape, seed).to(dtype).contiguous() for k, v in module.state_dict().items()}
+    return random_state_dict(module, seed, dtype)
 
 
 def _meta_ops():
@@ -204,7 +194,7 @@ def wan_lora_state_dict(dit_sd: Mapping, seed: int = SEED, rank: int = LORA_RANK
         for t in targets:
             w = dit_sd[f"blocks.{n}.{t}.weight"]
             key = f"diffusion_model.blocks.{n}.{t}"
-            g = _generator(seed, key)
+            g = random_generator(seed, key)
             out[f"{key}.lora_down.weight"] = torch.randn(rank, w.shape[1], generator=g) / w.shape[1] ** 0.5
             out[f"{key}.lora_up.weight"] = torch.randn(w.shape[0], rank, generator=g) * 0.1 * strength_scale
             out[f"{key}.alpha"] = torch.tensor(float(rank))
