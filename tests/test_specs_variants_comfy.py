@@ -131,3 +131,44 @@ def test_flux_spec_matches_block_signatures(comfy):
     assert [(s.stream_pos, sorted(s.stream_names)) for s in slots] == [((0, 1), ["img", "txt"])] * 2 + [((0,), ["x"])] * 2
     assert layout.home_every_block_kwargs == ("control",)
 
+
+
+@pytest.mark.parametrize("with_control", [False, True])
+def test_hunyuan_controlnet_brings_every_block_home(comfy, with_control):
+    from sharddit.loaders.specs import get_arch_spec
+    from sharddit.parallel.sharding import needs_home_every_block
+
+    dit = comfy.ldm.hunyuan_video.model.HunyuanVideo(
+        in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64, mlp_ratio=4.0,
+        num_heads=2, depth=2, depth_single_blocks=3, axes_dim=[8, 12, 12], theta=256, patch_size=[1, 2, 2],
+        qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False, **_meta(comfy))
+    layout = get_arch_spec(dit)
+    devices = [torch.device(f"cuda:{i}") for i in (0, 1, 1, 2, 2)]
+    img_tokens = T * 4 * 4
+    with fake_device_mode():
+        blocks = get_blocks(dit, layout)
+        materialize_module(dit, HOME, exclude=blocks)
+        for block, device in zip(blocks, devices):
+            materialize_module(block, device)
+        control = {"input": [_empty(B, img_tokens, 64)] * 2,
+                   "output": [_empty(B, img_tokens, 64)] * 3} if with_control else None
+        args = (_empty(B, 16, T, 8, 8), _empty(B), _empty(B, 7, 32))
+        kwargs = dict(y=_empty(B, 32), guidance=_empty(B), control=control,
+                      transformer_options={"optimized_attention_override": attention_override})
+        home_all = needs_home_every_block(layout, dit._forward, args, kwargs)
+        assert home_all == with_control
+        handle = attach_block_sharding(dit, layout, devices, HOME)
+        try:
+            if with_control:  # without bringing every block home, the ControlNet add fails
+                with pytest.raises(Exception, match="on the same device"), handle.router.forward_scope():
+                    dit(*args, **kwargs)
+            with handle.router.forward_scope(return_home_all=home_all):
+                out = dit(*args, **kwargs)
+            assert out.device == HOME
+        finally:
+            handle.detach()
+    assert handle.stats.hops == handle.router.planned_hops(return_home_all=home_all)
+    # double [0, 1], single [1, 2, 2]: into 1 at block 1, home after it (end of the double list),
+    # into 1 at block 2, into 2 at block 3, home after 4 = 5; with control every off-home block
+    # goes in and comes home: 2 * 4 = 8
+    assert handle.stats.hops == (8 if with_control else 5)
