@@ -27,6 +27,7 @@ private internals that change between releases.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 from dataclasses import dataclass
 
@@ -258,10 +259,53 @@ def _unload_unsharded_clones(main) -> None:
 
 
 def _routing_scope_wrapper(state: ShardState, executor, *args, **kwargs):
-    """One routing scope per DiT forward; a ControlNet-style input brings every block output home."""
+    """One routing scope per DiT forward; a ControlNet-style input brings every block output home,
+    and block patches of other packs are chained so that a skipped block still comes home."""
     home_all = needs_home_every_block(state.layout, executor.original, args, kwargs)
+    args, kwargs = _chain_block_patches(state, executor.original, args, kwargs)
     with state.router.forward_scope(return_home_all=home_all):
         return executor(*args, **kwargs)
+
+
+# ComfyUI's names for the block lists in ``patches_replace["dit"]``, in layout order.
+_PATCH_KINDS = ("double_block", "single_block")
+
+
+def _chain_block_patches(state: ShardState, forward_fn, args, kwargs):
+    """Wrap each ``patches_replace["dit"]`` patch (e.g. skip-layer guidance) so its output comes
+    home when the block it replaces would have returned home; the patch itself is kept and runs
+    first. The per-call ``transformer_options`` is copied, never mutated."""
+    try:
+        bound = inspect.signature(forward_fn).bind_partial(*args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    options = bound.arguments.get("transformer_options")
+    replace = (options or {}).get("patches_replace", {}).get("dit")
+    if not replace:
+        return args, kwargs
+    offsets = _list_offsets(state)
+    chained = {}
+    for key, patch in replace.items():
+        kind, i = key if isinstance(key, tuple) and len(key) == 2 else (None, None)
+        if kind in offsets:
+            patch = functools.partial(_patch_then_home, state.router, offsets[kind] + i, patch)
+        chained[key] = patch
+    bound.arguments["transformer_options"] = {
+        **options, "patches_replace": {**options["patches_replace"], "dit": chained}}
+    return bound.args, bound.kwargs
+
+
+def _list_offsets(state: ShardState) -> dict[str, int]:
+    """Global index of block 0 of each block list, keyed by ComfyUI's patch kind."""
+    offsets, start = {}, 0
+    for kind, path in zip(_PATCH_KINDS, state.layout.block_lists):
+        offsets[kind] = start
+        start += len(state.proxies[path])
+    return offsets
+
+
+def _patch_then_home(router: BlockRouter, global_index: int, patch, args, extra):
+    return router.return_home_if_due(global_index, patch(args, extra))
 
 
 def _release_shards_on_detach(main, unpatch_all: bool) -> None:

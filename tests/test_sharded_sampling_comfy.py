@@ -277,3 +277,30 @@ def test_block_patches_of_other_packs_keep_working(env, tiny):
     ref = _stock(env, patched, latent, {})
     assert not torch.equal(ref, plain), "the patches must change the output, or this test proves nothing"
     assert torch.equal(_ours(env, patched, latent, {}, "cpu,cpu,cpu"), ref)
+
+
+def test_skip_patch_on_last_block_comes_home(env, tiny):
+    """SLG-style patch that skips the LAST block: its output must still come home (the router
+    sees it through the chained patch) and the result stays bit-identical."""
+    from comfy.patcher_extension import WrappersMP
+    from harness.comfy_env import pack_module
+
+    sm = pack_module(env, "loaders.sharded_model")
+    latent = torch.zeros(1, 16, 2, 8, 8)
+    base = _load(env, tiny.wan21_t2v_state_dict())
+    skipped = base.clone()
+    last = len(base.model.diffusion_model.blocks) - 1
+    skipped.set_model_patch_replace(lambda args, extra: {"img": args["img"]}, "dit", "double_block", last)
+    ref = _stock(env, skipped, latent, {})
+    sharded = sm.shard_model(skipped, "cpu,cpu", 0.0)
+    seen = []
+
+    def spy(executor, *args, **kwargs):
+        out = executor(*args, **kwargs)
+        opts = kwargs.get("transformer_options", args[5] if len(args) > 5 else {})
+        seen.append(opts["patches_replace"]["dit"][("double_block", last)])
+        return out
+
+    sharded.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "spy", spy)
+    assert torch.equal(_ours(env, sharded, latent, {}, "cpu,cpu"), ref)
+    assert seen and all(getattr(p, "func", None) is sm._patch_then_home for p in seen)
