@@ -27,9 +27,7 @@ private internals that change between releases.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -39,15 +37,19 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..parallel.planner import Footprint, PlacementRequest, plan_placement
 from ..parallel.routing import BlockRouter
-from ..parallel.sharding import build_block_proxies, needs_home_every_block
+from ..parallel.sharding import build_block_proxies
 from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .placement import current_inventory, record_dit
+from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,  # noqa: F401
+                          is_sharded, prepare_sampling_wrapper, release_roots, release_shards_on_detach,
+                          routing_scope_wrapper, sync_shard_patches)  # noqa: F401 (re-exported)
 from .specs import get_arch_spec
 
 log = logging.getLogger("sharddit")
 
-SHARD_KEY = "sharddit_shards"
-ATTACHMENT_KEY = "sharddit"
+__all__ = ["ShardRoot", "ShardState", "get_shard_patchers", "get_shard_state", "is_sharded", "shard_model",
+           "sync_shard_patches", "unshard"]
+
 _CACHE_ATTR = "_sharddit_states"
 
 
@@ -67,30 +69,6 @@ class ShardRoot(torch.nn.Module):
 
     def get_dtype(self) -> torch.dtype:
         return self._dtype
-
-
-@dataclass(frozen=True)
-class ShardState:
-    """Everything clones of one sharded model share: the plan, the router, proxies and shard roots."""
-
-    plan: object
-    layout: object
-    router: BlockRouter
-    proxies: dict  # block list path -> nn.ModuleList of proxies
-    roots: tuple  # (torch.device, ShardRoot, template ModelPatcher) per planned block range
-    request_key: tuple
-
-
-def is_sharded(model) -> bool:
-    return model.get_attachment(ATTACHMENT_KEY) is not None
-
-
-def get_shard_state(model) -> ShardState | None:
-    return model.get_attachment(ATTACHMENT_KEY)
-
-
-def get_shard_patchers(model) -> list:
-    return model.get_additional_models_with_key(SHARD_KEY)
 
 
 def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inventory=None):
@@ -134,17 +112,10 @@ def _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key) 
     if state is None:
         state = _build_state(base, devices, reserve_vram_gb, inventory, request_key)
         for old in cache.values():  # one live shard set per weights: the new one regroups the blocks
-            _release_roots(old)
+            release_roots(old)
         cache.clear()
         cache[request_key] = state
     return state
-
-
-def _release_roots(state: ShardState) -> None:
-    """Restore an older shard set's blocks to their original weights on the offload device."""
-    for _, root, template in state.roots:
-        if root.model_loaded_weight_memory > 0 or template.backup:
-            template.detach(unpatch_all=True)
 
 
 def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> ShardState:
@@ -222,103 +193,10 @@ def _sharded_clone(base, state: ShardState):
     m.set_additional_models(SHARD_KEY, shards)
     sync_shard_patches(m)
     m.set_attachments(ATTACHMENT_KEY, state)
-    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY, functools.partial(_routing_scope_wrapper, state))
-    m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, _prepare_sampling_wrapper)
-    m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, _release_shards_on_detach)
+    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY, functools.partial(routing_scope_wrapper, state))
+    m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, prepare_sampling_wrapper)
+    m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, release_shards_on_detach)
     return m
-
-
-def sync_shard_patches(main) -> None:
-    """Copy the main patcher's weight patches for block keys onto the shard holding each block."""
-    for shard in get_shard_patchers(main):
-        keys = shard.model.sharddit_keys
-        shard.patches = {k: v[:] for k, v in main.patches.items() if k in keys}
-        shard.weight_wrapper_patches = {k: v[:] for k, v in main.weight_wrapper_patches.items() if k in keys}
-        shard.patches_uuid = main.patches_uuid
-        shard.force_cast_weights = main.force_cast_weights
-
-
-def _prepare_sampling_wrapper(executor, model, *args, **kwargs):
-    _unload_unsharded_clones(model)
-    sync_shard_patches(model)
-    return executor(model, *args, **kwargs)
-
-
-def _unload_unsharded_clones(main) -> None:
-    """Fully unload a loaded *unsharded* clone of the same weights (e.g. core KSampler ran on the
-    MODEL before it was sharded): its in-place weight patches and "already patched" marks on the
-    blocks must be undone before the shards patch those blocks themselves."""
-    models = mm.current_loaded_models
-    for i in reversed(range(len(models))):
-        patcher = models[i].model
-        if patcher is not None and patcher is not main and patcher.is_clone(main) and not is_sharded(patcher):
-            log.info("[ShardDiT] unloading the unsharded copy of %s before loading its shards",
-                     type(patcher.model).__name__)
-            if models[i].model_unload():
-                models.pop(i)
-
-
-def _routing_scope_wrapper(state: ShardState, executor, *args, **kwargs):
-    """One routing scope per DiT forward; a ControlNet-style input brings every block output home,
-    and block patches of other packs are chained so that a skipped block still comes home."""
-    home_all = needs_home_every_block(state.layout, executor.original, args, kwargs)
-    args, kwargs = _chain_block_patches(state, executor.original, args, kwargs)
-    with state.router.forward_scope(return_home_all=home_all):
-        return executor(*args, **kwargs)
-
-
-# ComfyUI's names for the block lists in ``patches_replace["dit"]``, in layout order.
-_PATCH_KINDS = ("double_block", "single_block")
-
-
-def _chain_block_patches(state: ShardState, forward_fn, args, kwargs):
-    """Wrap each ``patches_replace["dit"]`` patch (e.g. skip-layer guidance) so its output comes
-    home when the block it replaces would have returned home; the patch itself is kept and runs
-    first. The per-call ``transformer_options`` is copied, never mutated."""
-    try:
-        bound = inspect.signature(forward_fn).bind_partial(*args, **kwargs)
-    except TypeError:
-        return args, kwargs
-    options = bound.arguments.get("transformer_options")
-    replace = (options or {}).get("patches_replace", {}).get("dit")
-    if not replace:
-        return args, kwargs
-    offsets = _list_offsets(state)
-    chained = {}
-    for key, patch in replace.items():
-        kind, i = key if isinstance(key, tuple) and len(key) == 2 else (None, None)
-        if kind in offsets:
-            patch = functools.partial(_patch_then_home, state.router, offsets[kind] + i, patch)
-        chained[key] = patch
-    bound.arguments["transformer_options"] = {
-        **options, "patches_replace": {**options["patches_replace"], "dit": chained}}
-    return bound.args, bound.kwargs
-
-
-def _list_offsets(state: ShardState) -> dict[str, int]:
-    """Global index of block 0 of each block list, keyed by ComfyUI's patch kind."""
-    offsets, start = {}, 0
-    for kind, path in zip(_PATCH_KINDS, state.layout.block_lists):
-        offsets[kind] = start
-        start += len(state.proxies[path])
-    return offsets
-
-
-def _patch_then_home(router: BlockRouter, global_index: int, patch, args, extra):
-    return router.return_home_if_due(global_index, patch(args, extra))
-
-
-def _release_shards_on_detach(main, unpatch_all: bool) -> None:
-    """ComfyUI fully unloads the main patcher: move every shard's weights off its GPU too.
-
-    ``unpatch_all=False`` is ComfyUI switching between clones of the same weights (it happens on
-    every prompt): the shards stay loaded then, so an identical prompt reloads nothing.
-    """
-    if not unpatch_all:
-        return
-    for shard in get_shard_patchers(main):
-        if shard.loaded_size() > 0 or shard.model.device not in (None, shard.offload_device):
-            shard.detach(unpatch_all=True)
 
 
 def _real_blocks(base, dit, path: str):
