@@ -40,9 +40,9 @@ from ..parallel.routing import BlockRouter
 from ..parallel.sharding import build_block_proxies
 from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .placement import current_inventory, record_dit
-from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,  # noqa: F401
+from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,
                           is_sharded, prepare_sampling_wrapper, release_roots, release_shards_on_detach,
-                          routing_scope_wrapper, sync_shard_patches)  # noqa: F401 (re-exported)
+                          routing_scope_wrapper, sync_shard_patches)
 from .specs import get_arch_spec
 
 log = logging.getLogger("sharddit")
