@@ -18,7 +18,6 @@ The last line is ``ratio=<sharded/unsharded>``.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 import time
@@ -31,15 +30,12 @@ from torch.nn import functional as F
 REPO = Path(__file__).resolve().parents[1]
 
 
-def import_pack(name: str = "sharddit"):
-    """Import the repo as package ``name`` by path (the repo root never goes on sys.path)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "__init__.py", submodule_search_locations=[str(REPO)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+def import_pack():
+    """The pack as package ``sharddit``, by path (``tests/harness/pack.py``; tests/ only on sys.path)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from harness.pack import import_pack as _import_pack
+
+    return _import_pack()
 
 
 class WanLikeBlock(nn.Module):

@@ -3,7 +3,6 @@
 The repo root is never put on ``sys.path`` (its ``nodes/`` would shadow ComfyUI's ``nodes.py``);
 pytest runs in ``--import-mode=importlib`` (pyproject) for the same reason.
 """
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -14,24 +13,14 @@ REPO = Path(__file__).resolve().parents[1]
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
 
 
-def import_pack(name: str = "sharddit"):
-    """Import the repo as package ``name`` (idempotent)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(
-        name, REPO / "__init__.py", submodule_search_locations=[str(REPO)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-import_pack()
 # Shared helpers live in tests/harness (imported as `harness`). tests/ holds no package named
 # nodes/loaders/parallel, so this cannot shadow ComfyUI's modules; the repo root stays off sys.path.
 if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))
+
+from harness.pack import import_pack  # noqa: E402
+
+import_pack()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
-from sharddit.parallel.random_weights import random_generator, random_state_dict, random_tensor
+
+from .pack import import_pack
+
+import_pack()
+from sharddit.parallel.random_weights import random_generator, random_state_dict, random_tensor  # noqa: E402
 
 from .tiny_te_hook import TE_CONFIG_KEY, install_tiny_te_hook  # noqa: F401  (re-exported)
 
