@@ -1,0 +1,61 @@
+"""A sharded model through ComfyUI's real server (headless, CPU): POST /interrupt mid-sampling
+stops promptly and the next prompt succeeds; POST /free (unload models) and the next prompt loads
+the shards again and succeeds."""
+import time
+
+import pytest
+
+pytestmark = pytest.mark.comfy
+
+
+def _graph(tiny_models, steps: int, seed: int, prefix: str) -> dict:
+    names = tiny_models.names
+    return {
+        "1": {"class_type": "ShardDiTLoadDiffusionModel",
+              "inputs": {"unet_name": names["wan21_t2v"], "weight_dtype": "default", "devices": "cpu,cpu",
+                         "reserve_vram_gb": 0.0}},
+        "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": names["umt5"], "type": "wan", "device": "default"}},
+        "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox in the rain", "clip": ["2", 0]}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["2", 0]}},
+        "5": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 64, "height": 64, "length": 1, "batch_size": 1}},
+        "6": {"class_type": "ShardDiTKSampler",
+              "inputs": {"model": ["1", 0], "seed": seed, "steps": steps, "cfg": 2.0, "sampler_name": "euler",
+                         "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0],
+                         "latent_image": ["5", 0], "denoise": 1.0, "devices": "auto"}},
+        "7": {"class_type": "SaveLatent", "inputs": {"samples": ["6", 0], "filename_prefix": prefix}},
+    }
+
+
+def _status(server, prompt_id, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entry = server.history(prompt_id).get(prompt_id)
+        if entry and entry.get("status", {}).get("completed") is not None:
+            return entry["status"]
+        time.sleep(0.1)
+    raise AssertionError(f"prompt {prompt_id} not finished after {timeout}s\n{server.log_tail()}")
+
+
+def test_interrupt_then_free_then_prompts_succeed(comfy_server, tiny_models):
+    server = comfy_server
+    long_id = server.queue_prompt(_graph(tiny_models, 10000, 2, "life/long"))
+    deadline = time.monotonic() + 120
+    while "/10000 " not in server.log_tail(5):  # the sampler's progress bar: steps are running
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.2)
+    started = time.monotonic()
+    server.interrupt()
+    status = _status(server, long_id)
+    stopped_after = time.monotonic() - started
+    assert status["status_str"] == "error"
+    assert any(m[0] == "execution_interrupted" for m in status["messages"]), status
+    assert stopped_after < 15, f"interrupt took {stopped_after:.1f}s"
+
+    after_interrupt = server.queue_prompt(_graph(tiny_models, 2, 3, "life/after_interrupt"))
+    server.wait(after_interrupt)
+    assert server.output_files(after_interrupt)
+
+    server.free()
+    after_free = server.queue_prompt(_graph(tiny_models, 2, 4, "life/after_free"))
+    server.wait(after_free)
+    assert server.output_files(after_free)
