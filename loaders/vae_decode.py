@@ -33,6 +33,7 @@ import comfy.utils
 
 from ..parallel.devices import DEVICES_FORM, check_devices_exist, parse_devices
 from ..parallel.inventory import read_inventory
+from .placement import current_inventory
 from ..parallel.tiling import TilePlan, TileSpec, plan_decode, run_tiled
 
 log = logging.getLogger("sharddit")
@@ -90,13 +91,14 @@ def resolve_devices(vae, devices: str) -> list[torch.device]:
 
 
 def _auto_devices(vae) -> list[torch.device]:
-    """The VAE's device, plus every other GPU when the VAE runs on a GPU (never CPU replicas)."""
+    """The VAE's device, plus every other GPU with room for a replica now (free VRAM, counting what
+    ShardDiT itself holds there) when the VAE runs on a GPU (never CPU replicas)."""
     own = torch.device(vae.device)
     if own.type != "cuda":
         return [own]
     need = mm.module_size(vae.first_stage_model)
-    others = [torch.device(g.device) for g in read_inventory().gpus
-              if torch.device(g.device) != own and g.total_bytes > need]
+    others = [torch.device(g.device) for g in current_inventory().gpus
+              if torch.device(g.device) != own and g.available_bytes > need]
     return [own] + others
 
 
