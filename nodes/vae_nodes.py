@@ -2,6 +2,7 @@
 from comfy_api.latest import io
 
 from ..loaders import vae_decode
+from .common_inputs import devices_input
 
 CATEGORY = "sharddit/vae"
 
@@ -43,7 +44,7 @@ class ShardDiTVAEDecodeTiled(io.ComfyNode):
                              tooltip="Only used for video VAEs: amount of frames to overlap. Above "
                                      "temporal_size/2 it is halved, as core does; at least 1 latent frame."),
                 io.String.Input("tile_batch_size", default="auto", multiline=False, tooltip=BATCH_TOOLTIP),
-                io.String.Input("devices", default="auto", multiline=False, tooltip=DEVICES_TOOLTIP),
+                devices_input(tooltip=DEVICES_TOOLTIP),
             ],
             outputs=[io.Image.Output(tooltip="Decoded frames (frames x height x width x channels), as core's "
                                              "VAE Decode (Tiled) returns them.")],
