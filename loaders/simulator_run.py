@@ -16,7 +16,8 @@ import sys
 
 import torch
 
-from ..parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_module
+from ..parallel.sizing import get_blocks
+from ..parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
 
 __all__ = ["run_fake_forward", "first_blocks_only"]
 
@@ -26,16 +27,12 @@ def run_fake_forward(ctx: dict, batch: int, block_devices: list[str], home: str)
     from ..parallel.sharding import attach_block_sharding
 
     dit, layout = ctx["dit"], ctx["layout"]
-    blocks = _blocks(dit, layout)
+    blocks = get_blocks(dit, layout)
     try:
         with fake_device_mode(), _attention_standin():
-            memo = {}
-            materialize_module(dit, home, exclude=blocks, memo=memo)
-            for block, device in zip(blocks, block_devices, strict=True):
-                materialize_module(block, device, memo=memo)
-            with _placed_already([dit] + blocks):
-                handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
-                                               torch.device(home))
+            materialize_planned(dit, blocks, block_devices, home)
+            handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
+                                           torch.device(home))
             try:
                 with MemoryTracker(dit, *blocks) as tracker, handle.router.forward_scope():
                     del_out = _forward(ctx, dit, batch, torch.device(home))
@@ -68,27 +65,6 @@ def _get(obj, path: str):
     for name in path.split("."):
         obj = getattr(obj, name)
     return obj
-
-
-@contextlib.contextmanager
-def _placed_already(modules):
-    """Make ``module.to(device)`` a no-op on these modules while the engine attaches.
-
-    Their fake tensors already sit on the planned devices. ``Module._apply`` in torch >= 2.13
-    always swaps FakeTensor parameters, and the swap fails ("Cannot swap t1 because it has weakref
-    associated with it"), so the engine's own ``.to`` calls must not reach it.
-    """
-    for m in modules:
-        m.to = (lambda mod: lambda *a, **k: mod)(m)
-    try:
-        yield
-    finally:
-        for m in modules:
-            m.__dict__.pop("to", None)
-
-
-def _blocks(dit, layout) -> list:
-    return [b for path in layout.block_lists for b in _get(dit, path)]
 
 
 def _to_meta(dit) -> None:

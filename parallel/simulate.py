@@ -83,6 +83,15 @@ def materialize_module(module: torch.nn.Module, device, exclude=(), memo=None) -
         stack.extend(mod._modules.values())
 
 
+def materialize_planned(module: torch.nn.Module, blocks, block_devices, home) -> None:
+    """Weights where a loader would put them before the engine attaches: ``blocks[i]`` on
+    ``block_devices[i]``, everything else on ``home`` (tied tensors stay tied)."""
+    memo: dict = {}
+    materialize_module(module, home, exclude=blocks, memo=memo)
+    for block, device in zip(blocks, block_devices, strict=True):
+        materialize_module(block, device, memo=memo)
+
+
 def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 

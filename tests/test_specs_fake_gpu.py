@@ -17,7 +17,7 @@ from sharddit.parallel.inventory import inventory_from_spec
 from sharddit.parallel.planner import Footprint, PlacementRequest, plan_placement
 from sharddit.parallel.routing import BlockRouter
 from sharddit.parallel.sharding import attach_block_sharding
-from sharddit.parallel.simulate import fake_device_mode, materialize_module
+from sharddit.parallel.simulate import fake_device_mode, materialize_planned
 from sharddit.parallel.sizing import compute_block_bytes, compute_non_block_bytes, get_blocks
 
 pytestmark = pytest.mark.comfy
@@ -120,10 +120,7 @@ def _bytes_by_device(modules):
 
 def _run(dit, layout, devices, family):
     """Weights appear on their planned fake devices (as a loader puts them), then the engine attaches."""
-    blocks = get_blocks(dit, layout)
-    materialize_module(dit, HOME, exclude=blocks)
-    for block, device in zip(blocks, devices):
-        materialize_module(block, device)
+    materialize_planned(dit, get_blocks(dit, layout), devices, HOME)
     handle = attach_block_sharding(dit, layout, devices, HOME)
     try:
         with handle.router.forward_scope():

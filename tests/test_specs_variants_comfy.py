@@ -12,7 +12,7 @@ import torch
 from harness.comfy_ldm import attention_override, import_comfy_ldm
 
 from sharddit.parallel.sharding import attach_block_sharding
-from sharddit.parallel.simulate import fake_device_mode, materialize_module
+from sharddit.parallel.simulate import fake_device_mode, materialize_planned
 from sharddit.parallel.sizing import get_blocks
 
 pytestmark = pytest.mark.comfy
@@ -83,10 +83,7 @@ VARIANTS = {
 
 
 def _run(dit, layout, extra):
-    blocks = get_blocks(dit, layout)
-    materialize_module(dit, HOME, exclude=blocks)
-    for block, device in zip(blocks, DEVICES):
-        materialize_module(block, device)
+    materialize_planned(dit, get_blocks(dit, layout), DEVICES, HOME)
     handle = attach_block_sharding(dit, layout, DEVICES, HOME)
     try:
         with handle.router.forward_scope():
@@ -146,10 +143,7 @@ def test_hunyuan_controlnet_brings_every_block_home(comfy, with_control):
     devices = [torch.device(f"cuda:{i}") for i in (0, 1, 1, 2, 2)]
     img_tokens = T * 4 * 4
     with fake_device_mode():
-        blocks = get_blocks(dit, layout)
-        materialize_module(dit, HOME, exclude=blocks)
-        for block, device in zip(blocks, devices):
-            materialize_module(block, device)
+        materialize_planned(dit, get_blocks(dit, layout), devices, HOME)
         control = {"input": [_empty(B, img_tokens, 64)] * 2,
                    "output": [_empty(B, img_tokens, 64)] * 3} if with_control else None
         args = (_empty(B, 16, T, 8, 8), _empty(B), _empty(B, 7, 32))
