@@ -37,7 +37,7 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ..parallel.planner import Footprint, PlacementRequest, plan_placement
 from ..parallel.routing import BlockRouter
-from ..parallel.sharding import build_block_proxies
+from ..parallel.sharding import build_block_proxies, get_block_list
 from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,
@@ -202,10 +202,4 @@ def _sharded_clone(base, state: ShardState):
 def _real_blocks(base, dit, path: str):
     """The real block list, even while a sharded clone has its proxies patched into the model."""
     backup = base.object_patches_backup.get(f"diffusion_model.{path}")
-    return backup if backup is not None else _get_path(dit, path)
-
-
-def _get_path(obj, path: str):
-    for name in path.split("."):
-        obj = getattr(obj, name)
-    return obj
+    return backup if backup is not None else get_block_list(dit, path)

@@ -16,6 +16,7 @@ import sys
 
 import torch
 
+from ..parallel.sharding import attach_block_sharding, get_block_list
 from ..parallel.sizing import get_blocks
 from ..parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
 
@@ -24,8 +25,6 @@ __all__ = ["run_fake_forward", "first_blocks_only"]
 
 def run_fake_forward(ctx: dict, batch: int, block_devices: list[str], home: str) -> dict:
     """One fake forward; {device: (weight bytes, peak activation bytes)}."""
-    from ..parallel.sharding import attach_block_sharding
-
     dit, layout = ctx["dit"], ctx["layout"]
     blocks = get_blocks(dit, layout)
     try:
@@ -51,7 +50,7 @@ def first_blocks_only(dit, layout):
     saved = []
     for path in layout.block_lists:
         parent, _, name = ("." + path).rpartition(".")
-        owner = _get(dit, parent[1:]) if parent else dit
+        owner = get_block_list(dit, parent[1:]) if parent else dit
         saved.append((owner, name, getattr(owner, name)))
         setattr(owner, name, torch.nn.ModuleList([getattr(owner, name)[0]]))
     try:
@@ -59,12 +58,6 @@ def first_blocks_only(dit, layout):
     finally:
         for owner, name, blocks in saved:
             setattr(owner, name, blocks)
-
-
-def _get(obj, path: str):
-    for name in path.split("."):
-        obj = getattr(obj, name)
-    return obj
 
 
 def _to_meta(dit) -> None:
