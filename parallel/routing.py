@@ -111,6 +111,9 @@ class BlockRouter:
         self._home_all = False
         # Kernels that launch on the *current* CUDA device (Triton/Sage attention) need it set.
         self.set_current_device = torch.cuda.is_available()
+        self.engine = None
+        """A ``SequenceEngine`` (``seq_engine``) for `sequence` scopes; None: `blocks` only."""
+        self._sequence = False
 
     # ---- registration (build_block_proxies) -------------------------------------------------
     def register(self, slot: _Slot) -> None:
@@ -141,23 +144,36 @@ class BlockRouter:
 
     # ---- forward scope -----------------------------------------------------------------------
     @contextlib.contextmanager
-    def forward_scope(self, return_home_all: bool = False):
+    def forward_scope(self, return_home_all: bool = False, sequence: bool = False):
         """One forward: fresh cache and stats on entry, cache released on exit (even on error).
 
         Nested scopes join the outer one. ``return_home_all``: every block output comes home
-        (inter-block code such as a ControlNet runs this forward).
+        (inter-block code such as a ControlNet runs this forward). ``sequence``: blocks run split
+        over the engine's ranks (``seq_engine``); needs ``engine``.
         """
         if self._scoped:
             yield self
             return
+        if sequence and self.engine is None:
+            raise ValueError("[ShardDiT] sequence scope on a router without a sequence engine")
         self._begin(return_home_all)
         self._scoped = True
+        self._sequence = sequence
         try:
-            yield self
+            if sequence:
+                with self.engine.forward_scope():
+                    yield self
+            else:
+                yield self
         finally:
             self._scoped = False
+            self._sequence = False
             self._home_all = False
             self._cache.clear()
+
+    def materialize(self, obj):
+        """``obj`` with `sequence` placeholders replaced by gathered tensors (else ``obj``)."""
+        return self.engine.materialize(obj) if self._sequence else obj
 
     def _begin(self, return_home_all: bool = False) -> None:
         self._cache.clear()
@@ -166,6 +182,14 @@ class BlockRouter:
 
     # ---- hot path ----------------------------------------------------------------------------
     def run_block(self, slot: _Slot, block, args: tuple, kwargs: dict):
+        if self._sequence:
+            home_after = self._home_all or slot.index in self._home_after
+            return self.engine.run_block(slot, block, args, kwargs, home_after,
+                                         lambda a, k: self._run_here(slot, block, a, k))
+        return self._run_here(slot, block, args, kwargs)
+
+    def _run_here(self, slot: _Slot, block, args: tuple, kwargs: dict):
+        """`blocks` mode: the block computes on its own device."""
         g = slot.index
         if not self._scoped and g == self._first:
             self._begin()
@@ -195,7 +219,7 @@ class BlockRouter:
         patch's output to keep "home after the last block / inter-block code" true.
         """
         if self._home_all or global_index in self._home_after:
-            out, moved = _move(out, self.home, 2)
+            out, moved = _move(self.materialize(out), self.home, 2)
             if moved:
                 self._count_hop(global_index, "patch", self.home)
         return out

@@ -1,0 +1,393 @@
+"""`sequence` mode: every rank computes every block on its share of the batch and tokens (pure).
+
+The DiT's own forward runs unchanged on the main thread. Its block calls reach ``run_block`` (via
+the block proxies and ``BlockRouter``), which:
+
+1. *scatters* a stream argument that arrives whole (first block of a list, or after inter-block
+   code): each rank takes its batch group and token range (``seq_split``);
+2. queues the block on every rank's worker thread and returns at once with *placeholders* (meta
+   tensors of the whole output's shape), so the main thread runs ahead and the workers never wait
+   for it; a placeholder passed to the next block means "each rank's own rows", nothing moves;
+3. *gathers* the rows into a real tensor on the home device where code outside the blocks reads the
+   hidden state: after the last block of each list, after ``return_home_after`` blocks, and before
+   a block-replacement patch (``materialize``).
+
+Inside a block, ComfyUI calls ``optimized_attention`` through
+``transformer_options["optimized_attention_override"]``. The first attention call of each block is
+its self-attention: ranks of a group exchange q/k/v so each holds *all* tokens of its share of the
+heads (Ulysses), call the user's attention function (or the override another pack installed) on
+them, and exchange the output back. Later calls (cross-attention to text) run locally.
+
+A rank that does not own a block streams it (``seq_stream.BlockStream``) and prefetches the next.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from .seq_split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
+from .seq_stream import BlockStream
+from .seq_workers import ThreadExchange, WorkerPool
+
+__all__ = ["SequenceEngine", "SequenceStats", "SequenceUnsupported", "attach_sequence_engine"]
+
+log = logging.getLogger("sharddit")
+
+_OVERRIDE = "optimized_attention_override"
+
+
+class SequenceUnsupported(ValueError):
+    """This block call cannot run split (the caller runs it whole, in ``blocks`` mode)."""
+
+
+@dataclass
+class SequenceStats:
+    """Counters of the last forward (tests and benchmarks read them)."""
+
+    groups: list[tuple[tuple[int, int], tuple[int, ...]]] = field(default_factory=list)
+    """Per batch group: (batch range, ranks)."""
+    blocks_run: list[int] = field(default_factory=list)
+    bytes_exchanged: list[int] = field(default_factory=list)
+    """Bytes each rank received from other ranks in attention exchanges."""
+    exchanges: list[int] = field(default_factory=list)
+    """All-to-all calls per rank."""
+    bytes_streamed: list[int] = field(default_factory=list)
+    """Block weight bytes each rank copied from the block's owner."""
+    scatters: int = 0
+    gathers: int = 0
+    fallbacks: int = 0
+    """Block calls run whole (``blocks`` mode) because they could not be split."""
+
+
+class _Rank:
+    """Per-rank state of one forward (touched only by that rank's thread once queued)."""
+
+    def __init__(self, rs: RankSlice, device, stream: BlockStream):
+        self.slice, self.device, self.stream = rs, device, stream
+        self.streams: dict[str, torch.Tensor] = {}
+        self.cache: dict[int, tuple] = {}
+        self.attn_calls = 0
+        self.blocks_run = 0
+
+
+class _Forward:
+    def __init__(self, engine: SequenceEngine, batch: int, main: int):
+        self.batch, self.main, self.tail = batch, main, 0
+        n = len(engine.devices)
+        self.groups: list[Group] = plan_groups(batch, n)
+        self.ranks = [_Rank(rs, engine.devices[rs.rank], engine.streams[rs.rank])
+                      for rs in rank_slices(self.groups, main)]
+        self.exchanges = {g.index: ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
+                          for g in self.groups if len(g.ranks) > 1}
+        self.placeholders: dict[int, tuple[torch.Tensor, str]] = {}
+        self.pending: list = [None] * n
+
+
+class SequenceEngine:
+    """Runs registered blocks split over ``devices`` (one rank per entry; ``cpu,cpu`` is two)."""
+
+    def __init__(self, layout, token_specs: tuple[TokenSpec, ...], devices, home, timeout_s: float = 600.0,
+                 worker_context=None):
+        if len(token_specs) != len(layout.block_lists):
+            raise ValueError(f"[ShardDiT] {len(token_specs)} token specs for {len(layout.block_lists)} block lists")
+        self.layout, self.token_specs = layout, tuple(token_specs)
+        self.devices = tuple(torch.device(d) for d in devices)
+        self.home = torch.device(home)
+        self.timeout_s = timeout_s
+        self.worker_context = worker_context
+        self.should_stop = None
+        """Called on the main thread before each block (ComfyUI: raise if the user interrupted)."""
+        self.streams = [BlockStream(d) for d in self.devices]
+        self.pool: WorkerPool | None = None
+        self.stats = SequenceStats()
+        self._fwd: _Forward | None = None
+        self._scoped = False
+        self._names: dict[type, list[str]] = {}
+        self._next: dict[int, tuple] = {}
+        self._warned: set[str] = set()
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def register_order(self, order: list[tuple[int, torch.nn.Module]]) -> None:
+        """The blocks in execution order, so a rank can prefetch the one after the current."""
+        self._next = {order[i][0]: order[i + 1] for i in range(len(order) - 1)}
+
+    @contextlib.contextmanager
+    def forward_scope(self):
+        if self._scoped:
+            yield self
+            return
+        self._scoped, self._fwd = True, None
+        self.stats = SequenceStats()
+        ok = False
+        try:
+            yield self
+            ok = True
+        finally:
+            self._finish(ok)
+
+    def close(self) -> None:
+        """Stop the worker threads and drop the weight buffers (the model is being released)."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        for s in self.streams:
+            s.release()
+
+    def _finish(self, ok: bool) -> None:
+        fwd, self._fwd, self._scoped = self._fwd, None, False
+        if fwd is None:
+            return
+        if ok:
+            self._wait_all(fwd)
+        else:  # an error anywhere: stop every worker now, join the threads, start fresh next time
+            if self.pool is not None:
+                self.pool.close()
+                self.pool = None
+        self._fill_stats(fwd)
+
+    def _fill_stats(self, fwd: _Forward) -> None:
+        n = len(self.devices)
+        st = self.stats
+        st.groups = [(g.batch, g.ranks) for g in fwd.groups]
+        st.blocks_run = [r.blocks_run for r in fwd.ranks]
+        st.bytes_exchanged, st.exchanges = [0] * n, [0] * n
+        for g in fwd.groups:
+            ex = fwd.exchanges.get(g.index)
+            for pos, r in enumerate(g.ranks):
+                if ex is not None:
+                    st.bytes_exchanged[r], st.exchanges[r] = ex.bytes_received[pos], ex.calls[pos]
+        st.bytes_streamed = [s.bytes_copied - b for s, b in zip(self.streams, self._stream_base, strict=True)]
+
+    # ---- main thread: block calls ------------------------------------------------------------
+    def run_block(self, slot, block, args: tuple, kwargs: dict, home_after: bool, run_whole):
+        """Queue ``block`` on every rank; placeholders back, or the gathered output if
+        ``home_after``. ``run_whole(args, kwargs)`` runs a call that cannot be split."""
+        if self.should_stop is not None:
+            self.should_stop()
+        spec = self.token_specs[slot.list_index]
+        names = self._param_names(block)
+        try:
+            fwd = self._prepare(spec, names, args, kwargs)
+        except SequenceUnsupported as e:
+            self._note_fallback(str(e))
+            return run_whole(self.materialize(args), self.materialize(kwargs))
+        streams = self._stream_values(slot, names, args, kwargs)
+        outs = {}
+        for name, value in streams.items():
+            ph = value if id(value) in fwd.placeholders else None
+            full_shape = (ph if ph is not None else value).shape
+            outs[name] = torch.empty(full_shape, dtype=value.dtype, device="meta")
+            fwd.placeholders[id(outs[name])] = (outs[name], name)
+        if any(id(v) not in fwd.placeholders for v in streams.values()):
+            self.stats.scatters += 1
+        nxt = self._next.get(slot.index)
+        for rank in fwd.ranks:
+            fn = functools.partial(self._rank_block, fwd, rank, spec, names, slot.index, block, args, kwargs,
+                                   tuple(streams), nxt)
+            fwd.pending[rank.slice.rank] = self.pool.submit(rank.slice.rank, fn, f"block {slot.index}")
+        out = tuple(outs[n] for n in streams)
+        if home_after:
+            out = tuple(self._gather(fwd, ph) for ph in out)
+        return out[0] if len(out) == 1 else out
+
+    def materialize(self, obj, depth: int = 2):
+        """``obj`` with every placeholder replaced by the gathered tensor (tensor/tuple/list/dict)."""
+        fwd = self._fwd
+        if fwd is None:
+            return obj
+        if isinstance(obj, torch.Tensor):
+            return self._gather(fwd, obj) if id(obj) in fwd.placeholders else obj
+        if depth <= 0:
+            return obj
+        if isinstance(obj, dict):
+            return {k: self.materialize(v, depth - 1) for k, v in obj.items()}
+        if isinstance(obj, (list, tuple)):
+            items = [self.materialize(v, depth - 1) for v in obj]
+            return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
+        return obj
+
+    def _prepare(self, spec: TokenSpec, names, args, kwargs) -> _Forward:
+        """The forward's split (made at its first block); checks this call can be split."""
+        values = dict(zip(names, args)) | kwargs
+        fwd = self._fwd
+        for name in spec.must_be_none:
+            if values.get(name) is not None:
+                raise SequenceUnsupported(f"argument {name!r} is set (not split yet)")
+        if spec.tail_stream and isinstance(values.get(spec.tail_stream), torch.Tensor) and fwd is not None \
+                and id(values[spec.tail_stream]) not in fwd.placeholders:
+            fwd.tail = values[spec.tail_stream].shape[1]
+        if fwd is None:
+            primary = next((values[n] for n in spec.token_dims if n not in spec.replicated_streams
+                            and isinstance(values.get(n), torch.Tensor)), None)
+            if primary is None or primary.dim() < 2:
+                raise SequenceUnsupported("no token-carrying hidden state found")
+            if self.pool is None:
+                self.pool = WorkerPool(self.devices, self.timeout_s, self.worker_context)
+            self._stream_base = [s.bytes_copied for s in self.streams]
+            fwd = self._fwd = _Forward(self, primary.shape[0], primary.shape[1])
+            if spec.tail_stream and isinstance(values.get(spec.tail_stream), torch.Tensor):
+                fwd.tail = values[spec.tail_stream].shape[1]
+        for name, dim in spec.token_dims.items():
+            v = values.get(name)
+            if v is not None and id(v) not in fwd.placeholders:
+                _check_tokens(v, dim, fwd.main, fwd.tail, name)
+        return fwd
+
+    def _stream_values(self, slot, names, args, kwargs) -> dict:
+        values = dict(zip(names, args)) | kwargs
+        out = {}
+        for a in self.layout.stream_args[slot.list_index]:
+            name = a if isinstance(a, str) else names[a]
+            out[name] = values[name]
+        return out
+
+    def _gather(self, fwd: _Forward, ph: torch.Tensor) -> torch.Tensor:
+        """Wait for every rank, then build the whole tensor for placeholder ``ph`` on home."""
+        _, name = fwd.placeholders[id(ph)]
+        self._wait_all(fwd)
+        self.stats.gathers += 1
+        full = torch.empty(ph.shape, dtype=ph.dtype, device=self.home)
+        for g in fwd.groups:
+            b0, b1 = g.batch
+            for pos, r in enumerate(g.ranks):
+                local = fwd.ranks[r].streams[name]
+                replicated = name in self._replicated(fwd)
+                if replicated or len(g.ranks) == 1:
+                    if pos == 0:
+                        full[b0:b1].copy_(local)
+                    continue
+                t0, t1 = fwd.ranks[r].slice.tokens
+                full[b0:b1, t0:t1].copy_(local[:, : t1 - t0])
+                if pos == 0 and local.shape[1] > t1 - t0:  # the replicated tail, once per group
+                    full[b0:b1, fwd.main:].copy_(local[:, t1 - t0:])
+        return full
+
+    def _replicated(self, fwd) -> set[str]:
+        return {n for s in self.token_specs for n in s.replicated_streams}
+
+    def _wait_all(self, fwd: _Forward) -> None:
+        for r, task in enumerate(fwd.pending):
+            if task is not None:
+                self.pool.wait(task, r)
+        self.pool.raise_failure()
+
+    def _param_names(self, block) -> list[str]:
+        fn = block.forward
+        key = type(block)
+        if key not in self._names:
+            params = inspect.signature(fn).parameters.values()
+            self._names[key] = [p.name for p in params
+                                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        return self._names[key]
+
+    def _note_fallback(self, why: str) -> None:
+        self.stats.fallbacks += 1
+        if why not in self._warned:
+            self._warned.add(why)
+            log.warning("[ShardDiT] sequence mode: a block call runs whole (blocks mode): %s", why)
+
+    # ---- worker threads ----------------------------------------------------------------------
+    def _rank_block(self, fwd, rank: _Rank, spec, names, index, block, args, kwargs, stream_names, nxt):
+        values_args = [self._local(fwd, rank, spec, names[i] if i < len(names) else None, a)
+                       for i, a in enumerate(args)]
+        values_kwargs = {k: self._local(fwd, rank, spec, k, v) for k, v in kwargs.items()}
+        module = rank.stream.module_for(index, block)
+        if nxt is not None:
+            rank.stream.prefetch(*nxt)
+        rank.attn_calls = 0
+        out = module(*values_args, **values_kwargs)
+        rank.stream.done_with(module)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        if len(outs) != len(stream_names):
+            raise RuntimeError(f"[ShardDiT] block {index} returned {len(outs)} tensors for "
+                               f"{len(stream_names)} stream arguments {stream_names}")
+        for name, t in zip(stream_names, outs, strict=True):
+            rank.streams[name] = t
+        rank.blocks_run += 1
+
+    def _local(self, fwd, rank: _Rank, spec: TokenSpec, name, value):
+        """This rank's version of one block argument (cached per forward for constants)."""
+        entry = fwd.placeholders.get(id(value))
+        if entry is not None and entry[0] is value:
+            return rank.streams[entry[1]]
+        if name == "transformer_options" and isinstance(value, dict):
+            return self._cached(rank, value, lambda: self._rank_options(fwd, rank, value))
+        if not isinstance(value, (torch.Tensor, tuple, list)):
+            return value
+        is_stream = name in spec.token_dims and name in self._stream_names(spec)
+        dim = None if name in spec.replicated_streams else spec.token_dims.get(name)
+        make = functools.partial(_to_rank, split_arg(value, dim, rank.slice, fwd.batch, fwd.main, fwd.tail,
+                                                      name or "?"), rank.device, is_stream)
+        return make() if is_stream else self._cached(rank, value, make)
+
+    def _stream_names(self, spec) -> set[str]:
+        return {a for lst in self.layout.stream_args for a in lst if isinstance(a, str)}
+
+    @staticmethod
+    def _cached(rank: _Rank, value, make):
+        hit = rank.cache.get(id(value))
+        if hit is not None and hit[0] is value:
+            return hit[1]
+        out = make()
+        rank.cache[id(value)] = (value, out)
+        return out
+
+    def _rank_options(self, fwd, rank: _Rank, options: dict) -> dict:
+        prev = options.get(_OVERRIDE)
+        return {**options, _OVERRIDE: functools.partial(self._attention, fwd, rank, prev)}
+
+    # ---- Ulysses attention -------------------------------------------------------------------
+    def _attention(self, fwd, rank: _Rank, prev, func, *args, **kwargs):
+        call = rank.attn_calls
+        rank.attn_calls += 1
+        attend = functools.partial(prev, func) if prev is not None else func
+        group = rank.slice.group
+        if call != 0 or len(group.ranks) == 1:
+            return attend(*args, **kwargs)
+        from .seq_ulysses import ulysses_attention
+        return ulysses_attention(fwd.exchanges[group.index], rank.slice, fwd.main, attend, args, kwargs)
+
+
+def _check_tokens(v, dim: int, main: int, tail: int, name: str) -> None:
+    if isinstance(v, (tuple, list)):
+        for t in v:
+            _check_tokens(t, dim, main, tail, name)
+        return
+    if not isinstance(v, torch.Tensor):
+        return
+    d = dim if dim >= 0 else v.dim() + dim
+    if d >= v.dim():
+        raise SequenceUnsupported(f"argument {name!r} has {v.dim()} dims, token dim {dim}")
+    size = v.shape[d]
+    if size not in (1, main) and not (tail and size == main + tail):
+        raise SequenceUnsupported(f"argument {name!r} has {size} tokens on dim {d}, expected {main}"
+                                  + (f" or {main + tail}" if tail else "") + " or 1")
+
+
+def _to_rank(obj, device, fresh: bool):
+    """``obj`` on ``device``; stream tensors always as a fresh copy (blocks may update them in
+    place, e.g. LTXV's ``x += ...``, which must not write into the caller's tensor)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device != device:
+            return obj.to(device, non_blocking=device.type == "cuda")
+        return obj.clone() if fresh else obj
+    if isinstance(obj, (tuple, list)):
+        items = [_to_rank(v, device, fresh) for v in obj]
+        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
+    return obj
+
+
+def attach_sequence_engine(router, proxies, token_specs, devices, timeout_s: float = 600.0,
+                           worker_context=None) -> SequenceEngine:
+    """Give ``router`` a ``SequenceEngine`` over ``devices`` (one rank per entry) for the blocks
+    behind ``proxies`` (``BlockProxy`` objects, any order); returns it."""
+    engine = SequenceEngine(router.layout, token_specs, devices, router.home, timeout_s, worker_context)
+    order = sorted(((p.block_index, p.real_block) for p in proxies), key=lambda t: t[0])
+    engine.register_order(order)
+    router.engine = engine
+    return engine

@@ -1,0 +1,133 @@
+"""How `sequence` mode divides one DiT forward: batch groups, token ranges, head ranges (pure).
+
+Work is split by batch first, then by tokens inside a batch group (``plan_groups``):
+
+- with a batch of B (cond + uncond when cfg > 1, times the user's batch) and N ranks, the ranks
+  form ``G`` groups, ``G`` the largest divisor of N that is at most B; group g gets a contiguous
+  slice of the batch and its ``N / G`` ranks split that slice's tokens. B = 2, N = 2: two groups of
+  one rank each (a CFG split: no attention exchange at all); B = 1 (cfg = 1): one group of N.
+- tokens: the *main* tokens (image/video tokens, ``L``) are cut in contiguous ranges that differ by
+  at most one token; a *tail* of ``T`` replicated tokens (HunyuanVideo's text tokens, which ride
+  after the image tokens in its single blocks and in its rotary table) is kept whole by every rank.
+  Nothing is padded, so every rank computes exactly the unsharded maths on its rows.
+- heads: ``H`` attention heads are cut the same way (a rank may get none when N > H).
+
+``TokenSpec`` says, per block list, which block arguments carry a token axis (and where). A tensor
+argument's size on that axis decides: ``L`` -> split, ``L + T`` -> split + tail, ``1`` -> broadcast
+(kept whole), anything else -> ``ValueError`` (the caller falls back to ``blocks`` mode).
+Every other tensor whose first dimension is the batch is sliced by batch group; the rest is kept
+whole.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ["Group", "TokenSpec", "even_ranges", "plan_groups", "RankSlice"]
+
+
+@dataclass(frozen=True)
+class TokenSpec:
+    """Token axes of one block list's arguments (by argument name)."""
+
+    token_dims: Mapping[str, int] = field(default_factory=dict)
+    """Argument name -> token dimension, stream arguments included (Wan ``x``: 1, ``freqs``: 1).
+    Tuples/lists (LTXV's ``pe = (cos, sin)``) apply the dimension to each tensor inside."""
+    replicated_streams: tuple[str, ...] = ()
+    """Stream arguments every rank of a group keeps whole (HunyuanVideo double blocks' ``txt``)."""
+    must_be_none: tuple[str, ...] = ()
+    """Arguments that this split does not handle yet: a call that sets one runs whole (``blocks``)."""
+    tail_stream: str | None = None
+    """Name of the stream argument whose token count is the replicated tail ``T`` of this forward
+    (HunyuanVideo: ``txt``); None when the model has no tail."""
+
+
+def even_ranges(total: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges covering ``range(total)``, sizes differing by at most one."""
+    if parts < 1:
+        raise ValueError(f"[ShardDiT] cannot split {total} into {parts} parts")
+    base, rem = divmod(total, parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < rem else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+@dataclass(frozen=True)
+class Group:
+    """One batch group: its batch slice and its ranks (global rank numbers, in token order)."""
+
+    index: int
+    batch: tuple[int, int]
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RankSlice:
+    """What one rank computes in one forward."""
+
+    rank: int
+    group: Group
+    position: int
+    """Position of the rank inside its group (its token range and head range index)."""
+    tokens: tuple[int, int]
+    """Main-token range ``[start, stop)`` of the rank."""
+
+
+def plan_groups(batch: int, n_ranks: int) -> list[Group]:
+    """Batch groups for ``batch`` samples over ``n_ranks`` ranks (see the module docstring)."""
+    if batch < 1 or n_ranks < 1:
+        raise ValueError(f"[ShardDiT] sequence split needs batch >= 1 and ranks >= 1, got {batch}, {n_ranks}")
+    n_groups = max(g for g in range(1, n_ranks + 1) if n_ranks % g == 0 and g <= batch)
+    per = n_ranks // n_groups
+    return [Group(i, b, tuple(range(i * per, (i + 1) * per)))
+            for i, b in enumerate(even_ranges(batch, n_groups))]
+
+
+def rank_slices(groups: list[Group], main_tokens: int) -> list[RankSlice]:
+    """One ``RankSlice`` per rank, in rank order."""
+    out = []
+    for g in groups:
+        for pos, (rank, rng) in enumerate(zip(g.ranks, even_ranges(main_tokens, len(g.ranks)), strict=True)):
+            out.append(RankSlice(rank, g, pos, rng))
+    return sorted(out, key=lambda s: s.rank)
+
+
+def slice_tokens(t: torch.Tensor, dim: int, rs: RankSlice, main: int, tail: int, what: str) -> torch.Tensor:
+    """The rank's rows of ``t`` along ``dim``: its main range, then the whole tail (if present)."""
+    size = t.shape[dim]
+    if size == 1:
+        return t
+    start, stop = rs.tokens
+    if size == main:
+        return t.narrow(dim, start, stop - start)
+    if tail and size == main + tail:
+        return torch.cat([t.narrow(dim, start, stop - start), t.narrow(dim, main, tail)], dim=dim)
+    raise ValueError(f"[ShardDiT] sequence mode: argument {what!r} has {size} tokens on dim {dim}, expected "
+                     f"{main} (image tokens), {main + tail} (with {tail} text tokens) or 1")
+
+
+def slice_batch(t: torch.Tensor, batch: int, rs: RankSlice) -> torch.Tensor:
+    """The rank's batch group of ``t`` when its first dimension is the batch, else ``t``."""
+    b0, b1 = rs.group.batch
+    if t.dim() == 0 or t.shape[0] != batch or (b0, b1) == (0, batch):
+        return t
+    return t[b0:b1]
+
+
+def split_arg(obj, token_dim: int | None, rs: RankSlice, batch: int, main: int, tail: int, what: str):
+    """A block argument cut for one rank: batch group first, then tokens (tensors, or one level of
+    tuple/list of tensors); non-tensors are returned as they are."""
+    if isinstance(obj, torch.Tensor):
+        t = slice_batch(obj, batch, rs)
+        if token_dim is not None:
+            t = slice_tokens(t, token_dim if token_dim >= 0 else t.dim() + token_dim, rs, main, tail, what)
+        return t
+    if isinstance(obj, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in obj):
+        items = [split_arg(v, token_dim, rs, batch, main, tail, what) for v in obj]
+        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
+    return obj

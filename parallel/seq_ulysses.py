@@ -1,0 +1,84 @@
+"""Ulysses self-attention across the ranks of one batch group (pure PyTorch).
+
+Each rank holds its own token rows of q, k, v (all heads) and, optionally, a replicated tail of
+text tokens. One all-to-all gives every rank *all* tokens of its share of the heads; the user's
+attention function runs on that (full sequence, fewer heads: per head exactly the unsharded
+maths); a second all-to-all gives every rank its own rows back with all heads. ``heads`` that the
+group size does not divide are split unevenly; a rank with no heads sends and receives but does
+not attend.
+
+Layouts (ComfyUI's ``optimized_attention``): ``q`` is ``[B, L, H*D]``, or ``[B, H, L, D]`` with
+``skip_reshape=True`` (Flux/HunyuanVideo); the output is ``[B, L, H*D]``, or ``[B, H, L, D]`` with
+``skip_output_reshape=True``.
+"""
+from __future__ import annotations
+
+import torch
+
+from .seq_split import RankSlice, even_ranges
+
+__all__ = ["ulysses_attention"]
+
+
+def _head_slice(x: torch.Tensor, h0: int, h1: int, head_dim: int, heads_first: bool) -> torch.Tensor:
+    if heads_first:
+        return x[:, h0:h1]
+    return x[..., h0 * head_dim:h1 * head_dim]
+
+
+def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, kwargs: dict):
+    """``attend(q, k, v, heads, **kwargs)`` over the group's whole sequence, this rank's rows back."""
+    kwargs = dict(kwargs)
+    q, k, v = args[:3]
+    heads = args[3] if len(args) > 3 else kwargs.pop("heads")
+    extra = args[4:]
+    heads_first = bool(kwargs.get("skip_reshape", False))
+    tok = 2 if heads_first else 1
+    head_dim = q.shape[-1] if heads_first else q.shape[-1] // heads
+    n, pos = len(rs.group.ranks), rs.position
+    head_ranges = even_ranges(heads, n)
+    token_ranges = even_ranges(main, n)
+    mine = rs.tokens[1] - rs.tokens[0]
+    tail = q.shape[tok] - mine
+    if q.shape[tok] != k.shape[tok] or k.shape[tok] != v.shape[tok]:
+        raise RuntimeError(f"[ShardDiT] sequence mode: self-attention q/k/v token counts differ "
+                           f"({q.shape[tok]}, {k.shape[tok]}, {v.shape[tok]})")
+
+    def heads_of(x, h0, h1):
+        return _head_slice(x, h0, h1, head_dim, heads_first)
+
+    parts = [tuple(heads_of(x.narrow(tok, 0, mine), h0, h1) for x in (q, k, v)) for h0, h1 in head_ranges]
+    recv = exchange.all_to_all(pos, parts)
+    h0, h1 = head_ranges[pos]
+    full = []
+    for i, x in enumerate((q, k, v)):
+        pieces = [recv[j][i] for j in range(n)]
+        if tail:
+            pieces.append(heads_of(x.narrow(tok, mine, tail), h0, h1))
+        full.append(torch.cat(pieces, dim=tok))
+    out = _attend_heads(attend, full, h1 - h0, heads, head_dim, extra, kwargs)
+
+    out_heads_first = bool(kwargs.get("skip_output_reshape", False))
+    otok = 2 if out_heads_first else 1
+    back = [(out.narrow(otok, a, b - a), out.narrow(otok, main, tail) if tail else None) for a, b in token_ranges]
+    recv = exchange.all_to_all(pos, back)
+    hdim = 1 if out_heads_first else -1
+    rows = torch.cat([recv[j][0] for j in range(n)], dim=hdim)
+    if not tail:
+        return rows
+    return torch.cat([rows, torch.cat([recv[j][1] for j in range(n)], dim=hdim)], dim=otok)
+
+
+def _attend_heads(attend, qkv, n_heads: int, heads: int, head_dim: int, extra, kwargs):
+    q, k, v = qkv
+    heads_first = bool(kwargs.get("skip_reshape", False))
+    out_heads_first = bool(kwargs.get("skip_output_reshape", False))
+    if n_heads == 0:  # more ranks than heads: this rank only relays
+        b, length = q.shape[0], q.shape[2 if heads_first else 1]
+        shape = (b, 0, length, head_dim) if out_heads_first else (b, length, 0)
+        return torch.empty(shape, dtype=v.dtype, device=v.device)
+    mask = kwargs.get("mask")
+    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[1] == heads and heads > 1:
+        raise NotImplementedError("[ShardDiT] sequence mode: a per-head self-attention mask is not supported; "
+                                  "use parallel=blocks for this model")
+    return attend(q, k, v, n_heads, *extra, **kwargs)

@@ -1,0 +1,203 @@
+"""Persistent worker threads for `sequence` mode, and the in-process exchange between them (pure).
+
+One thread per rank (device entry), as torch's ``parallel_apply`` uses one per device: it sets its
+CUDA device once, then runs the tasks the main thread queues for it, in order, under the grad /
+inference mode the main thread had when it queued them. Kernels launch asynchronously, so on GPUs
+the devices compute at the same time; on CPU with one intra-op thread per op, two workers use two
+cores (ops release the GIL).
+
+Failure rules: the first exception in any worker *aborts* the pool: every other worker skips its
+queued tasks, every exchange wait raises ``PoolAborted``, and the main thread gets the original
+error with the rank and device named. Every wait has a timeout. After an abort the pool is closed
+(threads joined) and a new one is made for the next forward.
+"""
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+__all__ = ["PoolAborted", "ThreadExchange", "WorkerError", "WorkerPool"]
+
+_STOP = object()
+
+
+class PoolAborted(RuntimeError):
+    """Raised in a worker whose pool was aborted by another worker's failure."""
+
+
+class WorkerError(RuntimeError):
+    """A worker task failed; ``rank`` / ``device`` say where, ``__cause__`` is the original error."""
+
+    def __init__(self, message: str, rank: int, device: torch.device):
+        super().__init__(message)
+        self.rank, self.device = rank, device
+
+
+class _Task:
+    __slots__ = ("fn", "label", "done", "result", "error", "grad", "inference")
+
+    def __init__(self, fn, label):
+        self.fn, self.label = fn, label
+        self.done = threading.Event()
+        self.result = self.error = None
+        self.grad = torch.is_grad_enabled()
+        self.inference = torch.is_inference_mode_enabled()
+
+
+class WorkerPool:
+    """``len(devices)`` persistent threads; ``submit(rank, fn)`` queues ``fn()`` on rank's thread."""
+
+    def __init__(self, devices, timeout_s: float = 600.0, worker_context: Callable | None = None):
+        self.devices = tuple(torch.device(d) for d in devices)
+        self.timeout_s = float(timeout_s)
+        self.worker_context = worker_context
+        self._abort = threading.Event()
+        self._failure: WorkerError | None = None
+        self._lock = threading.Lock()
+        self._queues = [queue.SimpleQueue() for _ in self.devices]
+        self._threads = [threading.Thread(target=self._loop, args=(r,), daemon=True,
+                                          name=f"sharddit-seq-{r}-{d}") for r, d in enumerate(self.devices)]
+        for t in self._threads:
+            t.start()
+
+    # ---- main thread ---------------------------------------------------------------------------
+    @property
+    def aborted(self) -> bool:
+        return self._abort.is_set()
+
+    def submit(self, rank: int, fn: Callable, label: str = "") -> _Task:
+        task = _Task(fn, label)
+        self._queues[rank].put(task)
+        return task
+
+    def wait(self, task: _Task, rank: int):
+        """The task's result; re-raises the pool's first failure (as ``WorkerError``)."""
+        deadline = time.monotonic() + self.timeout_s
+        while not task.done.wait(0.05):
+            if self._failure is not None:
+                break
+            if time.monotonic() > deadline:
+                self.abort(TimeoutError(
+                    f"[ShardDiT] sequence worker {rank} on {self.devices[rank]} did not finish {task.label} within "
+                    f"{self.timeout_s:.0f} s"), rank)
+                break
+        self.raise_failure()
+        return task.result
+
+    def raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure from self._failure.__cause__
+
+    def abort(self, error: BaseException, rank: int, label: str = "") -> None:
+        """Record the first failure and stop every worker at its next task or exchange."""
+        with self._lock:
+            if self._failure is None:
+                where = f" during {label}" if label else ""
+                err = WorkerError(f"[ShardDiT] sequence worker {rank} on {self.devices[rank]} failed{where}: "
+                                  f"{type(error).__name__}: {error}", rank, self.devices[rank])
+                err.__cause__ = error
+                self._failure = err
+        self._abort.set()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the threads (queued tasks are skipped) and join them."""
+        self._abort.set()
+        for q in self._queues:
+            q.put(_STOP)
+        for t in self._threads:
+            t.join(timeout_s)
+
+    def alive_threads(self) -> int:
+        return sum(t.is_alive() for t in self._threads)
+
+    # ---- worker threads ------------------------------------------------------------------------
+    def _loop(self, rank: int) -> None:
+        dev = self.devices[rank]
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        while True:
+            task = self._queues[rank].get()
+            if task is _STOP:
+                return
+            if not self._abort.is_set():
+                self._run(rank, task)
+            task.done.set()
+
+    def _run(self, rank: int, task: _Task) -> None:
+        ctx = self.worker_context() if self.worker_context is not None else contextlib.nullcontext()
+        try:
+            with ctx, torch.inference_mode(task.inference), torch.set_grad_enabled(task.grad):
+                task.result = task.fn()
+        except PoolAborted:
+            pass
+        except BaseException as e:  # noqa: BLE001 - every failure must reach the main thread
+            self.abort(e, rank, task.label)
+            task.error = e
+
+
+class ThreadExchange:
+    """All-to-all between the ranks of one group, all in one process (threads).
+
+    ``all_to_all(pos, parts)``: the rank at position ``pos`` posts ``parts[j]`` for position ``j``
+    and returns what every position posted for it, in position order, moved to its own device.
+    Calls are matched by a per-position sequence number, so ranks never wait for a slot to be
+    freed; each waits only until every position has posted for that call.
+    """
+
+    def __init__(self, devices, pool: WorkerPool):
+        self.devices = tuple(torch.device(d) for d in devices)
+        self.pool = pool
+        self._cond = threading.Condition()
+        self._posts: dict[int, list] = {}
+        self._reads: dict[int, int] = {}
+        self._seq = [0] * len(self.devices)
+        self.bytes_received = [0] * len(self.devices)
+        self.calls = [0] * len(self.devices)
+
+    def all_to_all(self, pos: int, parts: list):
+        n = len(self.devices)
+        assert len(parts) == n, f"{len(parts)} parts for {n} positions"
+        call = self._seq[pos]
+        self._seq[pos] += 1
+        deadline = time.monotonic() + self.pool.timeout_s
+        with self._cond:
+            posts = self._posts.setdefault(call, [None] * n)
+            posts[pos] = parts
+            self._cond.notify_all()
+            while any(p is None for p in posts):
+                if self.pool.aborted:
+                    raise PoolAborted()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"[ShardDiT] exchange {call}: position {pos} waited "
+                                       f"{self.pool.timeout_s:.0f} s for the others")
+                self._cond.wait(0.05)
+            mine = [posts[j][pos] for j in range(n)]
+            self._reads[call] = self._reads.get(call, 0) + 1
+            if self._reads[call] == n:
+                del self._posts[call], self._reads[call]
+        dev = self.devices[pos]
+        out = [_to(m, dev) for m in mine]
+        self.calls[pos] += 1
+        self.bytes_received[pos] += sum(_nbytes(m) for j, m in enumerate(mine) if j != pos)
+        return out
+
+
+def _to(obj, dev):
+    if isinstance(obj, torch.Tensor):
+        return obj if obj.device == dev else obj.to(dev, non_blocking=dev.type == "cuda")
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(v, dev) for v in obj)
+    return obj
+
+
+def _nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(_nbytes(v) for v in obj)
+    return 0

@@ -1,0 +1,153 @@
+"""`sequence` mode on toy DiTs (pure torch, CI): every rank computes every block on its share.
+
+Tier 1 (CPU ranks): the split forward equals the unsharded forward bit for bit — batch groups,
+uneven token ranges, more ranks than heads, per-token modulation, a replicated text tail.
+"""
+import threading
+
+import pytest
+import torch
+from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
+
+from sharddit.parallel.seq_engine import attach_sequence_engine
+from sharddit.parallel.seq_split import TokenSpec, even_ranges, plan_groups
+from sharddit.parallel.seq_workers import WorkerError
+from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+
+WAN = BlockLayout(("blocks",), (("x",),))
+WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
+MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
+MM_SPEC = (TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",
+                     must_be_none=("modulation_dims_img",)),
+           TokenSpec({"x": 1, "pe": 2}, tail_stream="txt", must_be_none=("modulation_dims",)))
+
+
+def _shard(model, layout, specs, ranks):
+    n = sum(len(getattr(model, p)) for p in layout.block_lists)
+    block_devices = [ranks[min(len(ranks) - 1, g * len(ranks) // n)] for g in range(n)]
+    handle = attach_block_sharding(model, layout, block_devices, "cpu")
+    proxies = [p for pl in handle.proxies.values() for p in pl]
+    engine = attach_sequence_engine(handle.router, proxies, specs, ranks, timeout_s=30)
+    return handle, engine
+
+
+def _run(handle, fn):
+    with torch.no_grad(), handle.router.forward_scope(sequence=True):
+        return fn()
+
+
+def test_plan_groups_split_batch_first():
+    assert [(g.batch, g.ranks) for g in plan_groups(2, 2)] == [((0, 1), (0,)), ((1, 2), (1,))]
+    assert [(g.batch, g.ranks) for g in plan_groups(1, 3)] == [((0, 1), (0, 1, 2))]
+    assert [(g.batch, g.ranks) for g in plan_groups(2, 4)] == [((0, 1), (0, 1)), ((1, 2), (2, 3))]
+    assert [(g.batch, g.ranks) for g in plan_groups(2, 3)] == [((0, 2), (0, 1, 2))]  # 3 does not split in 2
+    assert even_ranges(7, 3) == [(0, 3), (3, 5), (5, 7)] and even_ranges(2, 3) == [(0, 1), (1, 2), (2, 2)]
+
+
+@pytest.mark.parametrize("ranks", [["cpu", "cpu"], ["cpu", "cpu", "cpu"]])
+@pytest.mark.parametrize("batch,tokens,heads,per_token_e", [
+    (1, 13, 4, False),   # cfg = 1: tokens split, 13 not divisible
+    (2, 12, 4, False),   # cond + uncond: batch groups first
+    (1, 10, 2, True),    # 3 ranks > 2 heads: one rank relays only; per-token modulation
+])
+def test_wan_like_bit_identical(ranks, batch, tokens, heads, per_token_e):
+    torch.manual_seed(0)
+    model = SeqToyDiT(dim=32, heads=heads, per_token_e=per_token_e).eval()
+    x, t, ctx = torch.randn(batch, tokens, 8), torch.rand(batch), torch.randn(batch, 5, 32)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    handle, engine = _shard(model, WAN, WAN_SPEC, ranks)
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert torch.equal(out, ref), f"max diff {(out - ref).abs().max()}"
+    st = engine.stats
+    assert st.blocks_run == [4] * len(ranks) and st.fallbacks == 0
+    group_sizes = [len(r) for _, r in st.groups]
+    # one all-to-all pair per block for each rank that shares a group; none for a rank alone
+    for _, group_ranks in st.groups:
+        for r in group_ranks:
+            assert st.exchanges[r] == (2 * 4 if len(group_ranks) > 1 else 0)
+    assert sum(group_sizes) == len(ranks)
+    assert st.scatters == 1 and st.gathers == 1
+    engine.close()
+    handle.detach()
+
+
+def test_exchange_bytes_match_the_analytic_figure():
+    torch.manual_seed(0)
+    model = SeqToyDiT(dim=32, heads=4).eval()
+    b, tokens, dim = 1, 12, 32
+    x, t, ctx = torch.randn(b, tokens, 8), torch.rand(b), torch.randn(b, 5, dim)
+    handle, engine = _shard(model, WAN, WAN_SPEC, ["cpu", "cpu"])
+    _run(handle, lambda: model(x, t, ctx))
+    # per block and rank: q, k, v in (its 6 rows of the other's 2 heads x 3) + output back (same size)
+    per_block = 4 * b * (tokens // 2) * (dim // 2) * 4
+    assert engine.stats.bytes_exchanged == [4 * per_block, 4 * per_block]
+    engine.close()
+
+
+@pytest.mark.parametrize("ranks,batch", [(["cpu", "cpu"], 1), (["cpu", "cpu", "cpu"], 1), (["cpu", "cpu"], 2)])
+def test_mmdit_text_tail_bit_identical(ranks, batch):
+    """Bit-exact, except one measured case: with a batch split the double blocks' modulation
+    ``Linear(vec)`` runs on 1 row instead of 2, and CPU BLAS takes its matrix-vector path for one
+    row, which sums in another order (measured: 1.2e-7 here, the same as ``Linear`` on rows 1 and
+    2 separately vs together). Token-split rows keep M = tokens and stay bit-exact."""
+    torch.manual_seed(0)
+    model = SeqToyMMDiT().eval()
+    x, t, ctx = torch.randn(batch, 11, 8), torch.rand(batch), torch.randn(batch, 5, 64)
+    mask = torch.tensor([0.0, 0.0, 0.0, -1e4, -1e4])
+    with torch.no_grad():
+        ref = model(x, t, ctx, txt_mask=mask)
+    handle, engine = _shard(model, MM, MM_SPEC, ranks)
+    out = _run(handle, lambda: model(x, t, ctx, txt_mask=mask))
+    if batch == 1:
+        assert torch.equal(out, ref), f"max diff {(out - ref).abs().max()}"
+    else:
+        assert 0 < (out - ref).abs().max() <= 1e-6
+    assert engine.stats.fallbacks == 0 and engine.stats.gathers == 3  # img + txt after doubles, x after singles
+    engine.close()
+
+
+def test_worker_fault_raises_with_device_and_leaves_no_thread():
+    torch.manual_seed(0)
+    model = SeqToyDiT(dim=32, heads=4).eval()
+    x, t, ctx = torch.randn(1, 12, 8), torch.rand(1), torch.randn(1, 5, 32)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    handle, engine = _shard(model, WAN, WAN_SPEC, ["cpu", "cpu"])
+    real = handle.proxies["blocks"][2].real_block
+    calls = {"n": 0}
+    original = real.forward
+
+    def faulty(*a, **k):
+        if threading.current_thread().name.startswith("sharddit-seq-1"):
+            calls["n"] += 1
+            raise RuntimeError("injected fault")
+        return original(*a, **k)
+
+    real.forward = faulty
+    with pytest.raises(WorkerError, match=r"worker 1 on cpu failed during block 2: RuntimeError: injected fault"):
+        _run(handle, lambda: model(x, t, ctx))
+    assert engine.pool is None and calls["n"] == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("sharddit-seq")]  # workers joined
+    del real.forward
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert torch.equal(out, ref)
+    engine.close()
+
+
+def test_unsupported_argument_runs_whole_in_blocks_mode():
+    torch.manual_seed(0)
+    model = SeqToyMMDiT().eval()
+    x, t, ctx = torch.randn(1, 11, 8), torch.rand(1), torch.randn(1, 5, 64)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    handle, engine = _shard(model, MM, MM_SPEC, ["cpu", "cpu"])
+    for blk in handle.proxies["double_blocks"]:
+        fwd = blk.real_block.forward
+        blk.real_block.forward = lambda *a, _f=fwd, **k: _f(*a, **{**k, "modulation_dims_img": None})
+    orig = model.double_blocks[0].forward
+    model.double_blocks[0].forward = lambda *a, **k: orig(*a, **{**k, "modulation_dims_img": [(0, None, 0)]})
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert torch.equal(out, ref)
+    assert engine.stats.fallbacks == 1
+    engine.close()
