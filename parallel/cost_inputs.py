@@ -19,9 +19,19 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["BlockShape", "ModelShape", "GPU_PEAK_TFLOPS", "EFFICIENCY", "DEFAULT_LINK_GBPS",
-           "shape_from_config", "shape_from_spec", "normalize_gpu_name", "gpu_flops",
-           "parse_link_gbps", "link_bandwidth"]
+__all__ = [
+    "DEFAULT_LINK_GBPS",
+    "EFFICIENCY",
+    "GPU_PEAK_TFLOPS",
+    "BlockShape",
+    "ModelShape",
+    "gpu_flops",
+    "link_bandwidth",
+    "normalize_gpu_name",
+    "parse_link_gbps",
+    "shape_from_config",
+    "shape_from_spec",
+]
 
 EFFICIENCY = 0.6
 """Fraction of dense peak a DiT block reaches (large bf16 GEMMs + flash attention). One constant
@@ -183,8 +193,8 @@ def parse_link_gbps(text) -> float:
 def link_bandwidth(link_gbps=None) -> tuple[float, str]:
     """(bytes/s, a sentence for the output): the given GB/s, else the PCIe 4.0 no-P2P default."""
     if link_gbps is None:
-        return (DEFAULT_LINK_GBPS * 1e9,
-                f"link {DEFAULT_LINK_GBPS:g} GB/s assumed (PCIe 4.0 without P2P, via host memory); "
+        note = (f"link {DEFAULT_LINK_GBPS:g} GB/s assumed (PCIe 4.0 without P2P, via host memory); "
                 "pass --link-gbps or the selftest's measured hop")
+        return DEFAULT_LINK_GBPS * 1e9, note
     bw = parse_link_gbps(link_gbps)
     return bw, f"link {bw / 1e9:g} GB/s (given)"

@@ -31,9 +31,18 @@ from dataclasses import dataclass
 
 from .cost_inputs import BlockShape, ModelShape, gpu_flops, link_bandwidth
 
-__all__ = ["TRANSFER_LATENCY_S", "STRATEGIES", "Hardware", "Workload", "StrategyCost",
-           "hardware_from_options", "estimate_costs", "estimate_one_gpu", "estimate_blocks",
-           "estimate_sequence"]
+__all__ = [
+    "STRATEGIES",
+    "TRANSFER_LATENCY_S",
+    "Hardware",
+    "StrategyCost",
+    "Workload",
+    "estimate_blocks",
+    "estimate_costs",
+    "estimate_one_gpu",
+    "estimate_sequence",
+    "hardware_from_options",
+]
 
 TRANSFER_LATENCY_S = 50e-6
 """Fixed cost of one transfer (launch, event wait, host staging), seconds."""
@@ -207,7 +216,7 @@ def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool =
     groups = _groups(n_dev, work.batch)
     samples = work.batch / len(groups)
     parts = [_group_step(work, hw, grp, samples, owners, replicas) for grp in groups]
-    compute, stream, exchange, received = max(parts, key=lambda p: p[0] + p[1] + p[2])
+    compute, stream, exchange, _ = max(parts, key=lambda p: p[0] + p[1] + p[2])
     scatter = (n_dev - 1) / n_dev * work.batch * work.tokens * s.width * work.activation_bytes
     hop_s = 2 * scatter / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if n_dev > 1 else 0.0
     t = compute + stream + exchange + hop_s

@@ -1,8 +1,8 @@
 """Words of the cost model (pure): the ``auto`` decision and the strategy rows of the plan."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .cost_model import STRATEGIES, StrategyCost
 
@@ -48,7 +48,7 @@ def choose_strategy(costs: Mapping[str, StrategyCost], fits_by_strategy: Mapping
         tail = "" if fits_by_strategy.get(name, False) else " (does not fit)"
         others.append(f"{_label(name)} {costs[name].speedup:.2f}×{tail}")
     reason = f"{best}: predicted {costs[best].speedup:.2f}× vs 1 GPU"
-    if costs[best].note:
+    if "bound" in costs[best].note:  # say why it falls short of N×; plain breakdowns stay in the table
         reason += f", {costs[best].note}"
     return best, "; ".join([reason] + others)
 
