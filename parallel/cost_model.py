@@ -27,9 +27,18 @@ and text encoder, lower efficiency of smaller per-device matmuls, link contentio
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .cost_inputs import BlockShape, ModelShape, gpu_flops, link_bandwidth
+from .cost_inputs import (
+    EFFICIENCY,
+    GPU_PEAK_TFLOPS,
+    BlockShape,
+    ModelShape,
+    gpu_flops,
+    link_bandwidth,
+    normalize_gpu_name,
+)
 
 __all__ = [
     "STRATEGIES",
@@ -86,6 +95,13 @@ class Workload:
     activation_bytes: int = 2
     """Bytes per activation element (bf16 / fp16 compute)."""
 
+    def __post_init__(self) -> None:
+        for name in ("cfg", "weight_bytes", "activation_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} {value!r} must be a number > 0 (cfg 1 = no uncond; bf16 weights 2 bytes, fp8 1)")
+        self.shape.image_tokens(self.width, self.height, self.frames)  # checks the size
+
     @property
     def batch(self) -> int:
         return 2 if self.cfg > 1 else 1
@@ -116,16 +132,22 @@ class StrategyCost:
     note: str = ""
 
 
-def hardware_from_options(gpus, measured_tflops: float | None = None, link_gbps=None) -> Hardware:
-    """``--gpu NAME`` (one name per device, or one name for all) / a measured TFLOPS, ``--link-gbps``."""
-    names = tuple(gpus)
-    if measured_tflops is not None:
-        if not (isinstance(measured_tflops, (int, float)) and measured_tflops > 0):
-            raise ValueError(f"measured_tflops {measured_tflops!r} must be > 0 (effective TFLOPS from a timed matmul)")
-        flops, source = [measured_tflops * 1e12] * len(names), f"measured {measured_tflops:g} TFLOPS"
+def hardware_from_options(gpus: str | Sequence[str], n_devices: int = 1, measured_tflops=None,
+                          link_gbps=None) -> Hardware:
+    """Hardware from ``--gpu NAME`` (one name for ``n_devices`` devices, or a name per device, e.g.
+    NVML names), or from ``measured_tflops`` (effective TFLOPS of a timed matmul, one for all or one
+    per device; names then only label), and ``--link-gbps`` (None: the PCIe 4.0 no-P2P default)."""
+    names = (gpus,) * n_devices if isinstance(gpus, str) else tuple(gpus)
+    if measured_tflops is None:
+        flops = [gpu_flops(name) for name in names]
+        source = (f"{flops[0] / 1e12:.0f} effective TFLOPS per {names[0]} "
+                  f"({GPU_PEAK_TFLOPS[normalize_gpu_name(names[0])]:g} dense bf16 × {EFFICIENCY:g})")
     else:
-        flops = [gpu_flops(n) for n in names]
-        source = f"table peak × efficiency: {flops[0] / 1e12:.0f} effective TFLOPS per {names[0]}"
+        tflops = [measured_tflops] * len(names) if isinstance(measured_tflops, (int, float)) else list(measured_tflops)
+        if len(tflops) != len(names) or not all(isinstance(t, (int, float)) and t > 0 for t in tflops):
+            raise ValueError(f"measured_tflops {measured_tflops!r} must be one number > 0 (effective TFLOPS "
+                             f"from a timed matmul) or one per device ({len(names)})")
+        flops, source = [t * 1e12 for t in tflops], f"measured {', '.join(f'{t:g}' for t in tflops)} TFLOPS"
     bw, link_note = link_bandwidth(link_gbps)
     return Hardware(tuple(flops), bw, names, f"{source}; {link_note}")
 

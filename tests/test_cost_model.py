@@ -123,6 +123,20 @@ def test_link_default_is_pcie4_without_p2p_and_says_so():
     assert link_bandwidth("25") == (25e9, "link 25 GB/s (given)")
 
 
+def test_hardware_from_one_name_a_name_per_device_or_measured_throughput():
+    one = hardware_from_options("NVIDIA GeForce RTX 4090", n_devices=2)
+    assert one.flops == hardware_from_options(["RTX 4090", "4090"]).flops == (gpu_flops("RTX 4090"),) * 2
+    assert "165.2 dense bf16 × 0.6" in one.note and "PCIe 4.0 without P2P" in one.note
+    measured = hardware_from_options(["cuda:0", "cuda:1"], measured_tflops=[80, 40], link_gbps=25)
+    assert measured.flops == (80e12, 40e12) and measured.link_bytes_per_s == 25e9
+    with pytest.raises(ValueError, match="one per device"):
+        hardware_from_options(["a", "b"], measured_tflops=[80])
+    with pytest.raises(ValueError, match="must be a number > 0"):
+        Workload(_wan14b(), 832, 480, 81, cfg=0)
+    with pytest.raises(ValueError, match="frames"):
+        Workload(_wan14b(), 832, 480, 0)
+
+
 def test_bad_hardware_and_ownership_are_refused():
     with pytest.raises(ValueError, match="link_bytes_per_s"):
         Hardware((1e14,), 0.0)
