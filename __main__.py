@@ -1,4 +1,4 @@
-"""``python <pack-dir> <command> ...``: the pack's command line (commands live in ``loaders/cli.py``).
+"""``python <pack-dir> <command> ...``: the pack's command line (commands live in ``loaders/cli/``).
 
 ``python <pack-dir>`` puts the pack folder first on ``sys.path``; its ``nodes/`` package would then
 shadow ComfyUI's ``nodes.py``. So that entry is removed first and the pack is imported by path as
@@ -19,7 +19,7 @@ def _import_pack():
         module = importlib.util.module_from_spec(spec)
         sys.modules["sharddit"] = module
         spec.loader.exec_module(module)
-    return importlib.import_module("sharddit.loaders.cli")
+    return importlib.import_module("sharddit.loaders.cli.main")
 
 
 if __name__ == "__main__":

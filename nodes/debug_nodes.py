@@ -1,7 +1,7 @@
-"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/)."""
+"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/simulator/plan_node.py)."""
 from comfy_api.latest import io, ui
 
-from ..loaders import plan_node, presets, simulator
+from ..loaders.simulator import plan_node, presets, simulator
 
 CATEGORY = "sharddit/debug"
 

@@ -2,7 +2,7 @@
 import folder_paths
 from comfy_api.latest import io
 
-from ..loaders import component_loading, model_loading
+from ..loaders.comfy import component_loading, model_loading
 from .common_inputs import devices_input, reserve_vram_input
 
 CATEGORY = "sharddit/loaders"

@@ -2,7 +2,7 @@
 import comfy.samplers
 from comfy_api.latest import io
 
-from ..loaders import sampling
+from ..loaders.comfy import sampling
 from .common_inputs import devices_input, reserve_vram_input
 
 CATEGORY = "sharddit/sampling"

@@ -1,7 +1,7 @@
 """VAE nodes: core's tiled decode with batched tiles spread over devices."""
 from comfy_api.latest import io
 
-from ..loaders import vae_decode
+from ..loaders.comfy import vae_decode
 from .common_inputs import devices_input
 
 CATEGORY = "sharddit/vae"

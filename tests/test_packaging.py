@@ -92,7 +92,9 @@ def test_wheel_contains_only_the_sharddit_package(tmp_path):
     stray = [n for n in names if not (n.startswith("sharddit/") or re.match(r"sharddit-[^/]+\.dist-info/", n))]
     assert stray == [], f"wheel would install outside sharddit/: {stray}"
     assert {"sharddit/__init__.py", "sharddit/parallel/planner.py", "sharddit/nodes/__init__.py",
-            "sharddit/loaders/__init__.py"} <= set(names)
+            "sharddit/loaders/__init__.py", "sharddit/loaders/comfyui_import.py",
+            "sharddit/loaders/comfy/sharded_model.py", "sharddit/loaders/simulator/simulator.py",
+            "sharddit/loaders/cli/main.py"} <= set(names)
     assert not any(n.startswith("sharddit/tests/") for n in names)
     dist_info = next(n for n in names if n.endswith(".dist-info/METADATA"))
     metadata = zipfile.ZipFile(wheel).read(dist_info).decode()
@@ -187,3 +189,64 @@ def test_parallel_imports_no_comfyui_and_no_pack_layers():
             module += ".__init__"  # relative imports resolve against the package itself
         offenders += [f"{rel}.py:{line}: {name}" for line, name in find_forbidden_imports(path.read_text(), module)]
     assert offenders == [], "parallel/ must stay pure PyTorch (no ComfyUI, no loaders/ or nodes/):\n" + "\n".join(offenders)
+
+
+# ------------------------------------------------------------------ (e) nodes/ call only the adapters
+
+
+def _pack_imports(path: Path, repo: Path = REPO) -> list:
+    """``[(line, module)]`` of the pack modules ``path`` imports (relative imports resolved)."""
+    rel = path.relative_to(repo).with_suffix("")
+    package = ["sharddit", *rel.parts[:-1]]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            stem = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            found += [(node.lineno, f"{stem}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sharddit"):
+            found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("sharddit")]
+    return found
+
+
+# nodes/ may reach loaders/ only through the ComfyUI adapters (loaders/comfy/). One exception:
+# the ShardDiTPlan node (debug_nodes.py) shows the simulator's report, so it may use loaders/simulator/.
+NODES_MAY_IMPORT = {"*": ("sharddit.loaders.comfy.",),
+                    "debug_nodes.py": ("sharddit.loaders.comfy.", "sharddit.loaders.simulator.")}
+
+
+def _bad_node_imports(path: Path, repo: Path = REPO) -> list:
+    allowed = NODES_MAY_IMPORT.get(path.name, NODES_MAY_IMPORT["*"])
+    return [f"{path.relative_to(repo)}:{line}: {name}" for line, name in _pack_imports(path, repo)
+            if name.startswith("sharddit.loaders") and not name.startswith(allowed)]
+
+
+def test_nodes_import_only_the_comfy_adapters():
+    offenders = [o for path in sorted((REPO / "nodes").rglob("*.py")) for o in _bad_node_imports(path)]
+    assert offenders == [], ("nodes/ may import loaders/comfy/ only (the Plan node also loaders/simulator/), "
+                             "never loaders/cli/ or loaders/comfyui_import:\n" + "\n".join(offenders))
+
+
+def test_node_import_checker_catches_cli_and_simulator(tmp_path):
+    fake_repo = tmp_path / "repo"
+    (fake_repo / "nodes").mkdir(parents=True)
+    bad = fake_repo / "nodes" / "sampling_nodes.py"
+    bad.write_text("from ..loaders.cli import main\nfrom ..loaders.simulator import presets\n"
+                   "from ..loaders.comfy import sampling\nfrom .common_inputs import devices_input\n")
+    assert [o.split(": ")[1] for o in _bad_node_imports(bad, fake_repo)] == [
+        "sharddit.loaders.cli.main", "sharddit.loaders.simulator.presets"]
+
+
+def test_loaders_subpackages_have_no_import_cycle():
+    """Package-level import graph of loaders/: cli -> simulator -> comfy, never back."""
+    order = {"cli": 2, "simulator": 1, "comfy": 0}
+    offenders = []
+    for sub, rank in order.items():
+        for path in sorted((REPO / "loaders" / sub).rglob("*.py")):
+            for line, name in _pack_imports(path):
+                parts = name.split(".")
+                if parts[:2] == ["sharddit", "loaders"] and len(parts) > 2 and parts[2] in order:
+                    if order[parts[2]] > rank:
+                        offenders.append(f"{path.relative_to(REPO)}:{line}: {name}")
+    assert offenders == [], "loaders/ imports must point cli -> simulator -> comfy:\n" + "\n".join(offenders)

@@ -52,7 +52,7 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
     import torch
     from harness.comfy_env import pack_module
 
-    plan_node = pack_module(env, "loaders.plan_node")
+    plan_node = pack_module(env, "loaders.simulator.plan_node")
     N = env.nodes.NODE_CLASS_MAPPINGS
     env.mm.unload_all_models()
     model = N["ShardDiTLoadDiffusionModel"].execute(tiny_models.names["wan21_t2v"], "default", "cpu,cpu", 0.0).result[0]
@@ -65,7 +65,7 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
     ours = sum(lm.model.loaded_size() for lm in env.mm.current_loaded_models if lm.model is not vae.patcher)
     assert plan_node.read_holdings() == {"cpu": (vae.patcher.loaded_size(), ours)}
     assert ours == model.model_size() + sum(s.model_size() for s in
-                                            pack_module(env, "loaders.sharded_model").get_shard_patchers(model))
+                                            pack_module(env, "loaders.comfy.sharded_model").get_shard_patchers(model))
     text = plan_node.describe_current_placements(None)
     assert text.startswith("Loaded now, sharded by ShardDiT: WanModel") and "'blocks': [['cpu', 0, 2], ['cpu', 2, 4]]" in text
     env.mm.unload_all_models()

@@ -62,7 +62,7 @@ def test_without_comfyui_exit_2_and_says_how():
 def selftest_module(comfy_env):
     from harness.comfy_env import pack_module
 
-    return pack_module(comfy_env, "loaders.selftest")
+    return pack_module(comfy_env, "loaders.cli.selftest")
 
 
 def test_choose_devices(selftest_module):

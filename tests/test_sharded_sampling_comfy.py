@@ -132,7 +132,7 @@ def _sharded(env, tiny, devices="cpu,cpu"):
 def test_memory_accounting_matches_plan(env, tiny):
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.sharded_model")
+    sm = pack_module(env, "loaders.comfy.sharded_model")
     base, sharded = _sharded(env, tiny, "cpu,cpu,cpu")
     state = sm.get_shard_state(sharded)
     shards = sm.get_shard_patchers(sharded)
@@ -148,7 +148,7 @@ def test_identical_prompt_does_not_reload_and_free_releases_shards(env, tiny):
     from comfy.patcher_extension import CallbacksMP
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.sharded_model")
+    sm = pack_module(env, "loaders.comfy.sharded_model")
     _, sharded = _sharded(env, tiny)
     loads = []
     for shard in sm.get_shard_patchers(sharded):
@@ -169,7 +169,7 @@ def test_full_detach_of_main_releases_shards_on_other_devices(env, tiny):
     """unload_all_models only frees the default device; the ON_DETACH callback frees the rest."""
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.sharded_model")
+    sm = pack_module(env, "loaders.comfy.sharded_model")
     _, sharded = _sharded(env, tiny)
     _ours(env, sharded, torch.zeros(1, 16, 2, 8, 8), {}, "cpu,cpu")
     loaded = [lm.model for lm in env.mm.current_loaded_models]
@@ -248,7 +248,7 @@ def _unknown_arch_model():
 def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory, match):
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.sharded_model")
+    sm = pack_module(env, "loaders.comfy.sharded_model")
     inv_mod = pack_module(env, "parallel.inventory")
     model = _unknown_arch_model() if case == "unknown architecture" else _load(env, tiny.wan21_t2v_state_dict())
     weights = {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()}
@@ -284,7 +284,7 @@ def test_skip_patch_on_last_block_comes_home(env, tiny):
     from comfy.patcher_extension import WrappersMP
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.sharded_model")
+    sm = pack_module(env, "loaders.comfy.sharded_model")
     latent = torch.zeros(1, 16, 2, 8, 8)
     base = _load(env, tiny.wan21_t2v_state_dict())
     skipped = base.clone()
@@ -302,5 +302,5 @@ def test_skip_patch_on_last_block_comes_home(env, tiny):
 
     sharded.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "spy", spy)
     assert torch.equal(_ours(env, sharded, latent, {}, "cpu,cpu"), ref)
-    hooks = pack_module(env, "loaders.shard_hooks")
+    hooks = pack_module(env, "loaders.comfy.shard_hooks")
     assert seen and all(getattr(p, "func", None) is hooks.patch_then_home for p in seen)

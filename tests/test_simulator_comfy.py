@@ -20,10 +20,10 @@ TWO_24 = "cuda:0=24GiB,cuda:1=24GiB"
 
 @pytest.fixture(scope="module")
 def sim():
-    from sharddit.loaders import cli
+    from sharddit.loaders.comfyui_import import import_comfyui
 
-    cli.import_comfyui()  # CPU mode, ComfyUI root on sys.path (never the pack's own dir)
-    from sharddit.loaders import presets, simulator
+    import_comfyui()  # CPU mode, ComfyUI root on sys.path (never the pack's own dir)
+    from sharddit.loaders.simulator import presets, simulator
 
     return simulator, presets
 

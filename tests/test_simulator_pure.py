@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sharddit.loaders import presets
-from sharddit.loaders.simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
+from sharddit.loaders.simulator import presets
+from sharddit.loaders.simulator.simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
 from sharddit.parallel.inventory import inventory_from_spec
 from sharddit.parallel.planner import PlacementRequest
 

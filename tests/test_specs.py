@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from sharddit.loaders.specs import SPECS, find_arch_spec, get_arch_spec
+from sharddit.loaders.comfy.specs import SPECS, find_arch_spec, get_arch_spec
 
 
 def test_every_spec_is_a_valid_layout():

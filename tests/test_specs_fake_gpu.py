@@ -69,7 +69,7 @@ def models(comfy):
 def _model(models, comfy, family):
     if family not in models:
         dit = _build(comfy, family)
-        from sharddit.loaders.specs import get_arch_spec
+        from sharddit.loaders.comfy.specs import get_arch_spec
 
         models[family] = (dit, get_arch_spec(dit))
     return models[family]

@@ -96,7 +96,7 @@ def _run(dit, layout, extra):
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wan_variant_spec_routes_inter_block_code(comfy, name):
-    from sharddit.loaders.specs import get_arch_spec
+    from sharddit.loaders.comfy.specs import get_arch_spec
 
     build, home_after, hops = VARIANTS[name]
     dit, extra = build(comfy)
@@ -115,7 +115,7 @@ def test_wan_variant_spec_routes_inter_block_code(comfy, name):
 
 
 def test_flux_spec_matches_block_signatures(comfy):
-    from sharddit.loaders.specs import get_arch_spec
+    from sharddit.loaders.comfy.specs import get_arch_spec
 
     dit = comfy.ldm.flux.model.Flux(
         in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64, mlp_ratio=4.0,
@@ -132,7 +132,7 @@ def test_flux_spec_matches_block_signatures(comfy):
 
 @pytest.mark.parametrize("with_control", [False, True])
 def test_hunyuan_controlnet_brings_every_block_home(comfy, with_control):
-    from sharddit.loaders.specs import get_arch_spec
+    from sharddit.loaders.comfy.specs import get_arch_spec
     from sharddit.parallel.sharding import needs_home_every_block
 
     dit = comfy.ldm.hunyuan_video.model.HunyuanVideo(

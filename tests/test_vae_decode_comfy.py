@@ -205,7 +205,7 @@ def test_replicas_are_comfy_vaes_loaded_by_comfyui(env):
     import comfy.model_management as mm
     import comfy.sd
 
-    vae_decode = pack_module(env, "loaders.vae_decode")
+    vae_decode = pack_module(env, "loaders.comfy.vae_decode")
     vae = make_vae("wan22")
     reps = vae_decode.replicas_for(vae, [torch.device("cpu"), torch.device("cpu")])
     assert reps[0] is vae and isinstance(reps[1], comfy.sd.VAE)

@@ -229,13 +229,13 @@ def sharddit_schemas(nodes_dir: Path = NODES_DIR) -> dict:
             if isinstance(fn, ast.FunctionDef):
                 helpers[fn.name] = fn
     consts = {}
-    for mod in sorted((nodes_dir.parent / "loaders").glob("*.py")):
+    for mod in sorted((nodes_dir.parent / "loaders").rglob("*.py")):
         try:
             consts.update(_module_consts(ast.parse(mod.read_text()), prefix=f"{mod.stem}."))
         except SyntaxError:
             continue
     specs = {}
-    for path in sorted(nodes_dir.glob("*.py")):
+    for path in sorted(nodes_dir.rglob("*.py")):
         tree = ast.parse(path.read_text())
         resolver = _Resolver({**consts, **_module_consts(tree)}, helpers)
         for call in ast.walk(tree):

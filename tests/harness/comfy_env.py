@@ -1,7 +1,7 @@
 """In-process ComfyUI for fast `comfy` tests.
 
-``load_comfy()`` puts ``COMFYUI_PATH`` on ``sys.path`` (ComfyUI's own root, never ours), forces
-CPU mode, imports ComfyUI's ``nodes`` and its built-in extra nodes, then loads this pack exactly
+``load_comfy()`` imports ComfyUI from ``COMFYUI_PATH`` in CPU mode through the pack's own
+``loaders/comfyui_import.py`` (ComfyUI's root on ``sys.path``, never ours), imports ComfyUI's ``nodes`` and its built-in extra nodes, then loads this pack exactly
 the way ComfyUI loads a custom node folder (``nodes.load_custom_node``). Call it from tests marked
 ``comfy``; it is idempotent.
 """
@@ -27,16 +27,12 @@ def load_comfy() -> types.SimpleNamespace:
     """Import real ComfyUI in this process (CPU) with this pack loaded as a custom node."""
     if "env" in _STATE:
         return _STATE["env"]
-    root = str(comfy_path())
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    import comfy.options
+    comfy_path()  # a clear error when COMFYUI_PATH is unset
+    from sharddit.loaders.comfyui_import import import_comfyui  # the pack's one way to import ComfyUI
 
-    comfy.options.enable_args_parsing(False)
+    import_comfyui()  # COMFYUI_PATH first on sys.path, CPU mode, PyTorch attention
     from comfy.cli_args import args
 
-    args.cpu = True
-    args.use_pytorch_cross_attention = True
     args.disable_auto_launch = True
     # Same thread policy as the test server (harness.server): on a few shared cores, OpenMP
     # workers spin-waiting on descheduled siblings make tiny models 10-40x slower.
@@ -77,7 +73,7 @@ def load_comfy() -> types.SimpleNamespace:
 
 
 def pack_module(env, dotted: str):
-    """The pack's submodule as ComfyUI imported it, e.g. ``pack_module(env, 'loaders.sharded')``."""
+    """The pack's submodule as ComfyUI imported it, e.g. ``pack_module(env, 'loaders.comfy.sharded_model')``."""
     import importlib
 
     return importlib.import_module(f"{env.pack.__name__}.{dotted}")

@@ -4,23 +4,12 @@ Only ComfyUI's root (``COMFYUI_PATH``) goes on ``sys.path``, never this repo; Co
 is not imported. Attention is forced to PyTorch SDPA (no CUDA memory queries); tests route it to
 ``flash_attention_standin`` through ComfyUI's ``optimized_attention_override``.
 """
-import os
-import sys
-
+from sharddit.loaders.comfyui_import import import_comfyui
 from sharddit.parallel.simulate import flash_attention_standin
 
 
 def import_comfy_ldm():
-    root = os.environ["COMFYUI_PATH"]
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    import comfy.options
-
-    comfy.options.enable_args_parsing(False)
-    from comfy.cli_args import args
-
-    args.cpu = True
-    args.use_pytorch_cross_attention = True
+    import_comfyui()  # COMFYUI_PATH, CPU mode, PyTorch attention (the pack's one way)
     import comfy.ldm.flux.model  # noqa: F401
     import comfy.ldm.hunyuan_video.model  # noqa: F401
     import comfy.ldm.lightricks.model  # noqa: F401

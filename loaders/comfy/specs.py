@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..parallel.sharding import BlockLayout
+from ...parallel.sharding import BlockLayout
 
 __all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures"]
 

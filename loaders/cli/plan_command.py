@@ -8,6 +8,9 @@ import argparse
 import json
 import re
 
+from ..comfyui_import import import_comfyui
+from ..simulator.presets import preset_names
+
 NAME = "plan"
 HELP = ("Simulate one DiT forward of a video model on real or imagined GPUs (no GPU or weights "
         "needed) and say whether it fits.")
@@ -15,8 +18,6 @@ EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 3
 
 
 def add_arguments(p) -> None:
-    from .presets import preset_names
-
     p.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(preset_names())}) or a .safetensors diffusion model (header only)")
     p.add_argument("--devices", default="auto",
@@ -40,10 +41,8 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def run(args) -> int:
-    from .cli import import_comfyui
-
     import_comfyui()
-    from .simulator import simulate
+    from ..simulator.simulator import simulate  # imports ComfyUI's model code: after import_comfyui
 
     width, height = args.size
     report = simulate(args.model, devices=args.devices, width=width, height=height, frames=args.frames,

@@ -16,9 +16,9 @@ import sys
 
 import torch
 
-from ..parallel.sharding import attach_block_sharding, get_block_list
-from ..parallel.sizing import get_blocks
-from ..parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
+from ...parallel.sharding import attach_block_sharding, get_block_list
+from ...parallel.sizing import get_blocks
+from ...parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
 
 __all__ = ["run_fake_forward", "first_blocks_only"]
 

@@ -35,10 +35,10 @@ import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ..parallel.planner import Footprint, PlacementRequest, plan_placement
-from ..parallel.routing import BlockRouter
-from ..parallel.sharding import build_block_proxies, get_block_list
-from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
+from ...parallel.planner import Footprint, PlacementRequest, plan_placement
+from ...parallel.routing import BlockRouter
+from ...parallel.sharding import build_block_proxies, get_block_list
+from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,
                           is_sharded, prepare_sampling_wrapper, release_roots, release_shards_on_detach,

@@ -6,8 +6,8 @@ import torch
 import comfy.sd
 import folder_paths
 
-from ..parallel.devices import check_devices_exist, parse_component_device, parse_devices
-from ..parallel.inventory import read_inventory
+from ...parallel.devices import check_devices_exist, parse_component_device, parse_devices
+from ...parallel.inventory import read_inventory
 from .sharded_model import shard_model
 
 log = logging.getLogger("sharddit")

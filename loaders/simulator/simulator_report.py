@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..parallel.plan_ranges import compute_block_ranges
+from ...parallel.plan_ranges import compute_block_ranges
 
 __all__ = ["DeviceReport", "SimulationReport", "fallback_block_ranges", "format_gib"]
 

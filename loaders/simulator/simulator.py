@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from ..parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
-from ..parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
+from ...parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
+from ...parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
 from . import presets
 from .simulator_run import first_blocks_only, run_fake_forward
 from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
@@ -81,8 +81,8 @@ def _resolve(model):
 
 def _build_context(spec, width: int, height: int, frames: int, dtype: str | None) -> dict:
     """The meta DiT, its layout and sizes, and the run settings shared by every fake forward."""
-    from ..parallel.sizing import compute_block_bytes, compute_non_block_bytes
-    from .specs import get_arch_spec
+    from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
+    from ..comfy.specs import get_arch_spec
 
     _check_size(spec, width, height, frames)
     dtype = dtype or spec.file_dtype or "bf16"

@@ -17,7 +17,7 @@ import contextlib
 
 import torch
 
-from ..parallel.random_weights import random_state_dict as _random_state_dict
+from ...parallel.random_weights import random_state_dict as _random_state_dict
 
 import comfy.ldm.wan.model
 import comfy.ldm.wan.vae

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import comfy.model_management as mm
 
-from ..parallel.routing import BlockRouter
-from ..parallel.sharding import needs_home_every_block
+from ...parallel.routing import BlockRouter
+from ...parallel.sharding import needs_home_every_block
 
 log = logging.getLogger("sharddit")
 

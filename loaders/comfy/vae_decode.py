@@ -31,10 +31,10 @@ import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.utils
 
-from ..parallel.devices import DEVICES_FORM, check_devices_exist, parse_devices
-from ..parallel.inventory import read_inventory
+from ...parallel.devices import DEVICES_FORM, check_devices_exist, parse_devices
+from ...parallel.inventory import read_inventory
 from .placement import current_inventory
-from ..parallel.tiling import TilePlan, TileSpec, plan_decode, run_tiled
+from ...parallel.tiling import TilePlan, TileSpec, plan_decode, run_tiled
 
 log = logging.getLogger("sharddit")
 

@@ -34,11 +34,11 @@ import torch
 import comfy.model_management as mm
 import comfy.sample
 
-from ..parallel.inventory import GiB, read_inventory
-from ..parallel.tiling import TileSpec, plan_tiles
+from ...parallel.inventory import GiB, read_inventory
+from ...parallel.tiling import TileSpec, plan_tiles
 from .selftest_models import WAN_DIT, build_wan_dit, build_wan_vae
-from .sharded_model import get_shard_state, shard_model
-from .vae_decode import core_tile_params, decode_tiled
+from ..comfy.sharded_model import get_shard_state, shard_model
+from ..comfy.vae_decode import core_tile_params, decode_tiled
 
 __all__ = ["choose_devices", "run_selftest"]
 

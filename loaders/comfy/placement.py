@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import comfy.model_management as mm
 
-from ..parallel.inventory import Inventory, read_inventory
-from ..parallel.planner import Footprint, PlacementRequest, plan_placement
+from ...parallel.inventory import Inventory, read_inventory
+from ...parallel.planner import Footprint, PlacementRequest, plan_placement
 
 log = logging.getLogger("sharddit")
 

@@ -2,7 +2,7 @@
 simulated plan for the chosen preset, as one text."""
 from __future__ import annotations
 
-from ..parallel.inventory import read_inventory
+from ...parallel.inventory import read_inventory
 from . import simulator
 
 __all__ = ["BATCH_CHOICES", "read_holdings", "run_plan"]
@@ -18,7 +18,7 @@ def read_holdings() -> dict[str, tuple[int, int]]:
     """
     import comfy.model_management as mm
 
-    from .placement import is_sharddit_patcher
+    from ..comfy.placement import is_sharddit_patcher
 
     out: dict[str, list[int]] = {}
     for loaded in list(mm.current_loaded_models):

@@ -1,0 +1,28 @@
+"""``python <pack-dir> selftest``: run before downloading 30 GB of weights (see ``loaders/cli/selftest.py``).
+
+Imports ComfyUI in-process with CUDA when torch has it (``plan`` imports it CPU-only), builds tiny
+random models from ComfyUI's own classes, downloads nothing. Exit codes: 0 all checks pass,
+1 a check failed, 2 no ComfyUI.
+"""
+from __future__ import annotations
+
+import time
+
+from ..comfyui_import import import_comfyui
+
+NAME = "selftest"
+HELP = ("Check sharding on this machine with tiny random models (a few seconds, nothing downloaded): "
+        "sharded vs unsharded sampling, GPU peer access and hop time, batched VAE decode vs core.")
+
+
+def add_arguments(p) -> None:
+    """No options: the self-test always uses every GPU torch sees (CUDA_VISIBLE_DEVICES narrows it)."""
+
+
+def run(args) -> int:
+    t0 = time.perf_counter()
+    root = import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
+    from .selftest import run_selftest  # imports ComfyUI: after import_comfyui
+
+    return run_selftest(root, import_s=time.perf_counter() - t0)
+

@@ -1,0 +1,200 @@
+"""Inputs of the cost model (pure, no torch): model shapes, GPU throughput, link bandwidth.
+
+Units: FLOP, FLOP/s, bytes, bytes/s, seconds. ``TFLOPS`` = 1e12 FLOP/s, ``GB/s`` = 1e9 bytes/s.
+
+- **Model shape** from ComfyUI's own ``unet_config`` (the simulator's ``ModelSpec``): parameters
+  per block split into those applied to every image token, those applied to text tokens, and all
+  weights (for streaming). Layer shapes read from ComfyUI 0.3.64: ``comfy/ldm/wan/model.py``
+  (``WanAttentionBlock``), ``comfy/ldm/lightricks/model.py`` (``BasicTransformerBlock``,
+  ``FeedForward`` mult 4), ``comfy/ldm/flux/layers.py`` (``DoubleStreamBlock``,
+  ``SingleStreamBlock``). Biases and norms (< 0.1 %) are left out.
+- **Device throughput**: dense bf16/fp16 tensor peak with fp32 accumulate (NVIDIA datasheets and
+  architecture whitepapers; GeForce cards run fp32 accumulate at half their fp16-accumulate rate)
+  times ``EFFICIENCY``; or a measured FLOP/s passed in, used as is.
+- **Link**: a measured or known bandwidth passed in, else ``DEFAULT_LINK_GBPS``.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+__all__ = [
+    "DEFAULT_LINK_GBPS",
+    "EFFICIENCY",
+    "GPU_PEAK_TFLOPS",
+    "BlockShape",
+    "ModelShape",
+    "gpu_flops",
+    "link_bandwidth",
+    "normalize_gpu_name",
+    "parse_link_gbps",
+    "shape_from_config",
+    "shape_from_spec",
+]
+
+EFFICIENCY = 0.6
+"""Fraction of dense peak a DiT block reaches (large bf16 GEMMs + flash attention). One constant
+for every GPU and test: 0.6 × 165 TFLOPS = 99 effective on an RTX 4090 (ANCHORS.md)."""
+
+DEFAULT_LINK_GBPS = 12.0
+"""PCIe 4.0 x16 without peer-to-peer, copies staged through pinned host memory (two copies in
+series): ANCHORS.md, one 335.5 MB hop in ~26 ms ≈ 12.9 GB/s."""
+
+GPU_PEAK_TFLOPS: dict[str, float] = {
+    "rtx 3090": 71.0, "rtx 3090 ti": 80.0, "rtx 4080": 97.5, "rtx 4090": 165.2,
+    "rtx 5090": 209.5, "rtx a6000": 154.8, "rtx 6000 ada": 364.2, "l40": 181.0,
+    "l40s": 362.0, "a100": 312.0, "h100": 989.4, "h100 pcie": 756.0, "h100 nvl": 835.0,
+    "h200": 989.4,
+}
+"""Dense bf16 tensor TFLOPS with fp32 accumulate (no sparsity), keyed by normalised name."""
+
+_NOISE = {"nvidia", "geforce", "tesla", "generation"}
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """One kind of DiT block (HunyuanVideo has two: double- and single-stream)."""
+
+    count: int
+    """Blocks of this kind."""
+    image_params: int
+    """Parameters applied to every image token (linear FLOPs = 2 × image tokens × this)."""
+    text_params: int
+    """Parameters applied to every text token (Wan/LTXV cross-attention k, v; HunyuanVideo text)."""
+    weight_params: int
+    """All weight parameters of one block (bytes streamed = this × bytes per weight)."""
+    joint_text: bool = False
+    """Text tokens join self-attention (HunyuanVideo)."""
+    cross_attention: bool = True
+    """Image tokens attend to the text tokens in a separate cross-attention (Wan, LTXV)."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of a DiT: widths, blocks, token geometry."""
+
+    name: str
+    width: int
+    """Hidden width (channels per token)."""
+    heads: int
+    """Self-attention heads (Ulysses splits them over the devices of a group)."""
+    blocks: tuple[BlockShape, ...]
+    text_tokens: int
+    """Text (and image-encoder) tokens of the conditioning."""
+    spatial: int
+    """Pixels per latent cell (VAE stride)."""
+    temporal: int
+    """Frames per latent frame after the first."""
+    patch: tuple[int, int, int]
+    """Latent cells per token along (frames, height, width)."""
+
+    @property
+    def block_count(self) -> int:
+        return sum(b.count for b in self.blocks)
+
+    def image_tokens(self, width: int, height: int, frames: int) -> int:
+        """Tokens of a ``width × height × frames`` video: Wan 1280×720×81 -> 21 × 45 × 80 = 75600."""
+        for name, value in (("width", width), ("height", height), ("frames", frames)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} must be a positive integer (pixels or frames)")
+        pt, ph, pw = self.patch
+        latent_frames = (frames - 1) // self.temporal + 1
+        return (math.ceil(latent_frames / pt) * math.ceil(height // self.spatial / ph)
+                * math.ceil(width // self.spatial / pw))
+
+
+def _wan_blocks(cfg: dict, clip_tokens: int) -> tuple[BlockShape, ...]:
+    d, f = cfg["dim"], cfg["ffn_dim"]
+    kv_img = 2 * d * d if clip_tokens else 0  # i2v: k_img, v_img over the CLIP image tokens
+    return (BlockShape(cfg["num_layers"], 6 * d * d + 2 * d * f, 2 * d * d,
+                       8 * d * d + 2 * d * f + kv_img),)
+
+
+def _ltxv_blocks(cfg: dict) -> tuple[BlockShape, ...]:
+    d = cfg.get("num_attention_heads", 32) * cfg.get("attention_head_dim", 64)
+    # self-attn 4d², cross q/out 2d² on image tokens, cross k/v 2d² on text, FFN 8d² (mult 4).
+    return (BlockShape(cfg.get("num_layers", 28), 14 * d * d, 2 * d * d, 16 * d * d),)
+
+
+def _hunyuan_blocks(cfg: dict) -> tuple[BlockShape, ...]:
+    d = cfg["hidden_size"]
+    m = int(d * cfg.get("mlp_ratio", 4.0))
+    per_stream = 4 * d * d + 2 * d * m  # qkv + proj + MLP; modulation runs on one vector
+    double = BlockShape(cfg["depth"], per_stream, per_stream, 2 * per_stream + 12 * d * d, True, False)
+    single = BlockShape(cfg["depth_single_blocks"], d * (3 * d + m) + (d + m) * d,
+                        d * (3 * d + m) + (d + m) * d, d * (3 * d + m) + (d + m) * d + 3 * d * d, True, False)
+    return (double, single)
+
+
+def shape_from_config(name: str, family: str, unet_config: dict, spatial: int, temporal: int,
+                      text_tokens: int, clip_tokens: int = 0) -> ModelShape:
+    """A ``ModelShape`` from ComfyUI's ``unet_config`` (``family``: ``wan``, ``ltxv``, ``hunyuan_video``)."""
+    cfg = unet_config
+    if family == "wan":
+        return ModelShape(name, cfg["dim"], cfg["num_heads"], _wan_blocks(cfg, clip_tokens),
+                          text_tokens + clip_tokens, spatial, temporal, tuple(cfg.get("patch_size", (1, 2, 2))))
+    if family == "ltxv":
+        heads = cfg.get("num_attention_heads", 32)
+        return ModelShape(name, heads * cfg.get("attention_head_dim", 64), heads, _ltxv_blocks(cfg),
+                          text_tokens, spatial, temporal, (1, 1, 1))
+    if family == "hunyuan_video":
+        return ModelShape(name, cfg["hidden_size"], cfg["num_heads"], _hunyuan_blocks(cfg),
+                          text_tokens, spatial, temporal, tuple(cfg.get("patch_size", (1, 2, 2))))
+    raise ValueError(f"model family {family!r} has no cost shape: use 'wan', 'ltxv' or 'hunyuan_video'")
+
+
+def shape_from_spec(spec) -> ModelShape:
+    """From the simulator's ``ModelSpec`` (duck-typed: ``name``, ``family``, ``unet_config``, ``geometry``)."""
+    g = spec.geometry
+    return shape_from_config(spec.name, spec.family, spec.unet_config, g.spatial, g.temporal,
+                             g.context_tokens, getattr(g, "clip_tokens", 0))
+
+
+def normalize_gpu_name(name: str) -> str:
+    """``"NVIDIA GeForce RTX 4090"`` -> ``"rtx 4090"``; ``"NVIDIA H100 80GB HBM3"`` -> ``"h100"``.
+
+    The table key with the most words that all occur in the name wins (``"h100 pcie"`` over
+    ``"h100"``; ``"l40s"`` is its own word). ``"4090"`` alone matches ``"rtx 4090"``.
+    ValueError lists the known names when none matches.
+    """
+    words = set(re.findall(r"[a-z0-9]+", str(name).lower())) - _NOISE
+    best, best_len = None, 0
+    for key in GPU_PEAK_TFLOPS:
+        need = set(key.split()) - {"rtx"}
+        if need <= words and len(key.split()) > best_len:
+            best, best_len = key, len(key.split())
+    if best is None:
+        raise ValueError(
+            f"GPU name {name!r} is not in the throughput table ({', '.join(GPU_PEAK_TFLOPS)}): "
+            "pass a measured throughput instead (selftest's timed matmul, in TFLOPS)")
+    return best
+
+
+def gpu_flops(name: str, efficiency: float = EFFICIENCY) -> float:
+    """Effective FLOP/s of a GPU by (NVML) name: table peak × ``efficiency``."""
+    if not 0 < efficiency <= 1:
+        raise ValueError(f"efficiency {efficiency!r} must be in (0, 1] (fraction of dense peak)")
+    return GPU_PEAK_TFLOPS[normalize_gpu_name(name)] * 1e12 * efficiency
+
+
+def parse_link_gbps(text) -> float:
+    """``--link-gbps 12`` -> 12e9 bytes/s; ValueError for non-numbers and values <= 0."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"link bandwidth {text!r} must be a number of GB/s > 0, e.g. --link-gbps 12 "
+                         "(PCIe 4.0 without P2P) or 25 (with P2P)")
+    return value * 1e9
+
+
+def link_bandwidth(link_gbps=None) -> tuple[float, str]:
+    """(bytes/s, a sentence for the output): the given GB/s, else the PCIe 4.0 no-P2P default."""
+    if link_gbps is None:
+        note = (f"link {DEFAULT_LINK_GBPS:g} GB/s assumed (PCIe 4.0 without P2P, via host memory); "
+                "pass --link-gbps or the selftest's measured hop")
+        return DEFAULT_LINK_GBPS * 1e9, note
+    bw = parse_link_gbps(link_gbps)
+    return bw, f"link {bw / 1e9:g} GB/s (given)"

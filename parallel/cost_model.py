@@ -1,0 +1,266 @@
+"""Predicted seconds per sampling step for each way of running a DiT on N GPUs (pure, no torch).
+
+Every formula is written once, here. Units: FLOP, FLOP/s, bytes, bytes/s, seconds.
+Shapes, GPU throughput and link bandwidth come from ``cost_inputs``.
+
+Per block, on one device:
+- compute  = FLOPs / device FLOP/s, with FLOPs = linear + attention:
+  linear    = 2 × (image tokens on the device × image params + text tokens × text params)
+  attention = 4 × L_attn² × width × (heads on the device / heads)   (self; L_attn = image
+              tokens, + text tokens where text joins it) + 4 × device tokens × text tokens × width
+              (cross-attention to text, Wan / LTXV)
+- exchange = Ulysses all-to-all of q, k, v and output inside a group of g devices:
+  4 × (g-1)/g × tokens/g × width × activation bytes, / link, + 2 × ``TRANSFER_LATENCY_S``
+- stream   = block weight bytes / link, for a block the device does not own (prefetched a block
+  ahead, so it hides behind compute: block time = max(compute, stream) + exchange)
+Per step (one sampler iteration: batch 1 at cfg 1, cond + uncond = 2 at cfg > 1):
+- ``one_gpu``: every block on the first device, whole batch. Also the speed-up baseline: a
+  hypothetical single GPU of the first device's kind even where the model does not fit on it.
+- ``blocks``: each block on its owner, whole batch, one GPU busy at a time; the hidden state hops
+  at the N-1 boundaries and back home (N hops, not overlapped).
+- ``sequence``: batch split first into device groups (cfg > 1), tokens inside a group; devices of
+  a group wait for each other at every exchange; plus scattering / gathering the hidden state
+  from the home device once per step.
+Not modelled: embeddings and the head (< 1 % of FLOPs), per-step Python/sampler overhead, VAE
+and text encoder, lower efficiency of smaller per-device matmuls, link contention between pairs.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .cost_inputs import (
+    EFFICIENCY,
+    GPU_PEAK_TFLOPS,
+    BlockShape,
+    ModelShape,
+    gpu_flops,
+    link_bandwidth,
+    normalize_gpu_name,
+)
+
+__all__ = [
+    "STRATEGIES",
+    "TRANSFER_LATENCY_S",
+    "Hardware",
+    "StrategyCost",
+    "Workload",
+    "estimate_blocks",
+    "estimate_costs",
+    "estimate_one_gpu",
+    "estimate_sequence",
+    "hardware_from_options",
+]
+
+TRANSFER_LATENCY_S = 50e-6
+"""Fixed cost of one transfer (launch, event wait, host staging), seconds."""
+STRATEGIES = ("one_gpu", "blocks", "sequence")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The DiT devices of one run and the link between them."""
+
+    flops: tuple[float, ...]
+    """Effective FLOP/s of each device, in device order; the first is the one-GPU baseline."""
+    link_bytes_per_s: float
+    """Bandwidth of one device-to-device copy (P2P/NVLink, or staged through host memory)."""
+    names: tuple[str, ...] = ()
+    """Device names for the text (e.g. ``RTX 4090``)."""
+    note: str = ""
+    """Where the numbers come from (printed under the strategy rows)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flops", tuple(float(f) for f in self.flops))
+        if not self.flops or min(self.flops) <= 0 or not all(map(math.isfinite, self.flops)):
+            raise ValueError(f"flops {self.flops} must be one positive FLOP/s per device: "
+                             "pass a GPU name from the table or a measured throughput")
+        if not (math.isfinite(self.link_bytes_per_s) and self.link_bytes_per_s > 0):
+            raise ValueError(f"link_bytes_per_s {self.link_bytes_per_s!r} must be > 0: pass e.g. --link-gbps 12")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One sampling step's work: the model and the latent it runs on."""
+
+    shape: ModelShape
+    width: int
+    height: int
+    frames: int
+    cfg: float = 1.0
+    """Guidance scale; > 1 means cond + uncond every step (batch 2), which sequence mode splits."""
+    weight_bytes: float = 2.0
+    """Bytes per weight as stored and streamed (bf16 2, fp8 1)."""
+    activation_bytes: int = 2
+    """Bytes per activation element (bf16 / fp16 compute)."""
+
+    def __post_init__(self) -> None:
+        for name in ("cfg", "weight_bytes", "activation_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} {value!r} must be a number > 0 (cfg 1 = no uncond; bf16 weights 2 bytes, fp8 1)")
+        self.shape.image_tokens(self.width, self.height, self.frames)  # checks the size
+
+    @property
+    def batch(self) -> int:
+        return 2 if self.cfg > 1 else 1
+
+    @property
+    def tokens(self) -> int:
+        return self.shape.image_tokens(self.width, self.height, self.frames)
+
+
+@dataclass(frozen=True)
+class StrategyCost:
+    """Prediction for one strategy. Seconds are per step on the critical (slowest) path."""
+
+    strategy: str
+    seconds_per_step: float
+    speedup: float
+    """One-GPU seconds / these seconds (one GPU of the first device's kind, hypothetical if the
+    model does not fit on it)."""
+    compute_s: float
+    exchange_s: float
+    """Ulysses all-to-all on the critical path."""
+    stream_s: float
+    """Weight streaming NOT hidden behind compute."""
+    hop_s: float
+    """Hidden-state hops (blocks) or scatter/gather from the home device (sequence)."""
+    bytes_per_device: int
+    """Most bytes any device receives per step (weights streamed + exchanges + hops)."""
+    note: str = ""
+
+
+def hardware_from_options(gpus: str | Sequence[str], n_devices: int = 1, measured_tflops=None,
+                          link_gbps=None) -> Hardware:
+    """Hardware from ``--gpu NAME`` (one name for ``n_devices`` devices, or a name per device, e.g.
+    NVML names), or from ``measured_tflops`` (effective TFLOPS of a timed matmul, one for all or one
+    per device; names then only label), and ``--link-gbps`` (None: the PCIe 4.0 no-P2P default)."""
+    names = (gpus,) * n_devices if isinstance(gpus, str) else tuple(gpus)
+    if measured_tflops is None:
+        flops = [gpu_flops(name) for name in names]
+        source = (f"{flops[0] / 1e12:.0f} effective TFLOPS per {names[0]} "
+                  f"({GPU_PEAK_TFLOPS[normalize_gpu_name(names[0])]:g} dense bf16 × {EFFICIENCY:g})")
+    else:
+        tflops = [measured_tflops] * len(names) if isinstance(measured_tflops, (int, float)) else list(measured_tflops)
+        if len(tflops) != len(names) or not all(isinstance(t, (int, float)) and t > 0 for t in tflops):
+            raise ValueError(f"measured_tflops {measured_tflops!r} must be one number > 0 (effective TFLOPS "
+                             f"from a timed matmul) or one per device ({len(names)})")
+        flops, source = [t * 1e12 for t in tflops], f"measured {', '.join(f'{t:g}' for t in tflops)} TFLOPS"
+    bw, link_note = link_bandwidth(link_gbps)
+    return Hardware(tuple(flops), bw, names, f"{source}; {link_note}")
+
+
+def _block_flops(b: BlockShape, s: ModelShape, dev_tokens: int, tokens: int, dev_heads: int) -> float:
+    """FLOPs of one block for one sample on a device holding ``dev_tokens`` and ``dev_heads``."""
+    t = s.text_tokens
+    linear = 2 * (dev_tokens * b.image_params + t * b.text_params)
+    attn_len = tokens + (t if b.joint_text else 0)
+    attention = 4 * attn_len ** 2 * s.width * dev_heads / s.heads
+    cross = 4 * dev_tokens * t * s.width if b.cross_attention else 0
+    return linear + attention + cross
+
+
+def _block_list(shape: ModelShape) -> list[BlockShape]:
+    return [b for b in shape.blocks for _ in range(b.count)]
+
+
+def _owners(n_blocks: int, n_devices: int, owned) -> list[int]:
+    """Device index of each block from blocks-per-device counts (even split by default)."""
+    counts = list(owned) if owned is not None else [
+        n_blocks // n_devices + (1 if i < n_blocks % n_devices else 0) for i in range(n_devices)]
+    if len(counts) != n_devices or sum(counts) != n_blocks or min(counts) < 0:
+        raise ValueError(f"owned {counts} must give blocks per device for {n_devices} devices summing "
+                         f"to {n_blocks}: pass the plan's block counts in device order")
+    return [d for d, c in enumerate(counts) for _ in range(c)]
+
+
+def estimate_one_gpu(work: Workload, hw: Hardware) -> StrategyCost:
+    """Every block on the first device with the whole batch."""
+    s, n = work.shape, work.tokens
+    flops = work.batch * sum(_block_flops(b, s, n, n, s.heads) for b in _block_list(s))
+    t = flops / hw.flops[0]
+    return StrategyCost("one_gpu", t, 1.0, t, 0.0, 0.0, 0.0, 0)
+
+
+def estimate_blocks(work: Workload, hw: Hardware, owned=None) -> StrategyCost:
+    """Each block on its owner, one device busy at a time; N hidden-state hops per step."""
+    s, n, blocks = work.shape, work.tokens, _block_list(work.shape)
+    owners = _owners(len(blocks), len(hw.flops), owned)
+    compute = sum(work.batch * _block_flops(b, s, n, n, s.heads) / hw.flops[o] for b, o in zip(blocks, owners))
+    hop_tokens = n + (s.text_tokens if any(b.joint_text for b in blocks) else 0)
+    hop_bytes = work.batch * hop_tokens * s.width * work.activation_bytes
+    hops = len(set(owners)) if len(set(owners)) > 1 else 0
+    hop_s = hops * (hop_bytes / hw.link_bytes_per_s + TRANSFER_LATENCY_S)
+    base = estimate_one_gpu(work, hw).seconds_per_step
+    t = compute + hop_s
+    return StrategyCost("blocks", t, base / t, compute, 0.0, 0.0, hop_s, hop_bytes if hops else 0)
+
+
+def _groups(n_devices: int, batch: int) -> list[list[int]]:
+    """Split the batch first: ``batch`` groups of devices (as even as possible), else one group."""
+    k = min(batch, n_devices)
+    sizes = [n_devices // k + (1 if i < n_devices % k else 0) for i in range(k)]
+    starts = [sum(sizes[:i]) for i in range(k)]
+    return [list(range(a, a + z)) for a, z in zip(starts, sizes)]
+
+
+def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, owners, replicas: bool):
+    """(compute, exposed stream, exchange, bytes received per device) for one device group."""
+    s, n, g = work.shape, work.tokens, len(group)
+    dev_tokens, dev_heads = math.ceil(n / g), math.ceil(s.heads / g)
+    x_bytes = samples * 4 * (g - 1) / g * dev_tokens * s.width * work.activation_bytes
+    x_s = x_bytes / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if g > 1 else 0.0
+    total = [0.0, 0.0, 0.0]
+    received = dict.fromkeys(group, 0.0)
+    for b, owner in zip(_block_list(s), owners):
+        flops = samples * _block_flops(b, s, dev_tokens, n, dev_heads)
+        w_bytes = b.weight_params * work.weight_bytes
+        worst = (-1.0, 0.0, 0.0, 0.0)
+        for d in group:
+            compute = flops / hw.flops[d]
+            streams = not replicas and d != owner
+            stream = w_bytes / hw.link_bytes_per_s + TRANSFER_LATENCY_S if streams else 0.0
+            received[d] += x_bytes + (w_bytes if streams else 0)
+            exposed = max(0.0, stream - compute)
+            if compute + exposed + x_s > worst[0]:
+                worst = (compute + exposed + x_s, compute, exposed, x_s)
+        total = [total[0] + worst[1], total[1] + worst[2], total[2] + worst[3]]
+    return total[0], total[1], total[2], max(received.values())
+
+
+def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool = False) -> StrategyCost:
+    """Batch split into groups, tokens split inside a group; ``replicas``: every device holds
+    the whole model and streams nothing (core's CFG split is this with groups of one)."""
+    s, n_dev = work.shape, len(hw.flops)
+    owners = _owners(s.block_count, n_dev, owned)
+    groups = _groups(n_dev, work.batch)
+    samples = work.batch / len(groups)
+    parts = [_group_step(work, hw, grp, samples, owners, replicas) for grp in groups]
+    compute, stream, exchange, _ = max(parts, key=lambda p: p[0] + p[1] + p[2])
+    scatter = (n_dev - 1) / n_dev * work.batch * work.tokens * s.width * work.activation_bytes
+    hop_s = 2 * scatter / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if n_dev > 1 else 0.0
+    t = compute + stream + exchange + hop_s
+    base = estimate_one_gpu(work, hw).seconds_per_step
+    note = _bound_note(compute, stream, exchange, t)
+    return StrategyCost("sequence", t, base / t, compute, exchange, stream, hop_s,
+                        int(max(p[3] for p in parts) + scatter), note)
+
+
+def _bound_note(compute: float, stream: float, exchange: float, total: float) -> str:
+    parts = f"compute {compute / total:.0%}, exchange {exchange / total:.0%}, exposed weight stream {stream / total:.0%}"
+    if stream > 0.1 * total:
+        return f"weight-bound ({parts}): streaming blocks takes longer than computing them"
+    if exchange > 0.25 * total:
+        return f"exchange-bound ({parts})"
+    return parts
+
+
+def estimate_costs(work: Workload, hw: Hardware, owned=None, replicas: bool = False) -> dict[str, StrategyCost]:
+    """Every strategy for these devices (one GPU as the hypothetical baseline, always present)."""
+    out = {"one_gpu": estimate_one_gpu(work, hw)}
+    if len(hw.flops) > 1:
+        out["blocks"] = estimate_blocks(work, hw, owned)
+        out["sequence"] = estimate_sequence(work, hw, owned, replicas)
+    return out
