@@ -1,6 +1,8 @@
 """Inputs several ShardDiT nodes share, defined once (same name, default and tooltip everywhere)."""
 from comfy_api.latest import io
 
+from ..loaders.comfy.sharded_model import PARALLEL_MODES
+
 DEVICES_TOOLTIP = (
     "Where the DiT blocks run. 'auto' plans from the free VRAM of every GPU (fewest GPUs that fit). "
     "Or a list such as 'cuda:0,cuda:1', optionally weighted 'cuda:0:3,cuda:1:1' (3/4 of the blocks on "
@@ -18,3 +20,17 @@ def reserve_vram_input() -> io.Float.Input:
         tooltip="GiB left free on every GPU for the CUDA context, other apps and allocator slack; "
                 "the planner never fills it with weights or activations.",
     )
+
+
+PARALLEL_TOOLTIP = (
+    "How the sharded DiT runs. 'blocks' (capacity): each block computes on the GPU that holds it, one GPU "
+    "busy at a time, nothing extra in memory. 'sequence' (speed): every GPU computes every step on its share "
+    "of the tokens (and of cond/uncond), streaming the blocks it does not hold: about N times faster on N "
+    "GPUs for two prefetched blocks per GPU. 'auto': sequence when two or more GPUs have room for it, else blocks."
+)
+
+
+def parallel_input() -> io.Combo.Input:
+    # optional: workflows saved before the input existed keep validating (execute defaults to auto)
+    return io.Combo.Input("parallel", options=list(PARALLEL_MODES), default="auto", optional=True,
+                          tooltip=PARALLEL_TOOLTIP)

@@ -3,7 +3,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..loaders.comfy import component_loading, model_loading
-from .common_inputs import devices_input, reserve_vram_input
+from .common_inputs import devices_input, parallel_input, reserve_vram_input
 
 CATEGORY = "sharddit/loaders"
 
@@ -24,6 +24,7 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
                                tooltip="Weight dtype, as in core's loader: fp8 halves the VRAM the blocks need."),
                 devices_input(),
                 reserve_vram_input(),
+                parallel_input(),
             ],
             outputs=[io.Model.Output(tooltip="A MODEL whose blocks are sharded; use with any sampler.")],
         )
@@ -34,8 +35,9 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
                          (model_loading.check_devices, devices))
 
     @classmethod
-    def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb) -> io.NodeOutput:
-        return io.NodeOutput(model_loading.load_sharded_diffusion_model(unet_name, weight_dtype, devices, reserve_vram_gb))
+    def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb, parallel="auto") -> io.NodeOutput:
+        return io.NodeOutput(model_loading.load_sharded_diffusion_model(unet_name, weight_dtype, devices,
+                                                                        reserve_vram_gb, parallel))
 
 
 

@@ -3,7 +3,7 @@ import comfy.samplers
 from comfy_api.latest import io
 
 from ..loaders.comfy import sampling
-from .common_inputs import devices_input, reserve_vram_input
+from .common_inputs import devices_input, parallel_input, reserve_vram_input
 
 CATEGORY = "sharddit/sampling"
 
@@ -21,6 +21,7 @@ class ShardDiTShardModel(io.ComfyNode):
                 io.Model.Input("model", tooltip="A Wan 2.1/2.2, LTX-Video, HunyuanVideo or Flux MODEL (core loader, GGUF, after LoRAs)."),
                 devices_input(),
                 reserve_vram_input(),
+                parallel_input(),
             ],
             outputs=[io.Model.Output(tooltip="The same model with its blocks sharded; use it with any sampler.")],
         )
@@ -30,8 +31,8 @@ class ShardDiTShardModel(io.ComfyNode):
         return sampling.validate_devices(devices)
 
     @classmethod
-    def execute(cls, model, devices, reserve_vram_gb) -> io.NodeOutput:
-        return io.NodeOutput(sampling.shard(model, devices, reserve_vram_gb))
+    def execute(cls, model, devices, reserve_vram_gb, parallel="auto") -> io.NodeOutput:
+        return io.NodeOutput(sampling.shard(model, devices, reserve_vram_gb, parallel))
 
 
 class ShardDiTKSampler(io.ComfyNode):
@@ -60,6 +61,7 @@ class ShardDiTKSampler(io.ComfyNode):
                 io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
                                tooltip="Amount of denoising applied; lower keeps more of the input latent."),
                 devices_input(tooltip="Used only when the MODEL is not sharded yet. " + devices_input().tooltip),
+                parallel_input(),
             ],
             outputs=[io.Latent.Output(tooltip="The denoised latent.")],
         )
@@ -70,9 +72,9 @@ class ShardDiTKSampler(io.ComfyNode):
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                denoise=1.0, devices="auto") -> io.NodeOutput:
+                denoise=1.0, devices="auto", parallel="auto") -> io.NodeOutput:
         out = sampling.ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative,
-                               latent_image, denoise)
+                               latent_image, denoise, parallel)
         return io.NodeOutput(out)
 
 

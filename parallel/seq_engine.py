@@ -293,9 +293,9 @@ class SequenceEngine:
 
     # ---- worker threads ----------------------------------------------------------------------
     def _rank_block(self, fwd, rank: _Rank, spec, names, index, block, args, kwargs, stream_names, nxt):
-        values_args = [self._local(fwd, rank, spec, names[i] if i < len(names) else None, a)
+        values_args = [self._local(fwd, rank, spec, stream_names, names[i] if i < len(names) else None, a)
                        for i, a in enumerate(args)]
-        values_kwargs = {k: self._local(fwd, rank, spec, k, v) for k, v in kwargs.items()}
+        values_kwargs = {k: self._local(fwd, rank, spec, stream_names, k, v) for k, v in kwargs.items()}
         module = rank.stream.module_for(index, block)
         if nxt is not None:
             rank.stream.prefetch(*nxt)
@@ -310,7 +310,7 @@ class SequenceEngine:
             rank.streams[name] = t
         rank.blocks_run += 1
 
-    def _local(self, fwd, rank: _Rank, spec: TokenSpec, name, value):
+    def _local(self, fwd, rank: _Rank, spec: TokenSpec, stream_names, name, value):
         """This rank's version of one block argument (cached per forward for constants)."""
         entry = fwd.placeholders.get(id(value))
         if entry is not None and entry[0] is value:
@@ -319,14 +319,11 @@ class SequenceEngine:
             return self._cached(rank, value, lambda: self._rank_options(fwd, rank, value))
         if not isinstance(value, (torch.Tensor, tuple, list)):
             return value
-        is_stream = name in spec.token_dims and name in self._stream_names(spec)
+        is_stream = name in stream_names
         dim = None if name in spec.replicated_streams else spec.token_dims.get(name)
         make = functools.partial(_to_rank, split_arg(value, dim, rank.slice, fwd.batch, fwd.main, fwd.tail,
                                                       name or "?"), rank.device, is_stream)
         return make() if is_stream else self._cached(rank, value, make)
-
-    def _stream_names(self, spec) -> set[str]:
-        return {a for lst in self.layout.stream_args for a in lst if isinstance(a, str)}
 
     @staticmethod
     def _cached(rank: _Rank, value, make):

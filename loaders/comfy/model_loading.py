@@ -8,6 +8,7 @@ import folder_paths
 
 from ...parallel.devices import check_devices_exist, parse_component_device, parse_devices
 from ...parallel.inventory import read_inventory
+from ...parallel.parallel_mode import check_parallel
 from .sharded_model import shard_model
 
 log = logging.getLogger("sharddit")
@@ -58,9 +59,11 @@ def unet_model_options(weight_dtype: str) -> dict:
     return options
 
 
-def load_sharded_diffusion_model(unet_name: str, weight_dtype: str, devices: str, reserve_vram_gb: float):
+def load_sharded_diffusion_model(unet_name: str, weight_dtype: str, devices: str, reserve_vram_gb: float,
+                                 parallel: str = "auto"):
     """Core UNETLoader (weights land in CPU RAM, nothing on a GPU), then shard per plan."""
     path = check_file_name("diffusion_models", unet_name)
     check_devices(devices)
+    check_parallel(parallel)
     model = comfy.sd.load_diffusion_model(path, model_options=unet_model_options(weight_dtype))
-    return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb)
+    return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb, parallel=parallel)

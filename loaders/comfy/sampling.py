@@ -2,7 +2,7 @@
 import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on sys.path)
 
 from .model_loading import check_devices
-from .sharded_model import is_sharded, shard_model
+from .sharded_model import is_sharded, set_parallel_mode, shard_model
 
 
 def validate_devices(devices: str):
@@ -14,13 +14,17 @@ def validate_devices(devices: str):
     return True
 
 
-def shard(model, devices: str, reserve_vram_gb: float = 1.0):
-    return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb)
+def shard(model, devices: str, reserve_vram_gb: float = 1.0, parallel: str = "auto"):
+    return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb, parallel=parallel)
 
 
-def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise=1.0):
-    """Core KSampler maths (``nodes.common_ksampler``, ProgressBar per step) on a sharded model."""
+def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise=1.0,
+            parallel: str = "auto"):
+    """Core KSampler maths (``nodes.common_ksampler``, ProgressBar per step) on a sharded model.
+    ``parallel`` other than ``auto`` also switches the mode of a MODEL sharded upstream."""
     if not is_sharded(model):
-        model = shard_model(model, devices=devices)
+        model = shard_model(model, devices=devices, parallel=parallel)
+    elif parallel != "auto":
+        model = set_parallel_mode(model.clone(), parallel)
     return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                        latent, denoise=denoise)[0]

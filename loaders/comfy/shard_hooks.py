@@ -30,6 +30,8 @@ class ShardState:
     proxies: dict  # block list path -> nn.ModuleList of proxies
     roots: tuple  # (torch.device, ShardRoot, template ModelPatcher) per planned block range
     request_key: tuple
+    auto_mode: object = None  # parallel_mode.ModeDecision for parallel=auto, decided with the plan
+    arch_name: str = ""
 
 
 def is_sharded(model) -> bool:
@@ -47,6 +49,8 @@ def get_shard_patchers(model) -> list:
 
 def release_roots(state: ShardState) -> None:
     """Restore an older shard set's blocks to their original weights on the offload device."""
+    if state.router.engine is not None:  # sequence workers and streamed-weight buffers go too
+        state.router.engine.close()
     for _, root, template in state.roots:
         if root.model_loaded_weight_memory > 0 or template.backup:
             template.detach(unpatch_all=True)
@@ -83,12 +87,13 @@ def _unload_unsharded_clones(main) -> None:
                 models.pop(i)
 
 
-def routing_scope_wrapper(state: ShardState, executor, *args, **kwargs):
-    """One routing scope per DiT forward; a ControlNet-style input brings every block output home,
-    and block patches of other packs are chained so that a skipped block still comes home."""
+def routing_scope_wrapper(state: ShardState, mode: str, executor, *args, **kwargs):
+    """One routing scope per DiT forward in ``mode`` (``blocks`` / ``sequence``); a ControlNet-style
+    input brings every block output home, and block patches of other packs are chained so that a
+    skipped block still comes home."""
     home_all = needs_home_every_block(state.layout, executor.original, args, kwargs)
     args, kwargs = _chain_block_patches(state, executor.original, args, kwargs)
-    with state.router.forward_scope(return_home_all=home_all):
+    with state.router.forward_scope(return_home_all=home_all, sequence=mode == "sequence"):
         return executor(*args, **kwargs)
 
 
@@ -130,7 +135,8 @@ def _list_offsets(state: ShardState) -> dict[str, int]:
 
 
 def patch_then_home(router: BlockRouter, global_index: int, patch, args, extra):
-    return router.return_home_if_due(global_index, patch(args, extra))
+    # sequence mode: the patch sees whole tensors (placeholders gathered), as in an unsharded run
+    return router.return_home_if_due(global_index, patch(router.materialize(args), extra))
 
 
 def release_shards_on_detach(main, unpatch_all: bool) -> None:

@@ -36,19 +36,21 @@ import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
+from ...parallel.parallel_mode import PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
 from ...parallel.routing import BlockRouter
+from ...parallel.seq_engine import attach_sequence_engine
 from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,
                           is_sharded, prepare_sampling_wrapper, release_roots, release_shards_on_detach,
                           routing_scope_wrapper, sync_shard_patches)
-from .specs import get_arch_spec
+from .specs import find_arch_spec, get_arch_spec
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["ShardRoot", "ShardState", "get_shard_patchers", "get_shard_state", "is_sharded", "shard_model",
-           "sync_shard_patches", "unshard"]
+__all__ = ["ShardRoot", "ShardState", "get_parallel_mode", "get_shard_patchers", "get_shard_state", "is_sharded",
+           "set_parallel_mode", "shard_model", "sync_shard_patches", "unshard"]
 
 _CACHE_ATTR = "_sharddit_states"
 
@@ -71,19 +73,50 @@ class ShardRoot(torch.nn.Module):
         return self._dtype
 
 
-def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inventory=None):
+def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inventory=None, parallel: str = "auto"):
     """Return a sharded clone of ``model`` (a ComfyUI ModelPatcher); ``model`` is not mutated.
 
     Everything that can fail on user input (unknown architecture, bad device string, a plan that
-    does not fit) fails here, before any weight moves.
+    does not fit) fails here, before any weight moves. ``parallel``: ``auto``, ``blocks`` or
+    ``sequence`` (``parallel_mode``); the shards are the same for every mode.
     """
+    check_parallel(parallel)
     request_key = (str(devices).strip(), float(reserve_vram_gb))
     existing = get_shard_state(model)
     if existing is not None and existing.request_key == request_key:
-        return model.clone()
+        return set_parallel_mode(model.clone(), parallel)
     base = unshard(model) if existing is not None else model
     state = _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key)
-    return _sharded_clone(base, state)
+    return set_parallel_mode(_sharded_clone(base, state), parallel)
+
+
+MODE_KEY = "sharddit_parallel"
+
+
+def set_parallel_mode(m, parallel: str):
+    """Bind ``m`` (a sharded clone, changed in place) to a parallel mode; returns ``m``."""
+    state = get_shard_state(m)
+    decision = _decide(state, parallel)
+    m.set_attachments(MODE_KEY, decision)
+    m.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY)
+    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY,
+                           functools.partial(routing_scope_wrapper, state, decision.mode))
+    log.info("[ShardDiT] parallel %s -> %s", parallel, decision.reason)
+    return m
+
+
+def get_parallel_mode(model) -> ModeDecision | None:
+    return model.get_attachment(MODE_KEY)
+
+
+def _decide(state: ShardState, parallel: str) -> ModeDecision:
+    parallel = check_parallel(parallel)
+    if state.router.engine is None and parallel != "blocks":
+        return ModeDecision("blocks", f"blocks: {state.arch_name} runs in blocks mode only (sequence mode does "
+                                      "not split this architecture yet)")
+    if parallel == "auto":
+        return state.auto_mode
+    return decide_parallel(parallel, state.plan, None, None)
 
 
 def unshard(model):
@@ -99,6 +132,7 @@ def unshard(model):
     m.remove_wrappers_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY)
     m.remove_callbacks_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY)
     m.remove_attachments(ATTACHMENT_KEY)
+    m.remove_attachments(MODE_KEY)
     m.load_device = mm.get_torch_device()
     m.size = model.size + sum(mm.module_size(root) for _, root, _ in state.roots)
     return m
@@ -128,6 +162,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                           dit_activation_bytes=_activation_headroom(block_bytes))
     request = PlacementRequest(devices=devices, reserve_vram_gb=reserve_vram_gb)
     plan = plan_placement(inventory, footprint, request)
+    auto_mode = decide_parallel("auto", plan, footprint, inventory, request.reserve_bytes)
     record_dit(footprint, ",".join(r.device for r in plan.block_ranges))
     log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), devices,
              plan.to_text(inventory))
@@ -143,7 +178,12 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
             build_block_proxies([blocks[g][2] for g in idx], [block_devices[g] for g in idx], home, router,
                                 global_indices=idx, block_list=path))
     roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device))
-    return ShardState(plan, layout, router, proxies, roots, request_key)
+    arch = find_arch_spec(type(dit).__name__)
+    if arch.token_specs is not None:
+        engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], arch.token_specs,
+                                        [r.device for r in plan.block_ranges])
+        engine.should_stop = mm.throw_exception_if_processing_interrupted
+    return ShardState(plan, layout, router, proxies, roots, request_key, auto_mode, arch.name)
 
 
 def _activation_headroom(block_bytes) -> int:
@@ -193,7 +233,6 @@ def _sharded_clone(base, state: ShardState):
     m.set_additional_models(SHARD_KEY, shards)
     sync_shard_patches(m)
     m.set_attachments(ATTACHMENT_KEY, state)
-    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY, functools.partial(routing_scope_wrapper, state))
     m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, prepare_sampling_wrapper)
     m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, release_shards_on_detach)
     return m

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...parallel.seq_split import TokenSpec
 from ...parallel.sharding import BlockLayout
 
 __all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures"]
@@ -56,8 +57,11 @@ class ArchSpec:
     home_after: Callable[[torch.nn.Module], frozenset[int]] = _no_inter_block_code
     """Global block indices followed by inter-block code on the home device, read off the model."""
     home_every_block_kwargs: tuple[str, ...] = ()
+    token_specs: tuple[TokenSpec, ...] | None = None
+    """Per block list, the token axes `sequence` mode splits; None: this family runs `blocks` only
+    (its blocks do not pass ComfyUI's attention override on, or its token order is not handled)."""
 
-    def layout(self, dit: torch.nn.Module) -> BlockLayout:
+    def layout(self, dit: torch.nn.Module | None) -> BlockLayout:
         return BlockLayout(self.block_lists, self.stream_args, frozenset(self.home_after(dit)),
                            self.home_every_block_kwargs)
 
@@ -65,13 +69,28 @@ class ArchSpec:
 _WAN = (("blocks",), (("x",),))
 _MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 
+# `sequence` token axes (ComfyUI 0.3.64). Wan: x [B, L, C], e [B, 1|L, 6, C] (per token in Wan 2.2
+# 5B), freqs [B|1, L, 1, D/2, 2, 2]. LTXV: x [B, L, C], timestep [B, 1|L, 6C], pe = (cos, sin) with
+# tokens on dim 1. HunyuanVideo: image tokens then text tokens; double blocks split img and keep
+# txt whole, single blocks split x = cat(img, txt) with txt as the replicated tail; pe [B, 1, L+T,
+# ...] covers both. Its per-token modulation_dims (image-to-video token replace) is not split yet.
+_WAN_TOKENS = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
+_LTXV_TOKENS = (TokenSpec({"x": 1, "timestep": 1, "pe": 1}),)
+_HUNYUAN_TOKENS = (
+    TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",
+              must_be_none=("modulation_dims_img", "modulation_dims_txt")),
+    TokenSpec({"x": 1, "pe": 2}, tail_stream="txt", must_be_none=("modulation_dims",)),
+)
+
 SPECS: tuple[ArchSpec, ...] = (
-    ArchSpec("Wan 2.1/2.2 (t2v, i2v, Camera, HuMo)", ("WanModel", "CameraWanModel", "HumoWanModel"), *_WAN),
-    ArchSpec("Wan VACE", ("VaceWanModel",), *_WAN, home_after=_vace_layers),
+    ArchSpec("Wan 2.1/2.2 (t2v, i2v, Camera, HuMo)", ("WanModel", "CameraWanModel", "HumoWanModel"), *_WAN,
+             token_specs=_WAN_TOKENS),
+    ArchSpec("Wan VACE", ("VaceWanModel",), *_WAN, home_after=_vace_layers, token_specs=_WAN_TOKENS),
     ArchSpec("Wan S2V", ("WanModel_S2V",), *_WAN, home_after=_s2v_audio_layers),
     ArchSpec("Wan Animate", ("AnimateWanModel",), *_WAN, home_after=_animate_face_layers),
-    ArchSpec("LTX-Video", ("LTXVModel",), ("transformer_blocks",), (("x",),)),
-    ArchSpec("HunyuanVideo", ("HunyuanVideo",), *_MMDIT, home_every_block_kwargs=("control",)),
+    ArchSpec("LTX-Video", ("LTXVModel",), ("transformer_blocks",), (("x",),), token_specs=_LTXV_TOKENS),
+    ArchSpec("HunyuanVideo", ("HunyuanVideo",), *_MMDIT, home_every_block_kwargs=("control",),
+             token_specs=_HUNYUAN_TOKENS),
     ArchSpec("Flux", ("Flux",), *_MMDIT, home_every_block_kwargs=("control",)),
 )
 

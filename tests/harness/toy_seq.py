@@ -102,7 +102,8 @@ class MMDouble(nn.Module):
         a = attention(q, k, v, self.heads, transformer_options=transformer_options, skip_reshape=True, mask=attn_mask)
         ia, ta = a[:, :li], a[:, li:]
         m = self.mod(vec).unsqueeze(1)
-        return img + self.img_o(ia) * m, txt + self.txt_o(ta)
+        txt += self.txt_o(ta)  # in place, as HunyuanVideo does: each rank must own its copy
+        return img + self.img_o(ia) * m, txt
 
 
 class MMSingle(nn.Module):

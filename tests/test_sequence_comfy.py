@@ -1,0 +1,183 @@
+"""`parallel=sequence` inside real ComfyUI (in-process, CPU, PyTorch attention): every rank runs every
+block on its share of cond/uncond and tokens, exchanging q/k/v (Ulysses) through ComfyUI's
+``optimized_attention_override`` hook. Compared with core's KSampler on the same weights.
+
+Tiny models (tests/harness/tiny_models.py): Wan 2.1 dim 256 = 2 heads, latent 1x16x3x10x10 -> 75
+tokens: 38/37 on ``cpu,cpu`` (uneven), 25 each on ``cpu,cpu,cpu`` where the third rank gets no head.
+
+Where it is not bit-exact, and why (measured, asserted below): CPU BLAS computes a matrix product
+in row blocks and the last few rows of a matrix with another kernel, so a row can be summed in
+another order when it lands in a different block of a smaller matrix — a Linear on <= 10 rows
+(measured 1.2e-6 apart), and the last rows of an uneven token split (Wan, 38/37 rows: 4.8e-6 after
+two steps). Latents are sized so even splits keep > 10 rows per rank; a real video gives every
+GPU thousands of rows.
+"""
+import pytest
+import torch
+
+pytestmark = pytest.mark.comfy
+
+STEPS, SEED = 2, 42
+
+
+@pytest.fixture(scope="module")
+def env():
+    from harness.comfy_env import load_comfy
+
+    return load_comfy()
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from harness import tiny_models
+
+    return tiny_models
+
+
+def _cond(tokens=8, dim=4096, seed=1, **extra):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randn(1, tokens, dim, generator=g), dict(extra)]]
+
+
+
+def _family(tiny, name):
+    """(state dict, latent shape, conditioning extras). Wan's text encoder pads to 512 tokens; the
+    text projections then run on M = 512 rows per sample whether cond and uncond are batched or
+    split (with 8 tokens CPU BLAS picks another kernel for 8 vs 16 rows: 1.2e-6 per Linear)."""
+    g = torch.Generator().manual_seed(7)
+    pooled = {"pooled_output": torch.randn(1, 768, generator=g)}
+    return {
+        "wan21": (tiny.wan21_t2v_state_dict, (1, 16, 3, 10, 10), {"tokens": 512}),
+        "ltxv": (tiny.ltxv_state_dict, (1, 128, 3, 5, 5),
+                 {"tokens": 128, "attention_mask": torch.ones(1, 128, dtype=torch.long)}),
+        "hunyuan_video": (tiny.hunyuan_video_state_dict, (1, 16, 2, 8, 8), pooled),
+    }[name]
+
+
+def _load(sd):
+    import comfy.sd
+
+    return comfy.sd.load_diffusion_model_state_dict(dict(sd))
+
+
+def _stock(env, model, latent, extras, cfg):
+    out = env.nodes.common_ksampler(model, SEED, STEPS, cfg, "euler", "simple", _cond(**extras),
+                                    _cond(seed=2, **extras), {"samples": latent.clone()})
+    return out[0]["samples"]
+
+
+def _ours(env, model, latent, extras, devices, cfg, parallel="sequence"):
+    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
+    out = node.execute(model, SEED, STEPS, cfg, "euler", "simple", _cond(**extras), _cond(seed=2, **extras),
+                       {"samples": latent.clone()}, 1.0, devices, parallel)
+    return out.result[0]["samples"]
+
+
+def _engine(env, model):
+    """The sequence engine of the shard state ShardDiT cached on ``model``'s weights."""
+    states = list(model.model.__dict__.get("_sharddit_states", {}).values())
+    assert len(states) == 1, states
+    return states[0].router.engine
+
+
+# HunyuanVideo with a cond/uncond batch split: its blocks run Linear(vec) on one row instead of
+# two, and CPU BLAS takes its matrix-vector path for one row (another summation order): measured
+# 1.9e-6 after one forward, 1.7e-5 after two steps on the tiny model. Token splits stay exact.
+# (Its tiny model has 2 blocks, so cpu,cpu,cpu plans 2 ranks: a batch split at cfg > 1 too.)
+_BATCH_SPLIT_TOLERANCE = {"hunyuan_video": 5e-5}
+_UNEVEN_SPLIT_TOLERANCE = 2e-5
+_TOKENS = {"wan21": 75, "ltxv": 75, "hunyuan_video": 32}
+
+
+@pytest.mark.parametrize("family", ["wan21", "ltxv", "hunyuan_video"])
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+@pytest.mark.parametrize("devices", ["cpu,cpu", "cpu,cpu,cpu"])
+def test_sequence_matches_core_ksampler(env, tiny, family, cfg, devices):
+    build, shape, extras = _family(tiny, family)
+    model = _load(build())
+    latent = torch.zeros(shape)
+    ref = _stock(env, model, latent, extras, cfg)
+    got = _ours(env, model, latent, extras, devices, cfg)
+    diff = (got - ref).abs().max().item()
+    stats = _engine(env, model).stats
+    assert stats.fallbacks == 0 and sum(stats.blocks_run) == len(stats.blocks_run) * _n_blocks(family)
+    batch_split = len(stats.groups) > 1
+    assert batch_split == (cfg > 1 and len(stats.blocks_run) == 2)
+    uneven = any(_TOKENS[family] % len(ranks) for _, ranks in stats.groups)
+    if batch_split and family in _BATCH_SPLIT_TOLERANCE:
+        assert 0 < diff <= _BATCH_SPLIT_TOLERANCE[family], f"{family} {devices} cfg {cfg}: max diff {diff}"
+    elif uneven and diff:
+        assert diff <= _UNEVEN_SPLIT_TOLERANCE, f"{family} {devices} cfg {cfg} (uneven rows): max diff {diff}"
+    else:
+        assert torch.equal(got, ref), f"{family} {devices} cfg {cfg}: max diff {diff}"
+
+
+def _n_blocks(family):
+    return {"wan21": 4, "ltxv": 2, "hunyuan_video": 2}[family]
+
+
+def _lora_loader(env, tiny, tmp_path, sd):
+    import comfy.utils
+
+    path = tmp_path / "tiny_wan_lora_seq.safetensors"
+    comfy.utils.save_torch_file(tiny.wan_lora_state_dict(sd), str(path))
+    env.folder_paths.add_model_folder_path("loras", str(tmp_path))
+    loader = env.nodes.LoraLoaderModelOnly()
+    return lambda model: loader.load_lora_model_only(model, path.name, 1.0)[0]
+
+
+WAN_EVEN = (1, 16, 2, 8, 8)  # 32 tokens: 16 per rank on cpu,cpu
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_sequence_with_lora_before_and_after_sharding(env, tiny, tmp_path, cfg):
+    sd = tiny.wan21_t2v_state_dict()
+    apply_lora = _lora_loader(env, tiny, tmp_path, sd)
+    extras = {"tokens": 512}
+    latent = torch.zeros(WAN_EVEN)
+    base = _load(sd)
+    plain = _stock(env, base, latent, extras, cfg)
+    ref = _stock(env, apply_lora(base), latent, extras, cfg)
+    assert not torch.equal(ref, plain), "the LoRA must change the output, or this test proves nothing"
+    assert torch.equal(_ours(env, apply_lora(base), latent, extras, "cpu,cpu", cfg), ref)
+    shard = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTShardModel"]
+    sharded = shard.execute(base, "cpu,cpu", 0.0, "sequence").result[0]
+    assert torch.equal(_ours(env, apply_lora(sharded), latent, extras, "cpu,cpu", cfg, parallel="auto"), ref)
+    assert torch.equal(_ours(env, sharded, latent, extras, "cpu,cpu", cfg, parallel="auto"), plain)
+
+
+def test_wan22_two_experts_sequence(env, tiny):
+    high_sd, low_sd = tiny.wan22_t2v_pair_state_dicts()
+    shard = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTShardModel"]
+    adv = env.nodes.KSamplerAdvanced()
+    latent = {"samples": torch.zeros(WAN_EVEN)}
+    pos, neg = _cond(tokens=512), _cond(tokens=512, seed=2)
+
+    def run(high, low):
+        x = adv.sample(high, "enable", SEED, 4, 3.5, "euler", "simple", pos, neg, latent, 0, 2, "enable")[0]
+        return adv.sample(low, "disable", SEED, 4, 3.5, "euler", "simple", pos, neg, x, 2, 4, "disable")[0]["samples"]
+
+    high, low = _load(high_sd), _load(low_sd)
+    ref = run(high, low)
+    got = run(shard.execute(high, "cpu,cpu", 0.0, "sequence").result[0],
+              shard.execute(low, "cpu,cpu", 0.0, "sequence").result[0])
+    assert torch.equal(got, ref)
+
+
+def test_sub_quadratic_attention_stays_close(env, tiny):
+    """CPU's default attention (sub-quadratic, chunked by free memory) instead of PyTorch's: the
+    q/k/v chunks differ between a whole and a split run, so the last bits may move (bounded)."""
+    import comfy.ldm.modules.attention as attn
+
+    def sub_quad(func, *args, **kwargs):  # kwargs carry _inside_attn_wrapper: no second override call
+        return attn.attention_sub_quad(*args, **kwargs)
+
+    model = _load(tiny.wan21_t2v_state_dict())
+    model.model_options.setdefault("transformer_options", {})["optimized_attention_override"] = sub_quad
+    latent = torch.zeros(WAN_EVEN)
+    pytorch_ref = _stock(env, _load(tiny.wan21_t2v_state_dict()), latent, {"tokens": 512}, 3.0)
+    ref = _stock(env, model, latent, {"tokens": 512}, 3.0)
+    assert not torch.equal(ref, pytorch_ref), "the override must really switch the attention"
+    got = _ours(env, model, latent, {"tokens": 512}, "cpu,cpu,cpu", 3.0)
+    diff = (got - ref).abs().max().item()
+    assert diff <= 1e-4, f"sub-quadratic attention: max diff {diff}"
