@@ -32,7 +32,7 @@ import torch
 
 from .seq_split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
 from .seq_stream import BlockStream
-from .seq_workers import ThreadExchange, WorkerPool
+from .seq_workers import ThreadExchange, WorkerError, WorkerPool
 
 __all__ = ["SequenceEngine", "SequenceStats", "SequenceUnsupported", "attach_sequence_engine"]
 
@@ -101,7 +101,10 @@ class SequenceEngine:
         self.timeout_s = timeout_s
         self.worker_context = worker_context
         self.should_stop = None
-        """Called on the main thread before each block (ComfyUI: raise if the user interrupted)."""
+        """Called before each block, on the main thread and on every worker (ComfyUI: raises if the
+        user interrupted), so an interrupt stops every rank at its next block."""
+        self.interrupt_exceptions: tuple[type, ...] = ()
+        """Exception types ``should_stop`` raises: re-raised as they are, not as a worker error."""
         self.streams = [BlockStream(d) for d in self.devices]
         self.pool: WorkerPool | None = None
         self.stats = SequenceStats()
@@ -140,15 +143,19 @@ class SequenceEngine:
 
     def _finish(self, ok: bool) -> None:
         fwd, self._fwd, self._scoped = self._fwd, None, False
-        if fwd is None:
-            return
-        if ok:
-            self._wait_all(fwd)
-        else:  # an error anywhere: stop every worker now, join the threads, start fresh next time
-            if self.pool is not None:
+        try:
+            if ok and fwd is not None:
+                self._wait_all(fwd)
+                ok = True
+        except BaseException:
+            ok = False
+            raise
+        finally:
+            if not ok and self.pool is not None:  # stop every worker now, join them, start fresh next time
                 self.pool.close()
                 self.pool = None
-        self._fill_stats(fwd)
+            if fwd is not None:
+                self._fill_stats(fwd)
 
     def _fill_stats(self, fwd: _Forward) -> None:
         n = len(self.devices)
@@ -271,10 +278,15 @@ class SequenceEngine:
         return {n for s in self.token_specs for n in s.replicated_streams}
 
     def _wait_all(self, fwd: _Forward) -> None:
-        for r, task in enumerate(fwd.pending):
-            if task is not None:
-                self.pool.wait(task, r)
-        self.pool.raise_failure()
+        try:
+            for r, task in enumerate(fwd.pending):
+                if task is not None:
+                    self.pool.wait(task, r)
+            self.pool.raise_failure()
+        except WorkerError as e:
+            if isinstance(e.__cause__, self.interrupt_exceptions):
+                raise e.__cause__ from None
+            raise
 
     def _param_names(self, block) -> list[str]:
         fn = block.forward
@@ -293,6 +305,8 @@ class SequenceEngine:
 
     # ---- worker threads ----------------------------------------------------------------------
     def _rank_block(self, fwd, rank: _Rank, spec, names, index, block, args, kwargs, stream_names, nxt):
+        if self.should_stop is not None:
+            self.should_stop()
         values_args = [self._local(fwd, rank, spec, stream_names, names[i] if i < len(names) else None, a)
                        for i, a in enumerate(args)]
         values_kwargs = {k: self._local(fwd, rank, spec, stream_names, k, v) for k, v in kwargs.items()}

@@ -56,6 +56,8 @@ class WorkerPool:
         self.devices = tuple(torch.device(d) for d in devices)
         self.timeout_s = float(timeout_s)
         self.worker_context = worker_context
+        # Intra-op threads are a per-thread setting (OpenMP): workers take the main thread's.
+        self.intra_op_threads = torch.get_num_threads()
         self._abort = threading.Event()
         self._failure: WorkerError | None = None
         self._lock = threading.Lock()
@@ -118,6 +120,7 @@ class WorkerPool:
     # ---- worker threads ------------------------------------------------------------------------
     def _loop(self, rank: int) -> None:
         dev = self.devices[rank]
+        torch.set_num_threads(self.intra_op_threads)
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
         while True:

@@ -181,3 +181,76 @@ def test_sub_quadratic_attention_stays_close(env, tiny):
     got = _ours(env, model, latent, {"tokens": 512}, "cpu,cpu,cpu", 3.0)
     diff = (got - ref).abs().max().item()
     assert diff <= 1e-4, f"sub-quadratic attention: max diff {diff}"
+
+
+def _sharded_sequence(env, tiny):
+    base = _load(tiny.wan21_t2v_state_dict())
+    shard = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTShardModel"]
+    return base, shard.execute(base, "cpu,cpu", 0.0, "sequence").result[0]
+
+
+def _proxies(env, model):
+    states = list(model.model.__dict__["_sharddit_states"].values())
+    return list(states[0].proxies["blocks"])
+
+
+def _seq_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("sharddit-seq")]
+
+
+def test_worker_fault_names_the_device_and_next_prompt_is_undisturbed(env, tiny):
+    import threading
+
+    base, sharded = _sharded_sequence(env, tiny)
+    latent, extras = torch.zeros(WAN_EVEN), {"tokens": 512}
+    ref = _stock(env, base, latent, extras, 3.0)
+    block = _proxies(env, sharded)[2].real_block
+
+    def faulty(*args, **kwargs):
+        if threading.current_thread().name.startswith("sharddit-seq-1"):
+            raise RuntimeError("CUDA out of memory (injected)")
+        return type(block).forward(block, *args, **kwargs)
+
+    block.forward = faulty
+    before = set(_seq_threads())
+    try:
+        with pytest.raises(RuntimeError, match=r"sequence worker 1 on cpu failed during block 2: .*injected"):
+            _ours(env, sharded, latent, extras, "cpu,cpu", 3.0, parallel="auto")
+    finally:
+        del block.forward
+    assert set(_seq_threads()) <= before and _engine(env, sharded).pool is None, \
+        "a failed forward must join its worker threads"
+    assert torch.equal(_ours(env, sharded, latent, extras, "cpu,cpu", 3.0, parallel="auto"), ref)
+
+
+def test_interrupt_inside_a_sequence_forward_stops_at_the_next_block(env, tiny):
+    """ComfyUI's interrupt flag is read before every block (not only between steps)."""
+    import threading
+
+    base, sharded = _sharded_sequence(env, tiny)
+    latent, extras = torch.zeros(WAN_EVEN), {"tokens": 512}
+    ref = _stock(env, base, latent, extras, 1.0)
+    proxies = _proxies(env, sharded)
+    seen = []
+    block = proxies[1].real_block
+
+    def interrupting(*args, **kwargs):
+        if threading.current_thread().name.startswith("sharddit-seq-0"):
+            env.mm.interrupt_current_processing(True)
+        seen.append(1)
+        return type(block).forward(block, *args, **kwargs)
+
+    block.forward = interrupting
+    engine = _engine(env, sharded)
+    before = set(_seq_threads())
+    try:
+        with pytest.raises(env.mm.InterruptProcessingException):
+            _ours(env, sharded, latent, extras, "cpu,cpu", 1.0, parallel="auto")
+    finally:
+        del block.forward
+        env.mm.interrupt_current_processing(False)
+    assert 0 < sum(engine.stats.blocks_run) < 2 * len(proxies), engine.stats  # stopped inside the first forward
+    assert set(_seq_threads()) <= before and engine.pool is None
+    assert torch.equal(_ours(env, sharded, latent, extras, "cpu,cpu", 1.0, parallel="auto"), ref)

@@ -183,6 +183,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
         engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], arch.token_specs,
                                         [r.device for r in plan.block_ranges])
         engine.should_stop = mm.throw_exception_if_processing_interrupted
+        engine.interrupt_exceptions = (mm.InterruptProcessingException,)
     return ShardState(plan, layout, router, proxies, roots, request_key, auto_mode, arch.name)
 
 
