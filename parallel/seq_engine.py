@@ -26,6 +26,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import threading
 from dataclasses import dataclass, field
 
 import torch
@@ -92,7 +93,7 @@ class SequenceEngine:
     """Runs registered blocks split over ``devices`` (one rank per entry; ``cpu,cpu`` is two)."""
 
     def __init__(self, layout, token_specs: tuple[TokenSpec, ...], devices, home, timeout_s: float = 600.0,
-                 worker_context=None):
+                 worker_context=None, serialize: bool = False):
         if len(token_specs) != len(layout.block_lists):
             raise ValueError(f"[ShardDiT] {len(token_specs)} token specs for {len(layout.block_lists)} block lists")
         self.layout, self.token_specs = layout, tuple(token_specs)
@@ -100,6 +101,8 @@ class SequenceEngine:
         self.home = torch.device(home)
         self.timeout_s = timeout_s
         self.worker_context = worker_context
+        self.serial_lock = threading.Lock() if serialize else None
+        """Dry runs on fake devices: threads take turns (``WorkerPool.serial_lock``)."""
         self.should_stop = None
         """Called before each block, on the main thread and on every worker (ComfyUI: raises if the
         user interrupted), so an interrupt stops every rank at its next block."""
@@ -127,11 +130,17 @@ class SequenceEngine:
         self._scoped, self._fwd = True, None
         self.stats = SequenceStats()
         ok = False
+        if self.serial_lock is not None:
+            self.serial_lock.acquire()
         try:
             yield self
             ok = True
         finally:
-            self._finish(ok)
+            try:
+                self._finish(ok)
+            finally:
+                if self.serial_lock is not None:
+                    self.serial_lock.release()
 
     def close(self) -> None:
         """Stop the worker threads and drop the weight buffers (the model is being released)."""
@@ -146,13 +155,18 @@ class SequenceEngine:
         try:
             if ok and fwd is not None:
                 self._wait_all(fwd)
-                ok = True
         except BaseException:
             ok = False
             raise
         finally:
             if not ok and self.pool is not None:  # stop every worker now, join them, start fresh next time
-                self.pool.close()
+                if self.serial_lock is not None:
+                    self.serial_lock.release()  # a worker waiting for its turn must see the abort
+                try:
+                    self.pool.close()
+                finally:
+                    if self.serial_lock is not None:
+                        self.serial_lock.acquire()
                 self.pool = None
             if fwd is not None:
                 self._fill_stats(fwd)
@@ -234,7 +248,7 @@ class SequenceEngine:
             if primary is None or primary.dim() < 2:
                 raise SequenceUnsupported("no token-carrying hidden state found")
             if self.pool is None:
-                self.pool = WorkerPool(self.devices, self.timeout_s, self.worker_context)
+                self.pool = WorkerPool(self.devices, self.timeout_s, self.worker_context, self.serial_lock)
             self._stream_base = [s.bytes_copied for s in self.streams]
             fwd = self._fwd = _Forward(self, primary.shape[0], primary.shape[1])
             if spec.tail_stream and isinstance(values.get(spec.tail_stream), torch.Tensor):
@@ -278,6 +292,8 @@ class SequenceEngine:
         return {n for s in self.token_specs for n in s.replicated_streams}
 
     def _wait_all(self, fwd: _Forward) -> None:
+        if self.serial_lock is not None:
+            self.serial_lock.release()
         try:
             for r, task in enumerate(fwd.pending):
                 if task is not None:
@@ -287,6 +303,9 @@ class SequenceEngine:
             if isinstance(e.__cause__, self.interrupt_exceptions):
                 raise e.__cause__ from None
             raise
+        finally:
+            if self.serial_lock is not None:
+                self.serial_lock.acquire()
 
     def _param_names(self, block) -> list[str]:
         fn = block.forward
@@ -394,10 +413,10 @@ def _to_rank(obj, device, fresh: bool):
 
 
 def attach_sequence_engine(router, proxies, token_specs, devices, timeout_s: float = 600.0,
-                           worker_context=None) -> SequenceEngine:
+                           worker_context=None, serialize: bool = False) -> SequenceEngine:
     """Give ``router`` a ``SequenceEngine`` over ``devices`` (one rank per entry) for the blocks
     behind ``proxies`` (``BlockProxy`` objects, any order); returns it."""
-    engine = SequenceEngine(router.layout, token_specs, devices, router.home, timeout_s, worker_context)
+    engine = SequenceEngine(router.layout, token_specs, devices, router.home, timeout_s, worker_context, serialize)
     order = sorted(((p.block_index, p.real_block) for p in proxies), key=lambda t: t[0])
     engine.register_order(order)
     router.engine = engine

@@ -42,6 +42,11 @@ def _shape_key(block: torch.nn.Module):
     return type(block), tuple((tuple(t.shape), t.dtype) for t in _block_tensors(block))
 
 
+def _real_cuda(device: torch.device) -> bool:
+    """A CUDA device with a driver (fake ``cuda:N`` in dry runs copies like the CPU)."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
 class BlockStream:
     """Per rank: ``module_for(index, block)`` gives a module with block ``index``'s weights on the
     rank's device; ``prefetch(index, block)`` starts that copy early."""
@@ -71,7 +76,7 @@ class BlockStream:
 
     def done_with(self, module: torch.nn.Module) -> None:
         """Mark the compute that used ``module`` (a buffer) so it is not overwritten too early."""
-        if self.device.type != "cuda":
+        if not _real_cuda(self.device):
             return
         for bufs in self._buffers.values():
             for b in bufs:
@@ -114,7 +119,7 @@ class BlockStream:
     def _copy_into(self, buf: _Buffer, block: torch.nn.Module) -> None:
         src = _block_tensors(block)
         nbytes = sum(t.numel() * t.element_size() for t in src)
-        if self.device.type == "cuda":
+        if _real_cuda(self.device):
             self._copy_cuda(buf, src)
         else:
             with torch.no_grad():
@@ -134,7 +139,7 @@ class BlockStream:
         if buf.used is not None:
             self._side.wait_event(buf.used)
         src_side = None
-        if src_dev.type == "cuda":  # the owner's weights are loaded before sampling: nothing to wait for
+        if _real_cuda(src_dev):  # the owner's weights are loaded before sampling: nothing to wait for
             src_side = self._src_sides.setdefault(src_dev, torch.cuda.Stream(src_dev))
         with torch.no_grad(), torch.cuda.stream(self._side):
             if src_side is not None:

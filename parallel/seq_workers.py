@@ -52,8 +52,13 @@ class _Task:
 class WorkerPool:
     """``len(devices)`` persistent threads; ``submit(rank, fn)`` queues ``fn()`` on rank's thread."""
 
-    def __init__(self, devices, timeout_s: float = 600.0, worker_context: Callable | None = None):
+    def __init__(self, devices, timeout_s: float = 600.0, worker_context: Callable | None = None,
+                 serial_lock=None):
         self.devices = tuple(torch.device(d) for d in devices)
+        self.serial_lock = serial_lock
+        """Dry runs on fake devices: a lock every thread holds while it runs torch code, released
+        only while waiting (a fake tensor reports device ``meta`` while another thread is inside
+        the fake mode's kernel), so the threads take turns. None on real devices."""
         self.timeout_s = float(timeout_s)
         self.worker_context = worker_context
         # Intra-op threads are a per-thread setting (OpenMP): workers take the main thread's.
@@ -120,9 +125,12 @@ class WorkerPool:
     # ---- worker threads ------------------------------------------------------------------------
     def _loop(self, rank: int) -> None:
         dev = self.devices[rank]
-        torch.set_num_threads(self.intra_op_threads)
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
+        try:
+            torch.set_num_threads(self.intra_op_threads)
+            if dev.type == "cuda" and torch.cuda.is_available():  # fake cuda devices in dry runs have none
+                torch.cuda.set_device(dev)
+        except BaseException as e:  # noqa: BLE001 - a worker that cannot start fails the forward at once
+            self.abort(e, rank, "start")
         while True:
             task = self._queues[rank].get()
             if task is _STOP:
@@ -133,8 +141,9 @@ class WorkerPool:
 
     def _run(self, rank: int, task: _Task) -> None:
         ctx = self.worker_context() if self.worker_context is not None else contextlib.nullcontext()
+        serial = self.serial_lock if self.serial_lock is not None else contextlib.nullcontext()
         try:
-            with ctx, torch.inference_mode(task.inference), torch.set_grad_enabled(task.grad):
+            with serial, ctx, torch.inference_mode(task.inference), torch.set_grad_enabled(task.grad):
                 task.result = task.fn()
         except PoolAborted:
             pass
@@ -168,21 +177,28 @@ class ThreadExchange:
         call = self._seq[pos]
         self._seq[pos] += 1
         deadline = time.monotonic() + self.pool.timeout_s
-        with self._cond:
-            posts = self._posts.setdefault(call, [None] * n)
-            posts[pos] = parts
-            self._cond.notify_all()
-            while any(p is None for p in posts):
-                if self.pool.aborted:
-                    raise PoolAborted()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"[ShardDiT] exchange {call}: position {pos} waited "
-                                       f"{self.pool.timeout_s:.0f} s for the others")
-                self._cond.wait(0.05)
-            mine = [posts[j][pos] for j in range(n)]
-            self._reads[call] = self._reads.get(call, 0) + 1
-            if self._reads[call] == n:
-                del self._posts[call], self._reads[call]
+        serial = self.pool.serial_lock
+        if serial is not None:
+            serial.release()
+        try:
+            with self._cond:
+                posts = self._posts.setdefault(call, [None] * n)
+                posts[pos] = parts
+                self._cond.notify_all()
+                while any(p is None for p in posts):
+                    if self.pool.aborted:
+                        raise PoolAborted()
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"[ShardDiT] exchange {call}: position {pos} waited "
+                                           f"{self.pool.timeout_s:.0f} s for the others")
+                    self._cond.wait(0.05)
+                mine = [posts[j][pos] for j in range(n)]
+                self._reads[call] = self._reads.get(call, 0) + 1
+                if self._reads[call] == n:
+                    del self._posts[call], self._reads[call]
+        finally:
+            if serial is not None:
+                serial.acquire()
         dev = self.devices[pos]
         out = [_to(m, dev) for m in mine]
         self.calls[pos] += 1

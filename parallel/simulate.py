@@ -20,6 +20,7 @@ workspaces. Callers plan headroom for them.
 from __future__ import annotations
 
 import contextlib
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -38,6 +39,32 @@ __all__ = [
 ]
 
 
+class ThreadSafeFakeTensorMode(FakeTensorMode):
+    """``FakeTensorMode`` that `sequence` worker threads can share: one dispatch at a time.
+
+    The mode keeps per-call state on itself (``in_kernel_invocation``, its enter stack), so two
+    threads dispatching through one instance at once corrupt it. A re-entrant lock serialises
+    dispatch (nested dispatch in one thread re-enters); threads waiting in an exchange hold no lock.
+    Each worker enters the mode itself (the dispatch-mode stack is per thread).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._thread_lock = threading.RLock()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        with self._thread_lock:
+            return super().__torch_dispatch__(func, types, args, kwargs if kwargs is not None else {})
+
+    def __enter__(self):
+        with self._thread_lock:
+            return super().__enter__()
+
+    def __exit__(self, a, b, c):
+        with self._thread_lock:
+            return super().__exit__(a, b, c)
+
+
 @contextlib.contextmanager
 def fake_device_mode():
     """``no_grad`` + ``FakeTensorMode``: tensors may claim any ``cuda:N`` on a CPU-only build.
@@ -48,7 +75,7 @@ def fake_device_mode():
     swap = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(False)
     try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        with torch.no_grad(), ThreadSafeFakeTensorMode(allow_non_fake_inputs=False) as mode:
             yield mode
     finally:
         torch.__future__.set_swap_module_params_on_conversion(swap)
