@@ -84,6 +84,17 @@ class BlockRange:
     stop: int
 
 
+def block_devices_of(ranges) -> tuple[str, ...]:
+    """Device of each block, in global block order, from contiguous ``BlockRange``s that start at
+    block 0 and leave no gap (a plan's, or the simulator's forced split when nothing fits)."""
+    devices: list[str] = []
+    for r in ranges:
+        if r.start != len(devices) or r.stop <= r.start:
+            raise AssertionError(f"block ranges must be contiguous from block 0 without gaps: {list(ranges)}")
+        devices += [r.device] * (r.stop - r.start)
+    return tuple(devices)
+
+
 @dataclass(frozen=True)
 class DeviceLoad:
     """What the plan puts on one device."""
@@ -113,6 +124,10 @@ class Plan:
     @property
     def dit_devices(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.device for r in self.block_ranges))
+
+    def block_devices(self) -> tuple[str, ...]:
+        """Device of each DiT block, in global block order."""
+        return block_devices_of(self.block_ranges)
 
     def to_dict(self) -> dict:
         return {

@@ -166,18 +166,43 @@ def test_identical_prompt_does_not_reload_and_free_releases_shards(env, tiny):
 
 
 def test_full_detach_of_main_releases_shards_on_other_devices(env, tiny):
-    """unload_all_models only frees the default device; the ON_DETACH callback frees the rest."""
+    """unload_all_models only frees the default device; the ON_DETACH callback frees the rest. A
+    clone ShardDiT did not load (e.g. a copy being garbage collected) detaching changes nothing."""
     from harness.comfy_env import pack_module
 
     sm = pack_module(env, "loaders.comfy.sharded_model")
     _, sharded = _sharded(env, tiny)
     _ours(env, sharded, torch.zeros(1, 16, 2, 8, 8), {}, "cpu,cpu")
-    loaded = [lm.model for lm in env.mm.current_loaded_models]
-    main = next(m for m in loaded if m.is_clone(sharded))
-    main.detach(unpatch_all=False)  # a clone switch: shards stay loaded
+    main = next(m for m in env.mm.loaded_models() if m.is_clone(sharded) and sm.is_sharded(m))
+    main.clone().detach(unpatch_all=False)  # what ModelPatcher.__del__ does
     assert all(s.loaded_size() > 0 for s in sm.get_shard_patchers(main))
     main.detach(unpatch_all=True)
     assert all(s.loaded_size() == 0 for s in sm.get_shard_patchers(main))
+    env.mm.unload_all_models()
+
+
+def test_shards_released_when_a_different_clone_takes_over(env, tiny):
+    """ComfyUI loads an unsharded clone of the same weights (core's sampler would): it detaches the
+    sharded main with unpatch_all=False, and the shards must leave their devices and give the
+    blocks their original weights back. Then a sharded run loads them again."""
+    from harness.comfy_env import pack_module
+
+    sm = pack_module(env, "loaders.comfy.sharded_model")
+    base, sharded = _sharded(env, tiny)
+    latent = torch.zeros(1, 16, 2, 8, 8)
+    first = _ours(env, sharded, latent, {}, "cpu,cpu")
+    shards = sm.get_shard_patchers(sharded)
+    assert all(s.loaded_size() > 0 for s in shards)
+    blocks = base.model.diffusion_model.blocks
+    before = {k: v.clone() for k, v in blocks.state_dict().items()}
+
+    other = base.clone()
+    env.mm.load_models_gpu([other])  # a different clone takes over
+    assert all(s.loaded_size() == 0 for s in shards), "shards stayed loaded after another clone took over"
+    assert not any(sm.is_sharded(m) for m in env.mm.loaded_models())
+    assert all(torch.equal(v, before[k]) for k, v in blocks.state_dict().items())
+    assert torch.equal(_ours(env, sharded, latent, {}, "cpu,cpu"), first)
+    assert all(s.loaded_size() > 0 for s in sm.get_shard_patchers(sharded))
     env.mm.unload_all_models()
 
 

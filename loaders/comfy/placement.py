@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from typing import NamedTuple
 
 import comfy.model_management as mm
 
@@ -74,13 +75,28 @@ def _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state):
     return footprint, request
 
 
+class LoadedModel(NamedTuple):
+    """One model ComfyUI holds loaded now."""
+
+    device: str  # its load device
+    patcher: object  # comfy.model_patcher.ModelPatcher
+    loaded_bytes: int  # what sits on ``device`` now (lowvram: part of it)
+    sharddit: bool  # loaded by ShardDiT (sharded main, shard, text encoder or VAE)
+
+
+def read_loaded() -> list[LoadedModel]:
+    """What ComfyUI holds loaded now, through its public ``loaded_models()``: the one reader of
+    ComfyUI's list for ShardDiT (placement, the Plan node, the shard hooks)."""
+    return [LoadedModel(str(p.load_device), p, int(p.loaded_size()), is_sharddit_patcher(p))
+            for p in mm.loaded_models() if p is not None]
+
+
 def sharddit_holdings() -> dict[str, int]:
     """Bytes ShardDiT's own loaded models hold per device (they are re-placed, not in the way)."""
     held: dict[str, int] = {}
-    for loaded in list(mm.current_loaded_models):
-        patcher = loaded.model
-        if patcher is not None and is_sharddit_patcher(patcher):
-            held[str(loaded.device)] = held.get(str(loaded.device), 0) + int(patcher.loaded_size())
+    for loaded in read_loaded():
+        if loaded.sharddit:
+            held[loaded.device] = held.get(loaded.device, 0) + loaded.loaded_bytes
     return held
 
 
