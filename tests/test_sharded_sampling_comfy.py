@@ -129,6 +129,29 @@ def _sharded(env, tiny, devices="cpu,cpu"):
     return model, shard.execute(model, devices, 0.0).result[0]
 
 
+def _default(node, input_id):
+    return next(i for i in node.define_schema().inputs if i.id == input_id).default
+
+
+def test_ksampler_and_shard_node_plan_auto_identically(env, tiny):
+    """ShardDiTKSampler on an unsharded MODEL shards it exactly as ShardDiTShardModel does with its
+    defaults: same request (devices, reserve), so the very same shard state and plan are used."""
+    from harness.comfy_env import pack_module
+
+    sm = pack_module(env, "loaders.comfy.sharded_model")
+    shard_node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTShardModel"]
+    ksampler = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
+    devices = _default(shard_node, "devices")
+    assert devices == _default(ksampler, "devices") == "auto"
+    base = _load(env, tiny.wan21_t2v_state_dict())
+    state = sm.get_shard_state(shard_node.execute(base, devices, _default(shard_node, "reserve_vram_gb")).result[0])
+    _ours(env, base, torch.zeros(1, 16, 2, 8, 8), {}, devices)  # the KSampler shards `base` itself
+    states = list(base.model.__dict__[sm._CACHE_ATTR].values())
+    assert len(states) == 1 and states[0] is state, (
+        f"KSampler planned {[s.request_key for s in states]}, ShardModel {state.request_key}")
+    env.mm.unload_all_models()
+
+
 def test_memory_accounting_matches_plan(env, tiny):
     from harness.comfy_env import pack_module
 

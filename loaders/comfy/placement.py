@@ -15,6 +15,7 @@ from typing import NamedTuple
 import comfy.model_management as mm
 
 from ...parallel.inventory import Inventory, read_inventory
+from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
 
 log = logging.getLogger("sharddit")
@@ -42,7 +43,7 @@ def placed() -> dict:
         return {k: dict(v) for k, v in _PLACED.items()}
 
 
-def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: float = 1.0,
+def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
                           inventory: Inventory | None = None) -> str:
     """Device for a text encoder or VAE of ``nbytes``: ``device`` if explicit (checked to exist),
     else the planner's choice: a GPU the DiT does not use when one fits, else beside the DiT,

@@ -35,6 +35,7 @@ import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
+from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
 from ...parallel.routing import BlockRouter
 from ...parallel.sharding import build_block_proxies, get_block_list
@@ -71,7 +72,8 @@ class ShardRoot(torch.nn.Module):
         return self._dtype
 
 
-def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inventory=None):
+def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
+                inventory=None):
     """Return a sharded clone of ``model`` (a ComfyUI ModelPatcher); ``model`` is not mutated.
 
     Everything that can fail on user input (unknown architecture, bad device string, a plan that

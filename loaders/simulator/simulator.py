@@ -17,6 +17,7 @@ import time
 import torch
 
 from ...parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
+from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
 from . import presets
 from .simulator_run import first_blocks_only, run_fake_forward
@@ -31,8 +32,8 @@ _WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.fl
                   "fp32": torch.float32}
 
 
-def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, frames: int = 81,
-             batch: int | None = None, dtype: str | None = "bf16", reserve_vram_gb: float = 0.0,
+def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: int = 480, frames: int = 81,
+             batch: int | None = None, dtype: str | None = "bf16", reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
              inventory: Inventory | None = None) -> SimulationReport:
     """Simulate one DiT forward on the planned devices; per-device weights, peak and verdict.
 
