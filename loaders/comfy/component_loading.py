@@ -43,10 +43,6 @@ def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_
     return clip
 
 
-def vae_names() -> list[str]:
-    return folder_paths.get_filename_list("vae")
-
-
 def load_vae(vae_name: str, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
     path = check_file_name("vae", vae_name)
     check_component_device(device)
