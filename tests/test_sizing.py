@@ -1,5 +1,4 @@
 """Sizing helpers on meta toy modules (pure torch, CI). fp32 = 4 bytes, bf16 = 2 bytes."""
-import pytest
 import torch
 from harness.toy_dit import ToyDiT, ToyMMDiT
 
