@@ -150,3 +150,26 @@ def test_stock_sampler_after_sharded_lora_run(env, tiny, tmp_path):
     assert torch.equal(_ours(env, with_lora, latent, {}, "cpu,cpu"), ref)
     assert torch.equal(_stock(env, base, latent, {}), plain)
     assert torch.equal(_ours(env, with_lora, latent, {}, "cpu,cpu"), ref)
+
+
+def test_ksampler_on_unsharded_model_twice_does_not_reload(env, tiny):
+    """Core loader -> ShardDiTKSampler, queued twice: the second run reuses the loaded shards even
+    though the KSampler's sharded clone of the first run is gone."""
+    import gc
+
+    from comfy.patcher_extension import CallbacksMP
+    from harness.comfy_env import pack_module
+
+    sm = pack_module(env, "loaders.comfy.sharded_model")
+    base = _load(env, tiny.wan21_t2v_state_dict())
+    latent = torch.zeros(1, 16, 2, 8, 8)
+    first = _ours(env, base, latent, {}, "cpu,cpu")
+    gc.collect()
+    (state,) = base.model.__dict__[sm._CACHE_ATTR].values()
+    assert all(e.root.model_loaded_weight_memory > 0 for e in state.roots)
+    loads = []
+    for entry in state.roots:
+        entry.template.add_callback(CallbacksMP.ON_LOAD, lambda p, *a: loads.append(p))
+    assert torch.equal(_ours(env, base, latent, {}, "cpu,cpu"), first)
+    assert loads == [], "the second prompt must not reload the shards"
+    env.mm.unload_all_models()
