@@ -3,7 +3,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..loaders.comfy import component_loading, model_loading
-from .common_inputs import devices_input, reserve_vram_input
+from .common_inputs import DEFAULT_DEVICES, devices_input, reserve_vram_input
 
 CATEGORY = "sharddit/loaders"
 
@@ -29,7 +29,7 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, unet_name, devices="auto"):
+    def validate_inputs(cls, unet_name, devices=DEFAULT_DEVICES):
         return _validate((model_loading.check_file_name, "diffusion_models", unet_name),
                          (model_loading.check_devices, devices))
 

@@ -2,8 +2,8 @@
 import comfy.samplers
 from comfy_api.latest import io
 
-from ..loaders.comfy import sampling
-from .common_inputs import devices_input, reserve_vram_input
+from ..loaders.comfy import sampling, sharded_model
+from .common_inputs import DEFAULT_DEVICES, devices_input, reserve_vram_input
 
 CATEGORY = "sharddit/sampling"
 
@@ -26,12 +26,12 @@ class ShardDiTShardModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices="auto"):
+    def validate_inputs(cls, devices=DEFAULT_DEVICES):
         return sampling.validate_devices(devices)
 
     @classmethod
     def execute(cls, model, devices, reserve_vram_gb) -> io.NodeOutput:
-        return io.NodeOutput(sampling.shard(model, devices, reserve_vram_gb))
+        return io.NodeOutput(sharded_model.shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb))
 
 
 class ShardDiTKSampler(io.ComfyNode):
@@ -65,12 +65,12 @@ class ShardDiTKSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices="auto"):
+    def validate_inputs(cls, devices=DEFAULT_DEVICES):
         return sampling.validate_devices(devices)
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                denoise=1.0, devices="auto") -> io.NodeOutput:
+                denoise=1.0, devices=DEFAULT_DEVICES) -> io.NodeOutput:
         out = sampling.ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                latent_image, denoise)
         return io.NodeOutput(out)

@@ -1,6 +1,7 @@
 """Sampling glue: shard when needed, then run core's own KSampler code path unchanged."""
 import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on sys.path)
 
+from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .model_loading import check_devices
 from .sharded_model import is_sharded, shard_model
 
@@ -14,13 +15,10 @@ def validate_devices(devices: str):
     return True
 
 
-def shard(model, devices: str, reserve_vram_gb: float = 1.0):
-    return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb)
-
-
 def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise=1.0):
-    """Core KSampler maths (``nodes.common_ksampler``, ProgressBar per step) on a sharded model."""
+    """Core KSampler maths (``nodes.common_ksampler``, ProgressBar per step) on a sharded model.
+    An unsharded MODEL is sharded as ``ShardDiTShardModel`` does with its default reserve."""
     if not is_sharded(model):
-        model = shard_model(model, devices=devices)
+        model = shard_model(model, devices=devices, reserve_vram_gb=DEFAULT_RESERVE_VRAM_GB)
     return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                        latent, denoise=denoise)[0]

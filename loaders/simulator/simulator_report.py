@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...parallel.plan_ranges import compute_block_ranges
+from ...parallel.plan_types import BlockRange
 
 __all__ = ["DeviceReport", "SimulationReport", "fallback_block_ranges", "format_gib"]
 
@@ -177,4 +178,4 @@ def fallback_block_ranges(inventory, request, block_bytes) -> list:
         info = inventory.get(dev) if dev in inventory.names else None
         caps.append(max(1, (info.available_bytes if info else _GiB) - request.reserve_bytes))
     ranges = compute_block_ranges(block_bytes, caps) or [(0, len(block_bytes))]
-    return [(dev, a, b) for dev, (a, b) in zip(devices, ranges) if b > a]
+    return [BlockRange(dev, a, b) for dev, (a, b) in zip(devices, ranges) if b > a]
