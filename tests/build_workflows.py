@@ -56,9 +56,10 @@ GROUP_FONT = 24
 # source badge drawn above it (24), the group's title bar (font 24 x 1.4 = 34) and a gap.
 GROUP_TOP, GROUP_PAD = 96, 10
 TITLE_CHAR_W = 0.55 * GROUP_FONT   # Arial, mixed case: a safe upper bound per character
-# The saved view shows the whole graph in a 1600 x 1000 window (canvas minus the side bar and the
-# top bar) at a zoom where the frontend still draws text (it drops it below about 0.57).
-WINDOW = (80, 100, 1590, 990)      # x0, y0, x1, y1 of the free canvas in CSS pixels
+# The saved view shows the whole graph in a 1600 x 1000 window at a zoom where the frontend still
+# draws text (it drops it below about 0.57). Its canvas starts right of the side bar (64 px) and
+# below the top bar (78 px): 1536 x 922 CSS pixels; view offsets are relative to the canvas.
+WINDOW = (12, 12, 1524, 910)       # x0, y0, x1, y1 inside the canvas, CSS pixels
 MIN_SCALE, MAX_SCALE = 0.6, 0.8
 # Columns of the pipeline (x) and the left column (note and Plan node).
 LEFT_X, LEFT_W = -520, 480

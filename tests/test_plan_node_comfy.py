@@ -41,7 +41,7 @@ def test_execute_shows_plan_text(env):
     assert image["type"] == "temp" and out.ui["animated"] == (False,)
     path = Path(env.folder_paths.get_temp_directory()) / image["subfolder"] / image["filename"]
     with Image.open(path) as png:
-        assert png.format == "PNG" and png.width == 960 and 200 < png.height < 400
+        assert png.format == "PNG" and png.width == 600 and 200 < png.height < 400
         # the title is drawn green: it fits
         assert (90, 200, 110) in {png.convert("RGB").getpixel((x, 24)) for x in range(16, 120)}
 

@@ -29,8 +29,8 @@ def _runs(img, y, colour):
 
 
 def _bar_rows(img, pic):
-    """y of the middle of each device's bar (the rows that hold the reserve colour or blocks)."""
-    return [48 + 20 * len(pic.subtitle.splitlines()) + 54 * i + 4 + 15 for i in range(len(pic.bars))]
+    """y of a pixel row inside each device's bar, above the GiB labels."""
+    return [48 + 20 * len(pic.subtitle.splitlines()) + 54 * i + 4 + 4 for i in range(len(pic.bars))]
 
 
 def test_segments_from_report():

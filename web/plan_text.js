@@ -24,8 +24,6 @@ function showPlanText(node, text) {
     }
   }
   widget.value = text;
-  const [w, h] = node.size;
-  node.setSize([Math.max(w, 640), Math.max(h, node.computeSize()[1])]);
   node.setDirtyCanvas(true, true);
 }
 

@@ -16,7 +16,7 @@ _GiB = 1 << 30
 # (key, legend label, fill colour) in stacking order, left to right.
 SEGMENTS = (
     ("other", "used by other programs", (150, 150, 150)),
-    ("home", "DiT home (embeddings, head)", (229, 140, 40)),
+    ("home", "DiT home (embed, head)", (229, 140, 40)),
     ("blocks", "DiT blocks", (66, 133, 244)),
     ("text_encoder", "text encoder", (156, 100, 210)),
     ("vae", "VAE", (0, 170, 160)),
@@ -71,14 +71,14 @@ def picture_from_report(report) -> PlanPicture:
         need = d.weights + d.peak_activations
         if d.usable is None:  # RAM size unknown: the planner assumes enough
             seg["free"] = 0
-            bars.append(DeviceBar(d.device, f"{d.describe_blocks()}, RAM not checked", seg, max(need, 1), None))
+            bars.append(DeviceBar(d.device, f"{_blocks(d)}, RAM not checked", seg, max(need, 1), None))
             continue
         res = 0 if d.device == "cpu" else reserve
         total = max(d.total, d.usable + res, 1)
         other = max(0, total - (d.usable + res))
         usable_at = other + d.usable
         seg = {"other": other, **seg, "free": max(0, usable_at - other - need), "reserve": res}
-        label = f"{_gib(total)} GiB{' RAM' if d.device == 'cpu' else ''}, {d.describe_blocks()}"
+        label = f"{_gib(total)} GiB{' RAM' if d.device == 'cpu' else ''}, {_blocks(d)}"
         bars.append(DeviceBar(d.device, label, seg, total, usable_at, short=d.shortfall))
     w, h, f = report.size
     verdict = "FITS" if report.fits else "DOES NOT FIT"
@@ -91,6 +91,11 @@ def picture_from_report(report) -> PlanPicture:
     footnote = ("Text encoder and VAE not simulated (ComfyUI runs them before and after the DiT); "
                 "not counted: CUDA context (~0.5 GiB per GPU), fragmentation.")
     return PlanPicture(f"{verdict} - {strategy}", report.fits, bars, footnote, "\n".join(lines))
+
+
+def _blocks(d) -> str:
+    """``blocks 0-19`` (the home part has its own colour)."""
+    return d.describe_blocks().replace("home + ", "").replace("home", "DiT home")
 
 
 def _strategy(report) -> str:
@@ -115,6 +120,17 @@ def _text_width(draw, text: str, font) -> int:
     return x1 - x0
 
 
+def _wrap(draw, text: str, font, width: int) -> list:
+    lines, line = [], ""
+    for word in text.split():
+        if line and _text_width(draw, f"{line} {word}", font) > width:
+            lines.append(line)
+            line = word
+        else:
+            line = f"{line} {word}".strip()
+    return lines + [line] if line else lines
+
+
 def _fit(draw, text: str, font, width: int) -> str:
     """``text`` cut with an ellipsis to ``width`` pixels."""
     if _text_width(draw, text, font) <= width:
@@ -124,24 +140,26 @@ def _fit(draw, text: str, font, width: int) -> str:
     return text + "..."
 
 
-def draw_plan_picture(pic: PlanPicture, width: int = 960):
+def draw_plan_picture(pic: PlanPicture, width: int = 600):
     """A PIL RGB image of ``pic``: title, one bar per device, a usable line, a legend."""
     from PIL import Image, ImageDraw
 
     f_title, f_text, f_small = _font(20), _font(15), _font(13)
-    label_w, pad, row_h, bar_h = 190, 16, 54, 30
+    label_w, pad, row_h, bar_h = 140, 12, 54, 30
     used = [k for k, _, _ in SEGMENTS if any(b.segments.get(k, 0) > 0 for b in pic.bars)]
-    legend_rows = (len(used) + 3) // 4
+    cols = max(2, (width - 2 * pad) // 190)
+    legend_rows = (len(used) + cols - 1) // cols
     subtitle = pic.subtitle.splitlines()
     top = 48 + 20 * len(subtitle)
-    height = top + row_h * len(pic.bars) + 14 + 22 * legend_rows + 50
+    foot = _wrap(ImageDraw.Draw(Image.new("RGB", (1, 1))), pic.footnote, f_small, width - 2 * pad)
+    height = top + row_h * len(pic.bars) + 14 + 22 * legend_rows + 34 + 18 * len(foot)
     img = Image.new("RGB", (width, height), _BG)
     draw = ImageDraw.Draw(img)
     draw.text((pad, 14), _fit(draw, pic.title, f_title, width - 2 * pad), fill=_OK if pic.fits else _BAD, font=f_title)
     for i, line in enumerate(subtitle):
         draw.text((pad, 44 + 20 * i), _fit(draw, line, f_text if i == 0 else f_small, width - 2 * pad),
                   fill=_FG if i == 0 else _DIM, font=f_text if i == 0 else f_small)
-    x0, x1 = pad + label_w, width - pad - 70
+    x0, x1 = pad + label_w, width - pad - 72
     scale_max = max([b.capacity for b in pic.bars] + [1]
                     + [sum(v for k, v in b.segments.items() if k not in ("free", "reserve")) for b in pic.bars])
     px = (x1 - x0) / scale_max
@@ -151,15 +169,16 @@ def draw_plan_picture(pic: PlanPicture, width: int = 960):
         draw.text((pad, y + 22), _fit(draw, bar.label, f_small, label_w - 8), fill=_DIM, font=f_small)
         _draw_bar(draw, bar, x0, y + 4, bar_h, px, f_small)
     y = top + row_h * len(pic.bars) + 10
-    col_w = (width - 2 * pad) // 4
+    col_w = (width - 2 * pad) // cols
     for j, key in enumerate(used):
-        lx, ly = pad + (j % 4) * col_w, y + (j // 4) * 22
+        lx, ly = pad + (j % cols) * col_w, y + (j // cols) * 22
         draw.rectangle((lx, ly + 3, lx + 14, ly + 15), fill=_COLOURS[key], outline=_DIM)
         draw.text((lx + 20, ly + 1), dict((k, n) for k, n, _ in SEGMENTS)[key], fill=_FG, font=f_small)
     y += 22 * legend_rows + 6
     draw.line((pad, y + 7, pad + 18, y + 7), fill=_LINE, width=3)
     draw.text((pad + 26, y), "usable by ShardDiT (free minus reserve); sizes in GiB", fill=_FG, font=f_small)
-    draw.text((pad, y + 20), _fit(draw, pic.footnote, f_small, width - 2 * pad), fill=_DIM, font=f_small)
+    for i, line in enumerate(foot):
+        draw.text((pad, y + 22 + 18 * i), line, fill=_DIM, font=f_small)
     return img
 
 
