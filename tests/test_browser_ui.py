@@ -197,3 +197,23 @@ def _empty_spot(state):
             if not any(browser.overlaps([x - 5, y - 5, 10, 10], b) for b in boxes):
                 return x, y
     raise AssertionError("no empty canvas to double-click")
+
+
+def test_template_browser_offers_the_ui_workflows_with_thumbnails(ui, shots, comfy_server):
+    """Templates -> Custom Nodes -> sharddit: the 4 UI workflows, each card with its JPEG; no API twin."""
+    assert sorted(comfy_server._get("/workflow_templates")["sharddit"]) == sorted(UI_FILES)
+    thumbs = {}
+    ui.on("response", lambda r: "/workflow_templates/sharddit/" in r.url and thumbs.setdefault(r.url.split("/")[-1], r.status))
+    ui.keyboard.press("Escape")
+    ui.get_by_role("button", name="Templates").first.click()
+    ui.get_by_text("sharddit", exact=True).first.click()
+    names = sorted(UI_FILES)
+    ui.wait_for_function("""(names) => { const d = document.querySelector('[role=dialog]');
+        return d && names.every(n => d.innerText.includes(n)) &&
+               [...d.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 0).length >= names.length; }""",
+                         arg=names, timeout=15_000)
+    text = ui.evaluate("() => document.querySelector('[role=dialog]').innerText")
+    browser.screenshot(ui, shots / "templates.png")
+    ui.keyboard.press("Escape")
+    assert "_api" not in text, "an API twin is offered as a template"
+    assert {n: thumbs.get(f"{n}.jpg") for n in names} == {n: 200 for n in names}, thumbs
