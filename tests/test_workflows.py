@@ -252,3 +252,17 @@ def test_widget_map_handles_control_after_generate():
     assert wt.widget_map(spec, vals)["noise_seed"] == 5
     with pytest.raises(ValueError):
         wt.widget_map(spec, ["enable", 5, 20, 3.5, "euler", "simple", 0, 10, "enable"])
+
+
+def test_readme_commands_name_files_that_exist_from_the_comfyui_folder():
+    """README and workflows/README tell users to run ``comfy run --workflow PATH`` (and ``cat PATH``)
+    from the ComfyUI folder, with the pack in custom_nodes/sharddit: every such PATH exists."""
+    import re
+
+    prefix = "custom_nodes/sharddit/"
+    for doc in (wt.REPO / "README.md", wt.WORKFLOWS_DIR / "README.md"):
+        paths = re.findall(r"(?:--workflow|cat|open\()\s*\"?(\S+?\.json)", doc.read_text())
+        assert paths, doc.name
+        for path in paths:
+            assert path.startswith(prefix), f"{doc.name}: {path} does not work from the ComfyUI folder"
+            assert (wt.REPO / path[len(prefix):]).is_file(), f"{doc.name}: {path} does not exist"
