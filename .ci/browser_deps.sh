@@ -11,4 +11,4 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 "$python" -m pip install -q playwright
 /usr/bin/chromium --version
-"$python" -c "import playwright; print('playwright', playwright.__version__)"
+"$python" -c "import playwright.sync_api; print('[ShardDiT] playwright ready')"
