@@ -35,7 +35,7 @@ class DeviceBar:
 
     device: str
     label: str
-    """Second line under the device name (e.g. ``24.0 GiB, blocks 0-19``)."""
+    """Second line under the device name (e.g. ``blocks 0-19``)."""
     segments: dict
     capacity: int
     """Bar length in bytes (the device's total memory)."""
@@ -43,6 +43,8 @@ class DeviceBar:
     """Where the usable line goes (bytes from the left); None when not checked (cpu)."""
     short: int = 0
     """Bytes the device is short of; drawn as a red overhang."""
+    size: str = ""
+    """Beside the device name (e.g. ``24.0 GiB``)."""
 
 
 @dataclass
@@ -78,8 +80,8 @@ def picture_from_report(report) -> PlanPicture:
         other = max(0, total - (d.usable + res))
         usable_at = other + d.usable
         seg = {"other": other, **seg, "free": max(0, usable_at - other - need), "reserve": res}
-        label = f"{_gib(total)} GiB{' RAM' if d.device == 'cpu' else ''}, {_blocks(d)}"
-        bars.append(DeviceBar(d.device, label, seg, total, usable_at, short=d.shortfall))
+        size = f"{_gib(total)} GiB{' RAM' if d.device == 'cpu' else ''}"
+        bars.append(DeviceBar(d.device, _blocks(d), seg, total, usable_at, short=d.shortfall, size=size))
     w, h, f = report.size
     verdict = "FITS" if report.fits else "DOES NOT FIT"
     if report.plan is None and not any(b.short for b in bars):
@@ -166,6 +168,10 @@ def draw_plan_picture(pic: PlanPicture, width: int = 600):
     for i, bar in enumerate(pic.bars):
         y = top + i * row_h
         draw.text((pad, y + 2), bar.device, fill=_FG, font=f_text)
+        if bar.size:
+            draw.text((pad + _text_width(draw, bar.device, f_text) + 6, y + 4),
+                      _fit(draw, bar.size, f_small, label_w - 14 - _text_width(draw, bar.device, f_text)),
+                      fill=_DIM, font=f_small)
         draw.text((pad, y + 22), _fit(draw, bar.label, f_small, label_w - 8), fill=_DIM, font=f_small)
         _draw_bar(draw, bar, x0, y + 4, bar_h, px, f_small)
     y = top + row_h * len(pic.bars) + 10
