@@ -1,4 +1,7 @@
-"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/simulator/plan_node.py)."""
+"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/simulator/plan_node.py).
+
+In the UI the node shows a picture of the plan (ComfyUI's image preview) and the text table (the
+``text`` entry, drawn by ``web/plan_text.js``)."""
 from comfy_api.latest import io, ui
 
 from ..loaders.simulator import plan_node, presets, simulator
@@ -41,8 +44,9 @@ class ShardDiTPlan(io.ComfyNode):
 
     @classmethod
     def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb) -> io.NodeOutput:
-        text, _ = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
-        return io.NodeOutput(text, ui=ui.PreviewText(text))
+        text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
+        picture = ui.PreviewImage(plan_node.picture_tensor(report), cls=cls)
+        return io.NodeOutput(text, ui={**picture.as_dict(), **ui.PreviewText(text).as_dict()})
 
 
 NODES = [ShardDiTPlan]

@@ -21,6 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS_DIR = REPO / "workflows"
+# API twins: below the template folder, so ComfyUI does not offer them as templates.
+API_DIR = WORKFLOWS_DIR / "api"
 NODES_DIR = REPO / "nodes"
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
@@ -273,13 +275,8 @@ def node_table(sharddit: dict | None = None) -> dict:
 
 # ----------------------------------------------------------------------------- workflows
 def workflow_pairs(directory: Path = WORKFLOWS_DIR) -> list:
-    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``<name>_api.json``."""
-    out = []
-    for ui in sorted(directory.glob("*.json")):
-        if ui.stem.endswith("_api"):
-            continue
-        out.append((ui.stem, ui, directory / f"{ui.stem}_api.json"))
-    return out
+    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``api/<name>_api.json``."""
+    return [(ui.stem, ui, directory / "api" / f"{ui.stem}_api.json") for ui in sorted(directory.glob("*.json"))]
 
 
 def load(path: Path) -> dict:

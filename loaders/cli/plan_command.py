@@ -33,6 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument("--reserve-vram-gb", type=float, default=DEFAULT_RESERVE_VRAM_GB,
                    help=f"GiB to leave free on every GPU (default {DEFAULT_RESERVE_VRAM_GB}, as the nodes)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--png", metavar="FILE", help="also write the plan as a picture (the one the Plan node shows)")
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -50,4 +51,9 @@ def run(args) -> int:
     report = simulate(args.model, devices=args.devices, width=width, height=height, frames=args.frames,
                       batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
+    if args.png:
+        from ..simulator.plan_picture import draw_plan_picture, picture_from_report
+
+        draw_plan_picture(picture_from_report(report)).save(args.png)
+        print(f"[ShardDiT] plan picture written to {args.png}")
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT

@@ -1,5 +1,5 @@
 """Logic of the ``ShardDiTPlan`` node: inventory with what ComfyUI and ShardDiT hold, then the
-simulated plan for the chosen preset, as one text."""
+simulated plan for the chosen preset, as one text and as a picture (``plan_picture``)."""
 from __future__ import annotations
 
 from ...parallel.inventory import read_inventory
@@ -7,7 +7,7 @@ from ..comfy.placement import read_loaded
 from ..comfy.shard_hooks import get_shard_state
 from . import simulator
 
-__all__ = ["BATCH_CHOICES", "read_holdings", "run_plan"]
+__all__ = ["BATCH_CHOICES", "picture_tensor", "read_holdings", "run_plan"]
 
 BATCH_CHOICES = ("auto", "1", "2")
 
@@ -22,8 +22,8 @@ def read_holdings() -> dict[str, tuple[int, int]]:
 
 
 def run_plan(model: str, devices: str, width: int, height: int, frames: int, batch: str,
-             dtype: str, reserve_vram_gb: float) -> tuple[str, bool]:
-    """(text, fits). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs)."""
+             dtype: str, reserve_vram_gb: float) -> tuple[str, object]:
+    """(text, SimulationReport). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs)."""
     holdings = read_holdings()
     devices = str(devices).strip() or "auto"
     inventory = None
@@ -36,7 +36,18 @@ def run_plan(model: str, devices: str, width: int, height: int, frames: int, bat
                                 reserve_vram_gb=reserve_vram_gb, inventory=inventory)
     text = report.to_text(holdings if inventory is not None else None)
     current = describe_current_placements(inventory)
-    return (text + "\n\n" + current if current else text), report.fits
+    return (text + "\n\n" + current if current else text), report
+
+
+def picture_tensor(report):
+    """The plan picture as a ComfyUI IMAGE batch (1 x H x W x 3 float in [0, 1])."""
+    import numpy as np
+    import torch
+
+    from .plan_picture import draw_plan_picture, picture_from_report
+
+    pixels = np.asarray(draw_plan_picture(picture_from_report(report)), dtype=np.float32) / 255.0
+    return torch.from_numpy(pixels).unsqueeze(0)
 
 
 def describe_current_placements(inventory) -> str:

@@ -132,7 +132,8 @@ def _simulate_batch(ctx: SimContext, batch: int, batch_given: bool) -> Simulatio
         model=spec.name, family=spec.family, dtype=ctx.dtype, size=ctx.size,
         latent_shape=spec.geometry.latent_shape(*ctx.size, batch), batch=batch,
         batch_given=batch_given, experts=spec.experts, inventory=inventory, plan=plan,
-        plan_error=error, devices=devices, reserve_vram_gb=ctx.request.reserve_vram_gb)
+        plan_error=error, devices=devices, reserve_vram_gb=ctx.request.reserve_vram_gb,
+        home_bytes=ctx.home_bytes)
     log.info("[ShardDiT] simulated %s batch %d: %s", spec.name, batch,
              "fits" if report.fits else "does not fit")
     return report
@@ -171,8 +172,16 @@ def _device_reports(ctx, measured: dict, block_devices: list, home: str) -> list
         info = ctx.inventory.get(device) if device in ctx.inventory.names else None
         blocks = [i for i, d in enumerate(block_devices) if d == device]
         weights, peak = measured.get(device, (0, 0))
-        usable = None if info is None or device == "cpu" else info.available_bytes - reserve
+        usable = _usable(info, device, reserve)
         out.append(DeviceReport(device, info.name if info else "CPU", info.total_bytes if info else 0,
                                 info.free_bytes if info else 0, usable, weights, peak,
                                 blocks, device == home))
     return out
+
+
+def _usable(info, device: str, reserve: int) -> int | None:
+    """What the planner lets this device hold: free + held - reserve (GPU), available RAM (cpu,
+    no reserve), None when the RAM size is unknown (the planner then assumes enough)."""
+    if info is None or (device == "cpu" and not info.total_bytes):
+        return None
+    return info.available_bytes if device == "cpu" else info.available_bytes - reserve
