@@ -52,6 +52,18 @@ def import_comfyui(use_cuda: bool = False, quiet: bool = False) -> Path:
     root = find_comfyui()
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
+    try:
+        return _import(root, use_cuda, quiet)
+    except ModuleNotFoundError as err:
+        if err.name and err.name.split(".")[0] in ("comfy", "comfy_api", "folder_paths"):
+            raise
+        raise ComfyUINotFound(
+            f"[ShardDiT] ComfyUI at {root} needs the Python package {err.name!r}, which {sys.executable} "
+            f"lacks: run with ComfyUI's own Python, or install its requirements into this one "
+            f"(pip install -r {root / 'requirements.txt'})") from None
+
+
+def _import(root: Path, use_cuda: bool, quiet: bool) -> Path:
     import comfy.options
 
     comfy.options.enable_args_parsing(False)

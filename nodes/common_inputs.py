@@ -1,7 +1,16 @@
-"""Inputs several ShardDiT nodes share, defined once (same name, default and tooltip everywhere)."""
+"""The inputs several ShardDiT nodes share, defined once: same name, default and tooltip in every
+node. Defaults come from ``parallel/plan_types.py`` (``DEFAULT_DEVICES``,
+``DEFAULT_RESERVE_VRAM_GB``), which the KSampler path, the CLI and the simulator use too.
+
+A new shared input (e.g. the ``parallel`` mode) gets its helper here and its default there.
+"""
 from comfy_api.latest import io
 
-from ..loaders.comfy.sharded_model import PARALLEL_MODES
+from ..parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
+from ..parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
+
+__all__ = ["DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DEVICES_TOOLTIP", "devices_input",
+           "parallel_input", "reserve_vram_input"]
 
 DEVICES_TOOLTIP = (
     "Where the DiT blocks run. 'auto' plans from the free VRAM of every GPU (fewest GPUs that fit). "
@@ -10,13 +19,13 @@ DEVICES_TOOLTIP = (
 )
 
 
-def devices_input(id: str = "devices", default: str = "auto", tooltip: str = DEVICES_TOOLTIP) -> io.String.Input:
+def devices_input(id: str = "devices", default: str = DEFAULT_DEVICES, tooltip: str = DEVICES_TOOLTIP) -> io.String.Input:
     return io.String.Input(id, default=default, multiline=False, tooltip=tooltip)
 
 
 def reserve_vram_input() -> io.Float.Input:
     return io.Float.Input(
-        "reserve_vram_gb", default=1.0, min=0.0, max=1024.0, step=0.1,
+        "reserve_vram_gb", default=DEFAULT_RESERVE_VRAM_GB, min=0.0, max=1024.0, step=0.1,
         tooltip="GiB left free on every GPU for the CUDA context, other apps and allocator slack; "
                 "the planner never fills it with weights or activations.",
     )
@@ -32,5 +41,5 @@ PARALLEL_TOOLTIP = (
 
 def parallel_input() -> io.Combo.Input:
     # optional: workflows saved before the input existed keep validating (execute defaults to auto)
-    return io.Combo.Input("parallel", options=list(PARALLEL_MODES), default="auto", optional=True,
+    return io.Combo.Input("parallel", options=list(PARALLEL_MODES), default=DEFAULT_PARALLEL, optional=True,
                           tooltip=PARALLEL_TOOLTIP)

@@ -1,9 +1,16 @@
-"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/simulator/plan_node.py)."""
+"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/simulator/plan_node.py).
+
+In the UI the node shows a picture of the plan (ComfyUI's image preview) and the text table (the
+``text`` entry, drawn by ``web/plan_text.js``)."""
 from comfy_api.latest import io, ui
 
 from ..loaders.simulator import plan_node, presets, simulator
+from .common_inputs import devices_input, reserve_vram_input
 
 CATEGORY = "sharddit/debug"
+PLAN_DEVICES_TOOLTIP = (
+    "'auto': this machine's GPUs, read now. A list 'cuda:0,cuda:1' to use those. Or imagined "
+    "GPUs with their free memory, 'cuda:0=24GiB,cuda:1=12GiB', to ask 'would it fit there?'.")
 
 
 class ShardDiTPlan(io.ComfyNode):
@@ -18,9 +25,7 @@ class ShardDiTPlan(io.ComfyNode):
                         "weights, peak activations and whether it fits.",
             is_output_node=True,
             inputs=[
-                io.String.Input("devices", default="auto", tooltip=(
-                    "'auto': this machine's GPUs, read now. A list 'cuda:0,cuda:1' to use those. Or imagined "
-                    "GPUs with their free memory, 'cuda:0=24GiB,cuda:1=12GiB', to ask 'would it fit there?'.")),
+                devices_input(tooltip=PLAN_DEVICES_TOOLTIP),
                 io.Combo.Input("model", options=presets.preset_names(), default="wan2.1-t2v-14b",
                                tooltip="Model architecture to simulate (ComfyUI's own class, built without weights)."),
                 io.Int.Input("width", default=832, min=16, max=8192, step=16, tooltip="Video width in pixels."),
@@ -32,16 +37,16 @@ class ShardDiTPlan(io.ComfyNode):
                     "(what ComfyUI's sampler does).")),
                 io.Combo.Input("dtype", options=list(simulator.DTYPES), default="bf16",
                                tooltip="Weight dtype; fp8 = 1-byte weights computed in bf16."),
-                io.Float.Input("reserve_vram_gb", default=1.0, min=0.0, max=1024.0, step=0.1,
-                               tooltip="GiB left free on every GPU (CUDA context ~0.5 GiB, other apps, slack)."),
+                reserve_vram_input(),
             ],
             outputs=[io.String.Output(display_name="plan", tooltip="The inventory and plan as text.")],
         )
 
     @classmethod
     def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb) -> io.NodeOutput:
-        text, _ = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
-        return io.NodeOutput(text, ui=ui.PreviewText(text))
+        text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
+        picture = ui.PreviewImage(plan_node.picture_tensor(report), cls=cls)
+        return io.NodeOutput(text, ui={**picture.as_dict(), **ui.PreviewText(text).as_dict()})
 
 
 NODES = [ShardDiTPlan]

@@ -3,9 +3,15 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..loaders.comfy import component_loading, model_loading
-from .common_inputs import devices_input, parallel_input, reserve_vram_input
+from .common_inputs import DEFAULT_DEVICES, DEFAULT_PARALLEL, devices_input, parallel_input, reserve_vram_input
 
 CATEGORY = "sharddit/loaders"
+
+
+def _first_file(folder: str):
+    """Default of a file combo: its first file (without one the frontend's node-search preview
+    card shows ``undefined``; core's V1 loaders get this from their list)."""
+    return next(iter(folder_paths.get_filename_list(folder)), None)
 
 
 class ShardDiTLoadDiffusionModel(io.ComfyNode):
@@ -19,8 +25,9 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
                         "plan made from free VRAM; no GPU ever holds the whole model.",
             inputs=[
                 io.Combo.Input("unet_name", options=folder_paths.get_filename_list("diffusion_models"),
+                               default=_first_file("diffusion_models"),
                                tooltip="A diffusion model file in ComfyUI/models/diffusion_models."),
-                io.Combo.Input("weight_dtype", options=model_loading.WEIGHT_DTYPES,
+                io.Combo.Input("weight_dtype", options=model_loading.WEIGHT_DTYPES, default="default",
                                tooltip="Weight dtype, as in core's loader: fp8 halves the VRAM the blocks need."),
                 devices_input(),
                 reserve_vram_input(),
@@ -30,12 +37,12 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, unet_name, devices="auto"):
+    def validate_inputs(cls, unet_name, devices=DEFAULT_DEVICES):
         return _validate((model_loading.check_file_name, "diffusion_models", unet_name),
                          (model_loading.check_devices, devices))
 
     @classmethod
-    def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb, parallel="auto") -> io.NodeOutput:
+    def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
         return io.NodeOutput(model_loading.load_sharded_diffusion_model(unet_name, weight_dtype, devices,
                                                                         reserve_vram_gb, parallel))
 
@@ -55,6 +62,7 @@ class ShardDiTLoadTextEncoder(io.ComfyNode):
             description="Core 'Load CLIP' with the device chosen from free VRAM (or given).",
             inputs=[
                 io.Combo.Input("clip_name", options=folder_paths.get_filename_list("text_encoders"),
+                               default=_first_file("text_encoders"),
                                tooltip="A text encoder file in ComfyUI/models/text_encoders (e.g. umt5_xxl for Wan)."),
                 io.Combo.Input("type", options=component_loading.clip_types(), default="wan",
                                tooltip="The model family the text encoder is for (core CLIPLoader's list)."),
@@ -82,7 +90,7 @@ class ShardDiTLoadVAE(io.ComfyNode):
             category=CATEGORY,
             description="Core 'Load VAE' with the device chosen from free VRAM (or given).",
             inputs=[
-                io.Combo.Input("vae_name", options=folder_paths.get_filename_list("vae"),
+                io.Combo.Input("vae_name", options=folder_paths.get_filename_list("vae"), default=_first_file("vae"),
                                tooltip="A VAE file in ComfyUI/models/vae (e.g. wan_2.1_vae.safetensors)."),
                 devices_input("device", tooltip=DEVICE_TOOLTIP),
             ],

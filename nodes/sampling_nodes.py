@@ -2,8 +2,8 @@
 import comfy.samplers
 from comfy_api.latest import io
 
-from ..loaders.comfy import sampling
-from .common_inputs import devices_input, parallel_input, reserve_vram_input
+from ..loaders.comfy import sampling, sharded_model
+from .common_inputs import DEFAULT_DEVICES, DEFAULT_PARALLEL, devices_input, parallel_input, reserve_vram_input
 
 CATEGORY = "sharddit/sampling"
 
@@ -27,12 +27,13 @@ class ShardDiTShardModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices="auto"):
+    def validate_inputs(cls, devices=DEFAULT_DEVICES):
         return sampling.validate_devices(devices)
 
     @classmethod
-    def execute(cls, model, devices, reserve_vram_gb, parallel="auto") -> io.NodeOutput:
-        return io.NodeOutput(sampling.shard(model, devices, reserve_vram_gb, parallel))
+    def execute(cls, model, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
+        return io.NodeOutput(sharded_model.shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb,
+                                                       parallel=parallel))
 
 
 class ShardDiTKSampler(io.ComfyNode):
@@ -51,9 +52,9 @@ class ShardDiTKSampler(io.ComfyNode):
                 io.Int.Input("steps", default=20, min=1, max=10000, tooltip="The number of steps used in the denoising process."),
                 io.Float.Input("cfg", default=8.0, min=0.0, max=100.0, step=0.1, round=0.01,
                                tooltip="Classifier-free guidance scale; > 1 runs cond and uncond."),
-                io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS,
+                io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS, default="euler",
                                tooltip="The sampling algorithm (core's list)."),
-                io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS,
+                io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
                                tooltip="How noise is removed over the steps (core's list)."),
                 io.Conditioning.Input("positive", tooltip="What to include in the video."),
                 io.Conditioning.Input("negative", tooltip="What to exclude from the video."),
@@ -67,12 +68,12 @@ class ShardDiTKSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices="auto"):
+    def validate_inputs(cls, devices=DEFAULT_DEVICES):
         return sampling.validate_devices(devices)
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                denoise=1.0, devices="auto", parallel="auto") -> io.NodeOutput:
+                denoise=1.0, devices=DEFAULT_DEVICES, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
         out = sampling.ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                latent_image, denoise, parallel)
         return io.NodeOutput(out)

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from .inventory import GiB
 
-__all__ = ["PARALLEL_MODES", "ModeDecision", "decide_parallel", "check_parallel", "prefetch_bytes"]
+__all__ = ["DEFAULT_PARALLEL", "PARALLEL_MODES", "ModeDecision", "decide_parallel", "check_parallel", "prefetch_bytes"]
 
 PARALLEL_MODES = ("auto", "blocks", "sequence")
+DEFAULT_PARALLEL = "auto"
 
 
 @dataclass(frozen=True)

@@ -45,18 +45,27 @@ class Footprint:
         return self.dit_home_bytes + sum(self.block_bytes)
 
 
+DEFAULT_DEVICES = "auto"
+"""The one default of every ``devices`` input (nodes, the KSampler path, the CLI)."""
+DEFAULT_RESERVE_VRAM_GB = 1.0
+"""The one default of every ``reserve_vram_gb`` input (nodes, the KSampler path, the CLI, the
+simulator): GiB left free per GPU for the CUDA context (~0.5 GiB), other apps and slack.
+``PlacementRequest`` itself keeps 0.0: the pure planner reserves exactly what it is given."""
+
+
 @dataclass(frozen=True)
 class PlacementRequest:
     """What the user asked for (node inputs)."""
 
-    devices: str = "auto"
+    devices: str = DEFAULT_DEVICES
     """DiT devices: ``auto``, ``cuda:0,cuda:1``, ``cpu,cpu`` or weighted ``cuda:0:3,cuda:1:1``."""
     text_encoder_device: str = "auto"
     """``auto``, ``cpu`` or ``cuda:N``."""
     vae_device: str = "auto"
     """``auto``, ``cpu`` or ``cuda:N``."""
     reserve_vram_gb: float = 0.0
-    """GiB to leave free on every GPU (other apps, CUDA context, fragmentation)."""
+    """GiB to leave free on every GPU (other apps, CUDA context, fragmentation). Callers that
+    take it from a user pass it (default ``DEFAULT_RESERVE_VRAM_GB``)."""
 
     def __post_init__(self) -> None:
         parse_devices(self.devices)
@@ -82,6 +91,17 @@ class BlockRange:
     device: str
     start: int
     stop: int
+
+
+def block_devices_of(ranges) -> tuple[str, ...]:
+    """Device of each block, in global block order, from contiguous ``BlockRange``s that start at
+    block 0 and leave no gap (a plan's, or the simulator's forced split when nothing fits)."""
+    devices: list[str] = []
+    for r in ranges:
+        if r.start != len(devices) or r.stop <= r.start:
+            raise AssertionError(f"block ranges must be contiguous from block 0 without gaps: {list(ranges)}")
+        devices += [r.device] * (r.stop - r.start)
+    return tuple(devices)
 
 
 @dataclass(frozen=True)
@@ -113,6 +133,10 @@ class Plan:
     @property
     def dit_devices(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(r.device for r in self.block_ranges))
+
+    def block_devices(self) -> tuple[str, ...]:
+        """Device of each DiT block, in global block order."""
+        return block_devices_of(self.block_ranges)
 
     def to_dict(self) -> dict:
         return {

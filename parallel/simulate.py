@@ -35,7 +35,6 @@ __all__ = [
     "fake_device_mode",
     "flash_attention_standin",
     "materialize_module",
-    "compute_tensor_bytes_by_device",
 ]
 
 
@@ -123,17 +122,7 @@ def _storage_key(t: torch.Tensor) -> int:
     return t.untyped_storage()._cdata
 
 
-def compute_tensor_bytes_by_device(module: torch.nn.Module) -> dict[str, int]:
-    """Bytes of parameters and buffers per device, each storage counted once."""
-    seen, out = set(), {}
-    for t in list(module.parameters()) + list(module.buffers()):
-        key = _storage_key(t)
-        if key in seen:
-            continue
-        seen.add(key)
-        dev = str(t.device)
-        out[dev] = out.get(dev, 0) + t.untyped_storage().nbytes()
-    return out
+
 
 
 @dataclass

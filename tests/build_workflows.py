@@ -1,4 +1,8 @@
-"""Writes ``workflows/<name>.json`` (UI format) and ``workflows/<name>_api.json`` (API format).
+"""Writes ``workflows/<name>.json`` (UI format) and ``workflows/api/<name>_api.json`` (API format).
+
+``workflows/`` is the pack's template folder (ComfyUI lists its ``*.json`` in Templates → Custom
+Nodes, with ``<name>.jpg`` as the card's thumbnail); the API twins live one level down so they are
+not offered as templates (the frontend cannot open an API-format file as a workflow).
 
 The committed JSON files are what users drag in; this script only keeps each UI/API pair
 consistent. Run it after changing a graph or a ShardDiT node's inputs, then review the diff:
@@ -47,6 +51,18 @@ CONTRACT = {n.node_id: n for n in [
 PACK_CNR_ID = "sharddit"
 FRONTEND_VERSION = "1.27.10"
 GROUP_COLOR = "#3f789e"
+GROUP_FONT = 24
+# A group's top edge sits this far above its highest node's body: node title bar (30), the node's
+# source badge drawn above it (24), the group's title bar (font 24 x 1.4 = 34) and a gap.
+GROUP_TOP, GROUP_PAD = 96, 10
+TITLE_CHAR_W = 0.55 * GROUP_FONT   # Arial, mixed case: a safe upper bound per character
+# The saved view shows the whole graph in a 1600 x 1000 window at a zoom where the frontend still
+# draws text (it drops it below about 0.57). Its canvas starts right of the side bar (64 px) and
+# below the top bar (78 px): 1536 x 922 CSS pixels; view offsets are relative to the canvas.
+WINDOW = (12, 12, 1524, 910)       # x0, y0, x1, y1 inside the canvas, CSS pixels
+MIN_SCALE, MAX_SCALE = 0.6, 0.8
+# Columns of the pipeline (x) and the left column (note and Plan node).
+LEFT_X, LEFT_W = -520, 480
 HF = "https://huggingface.co"
 URLS = {
     "wan2.1_t2v_14B_fp8_scaled.safetensors":
@@ -175,19 +191,43 @@ class Graph:
             dst_slot = [i.name for i in spec_dst.sockets].index(name)
             typ = self.table[self.nodes[src]["type"]].outputs[slot][1]
             links.append([lid, src, slot, dst, dst_slot, typ])
+        groups = self._groups()
+        return {"id": self.uid, "revision": 0, "last_node_id": max(self.nodes), "last_link_id": len(self.links),
+                "nodes": nodes, "links": links, "groups": groups, "config": {},
+                "extra": {"ds": self._view(groups), "frontendVersion": FRONTEND_VERSION},
+                "version": 0.4}
+
+    def _groups(self) -> list:
         groups = []
         for gid, (title, ids) in enumerate(self.groups, start=1):
             xs = [self.nodes[i]["pos"][0] for i in ids]
             ys = [self.nodes[i]["pos"][1] for i in ids]
             x2 = [self.nodes[i]["pos"][0] + self.nodes[i]["size"][0] for i in ids]
             y2 = [self.nodes[i]["pos"][1] + self.nodes[i]["size"][1] for i in ids]
-            x, y = min(xs) - 10, min(ys) - 50
-            groups.append({"id": gid, "title": title, "bounding": [x, y, max(x2) + 10 - x, max(y2) + 10 - y],
-                           "color": GROUP_COLOR, "font_size": 24, "flags": {}})
-        return {"id": self.uid, "revision": 0, "last_node_id": max(self.nodes), "last_link_id": len(self.links),
-                "nodes": nodes, "links": links, "groups": groups, "config": {},
-                "extra": {"ds": {"scale": 0.6, "offset": [700, 300]}, "frontendVersion": FRONTEND_VERSION},
-                "version": 0.4}
+            x, y = min(xs) - GROUP_PAD, min(ys) - GROUP_TOP
+            w = max(x2) + GROUP_PAD - x
+            if len(title) * TITLE_CHAR_W + 8 > w:
+                raise ValueError(f"{self.name}: group title {title!r} (~{len(title) * TITLE_CHAR_W:.0f} px) is wider "
+                                 f"than its group ({w} px): shorten it")
+            groups.append({"id": gid, "title": title, "bounding": [x, y, w, max(y2) + GROUP_PAD - y],
+                           "color": GROUP_COLOR, "font_size": GROUP_FONT, "flags": {}})
+        return groups
+
+    def _view(self, groups) -> dict:
+        """Zoom and offset that show every group and node inside ``WINDOW`` (centred)."""
+        boxes = [g["bounding"] for g in groups] + [
+            [n["pos"][0], n["pos"][1] - 54, n["size"][0], n["size"][1] + 54] for n in self.nodes.values()]
+        x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
+        x1, y1 = max(b[0] + b[2] for b in boxes), max(b[1] + b[3] for b in boxes)
+        wx0, wy0, wx1, wy1 = WINDOW
+        scale = min(MAX_SCALE, (wx1 - wx0) / (x1 - x0), (wy1 - wy0) / (y1 - y0))
+        if scale < MIN_SCALE:
+            raise ValueError(f"{self.name}: the graph ({x1 - x0}x{y1 - y0}) needs zoom {scale:.2f} to fit a 1600x1000 "
+                             f"window; the frontend drops text below {MIN_SCALE}: make it smaller")
+        scale = round(scale, 3)
+        ox = (wx0 + (wx1 - wx0 - (x1 - x0) * scale) / 2) / scale - x0
+        oy = (wy0 + (wy1 - wy0 - (y1 - y0) * scale) / 2) / scale - y0
+        return {"scale": scale, "offset": [round(ox, 1), round(oy, 1)]}
 
     def api(self) -> dict:
         out = {}
@@ -216,7 +256,9 @@ def files_note(title: str, files: list, extra: str = "") -> str:
     lines = [f"## {title} on 2 GPUs (ShardDiT)", "",
              "Every `devices`/`device` input is `auto`: ShardDiT reads the free VRAM of each GPU and places the "
              "text encoder, the DiT blocks (split over the GPUs) and the VAE. `python custom_nodes/sharddit plan` "
-             "prints the plan before you download anything.", "", "**Model files**", ""]
+             "prints the plan before you download anything.", "",
+             "Groups 1-5: ShardDiT's loaders place the models on your GPUs, the sampler runs the DiT blocks "
+             "sharded over them, the decoder batches VAE tiles over them.", "", "**Model files**", ""]
     for folder, name in files:
         lines.append(f"- [{name}]({URLS[name]}) → `models/{folder}/`")
     lines += ["", "```", "ComfyUI/", "└── models/"]
@@ -235,28 +277,32 @@ def files_note(title: str, files: list, extra: str = "") -> str:
 
 def decode_nodes(g: Graph, first_id: int, x: int, samples_src, vae_src, fps, prefix, tile=(512, 64, 64, 8)):
     dec, vid, save = first_id, first_id + 1, first_id + 2
-    g.node(dec, "ShardDiTVAEDecodeTiled", (x, 0), (320, 250), tile_size=tile[0], overlap=tile[1],
+    g.node(dec, "ShardDiTVAEDecodeTiled", (x, 0), (360, 250), tile_size=tile[0], overlap=tile[1],
            temporal_size=tile[2], temporal_overlap=tile[3], tile_batch_size="auto", devices="auto")
     g.link(*samples_src, dec, "samples")
     g.link(*vae_src, dec, "vae")
-    g.node(vid, "CreateVideo", (x, 300), (320, 80), fps=fps)
+    g.node(vid, "CreateVideo", (x, 300), (360, 80), fps=fps)
     g.link(dec, 0, vid, "images")
-    g.node(save, "SaveVideo", (x + 370, 0), (560, 620), filename_prefix=prefix, format="auto", codec="auto")
+    g.node(save, "SaveVideo", (x, 430), (360, 420), filename_prefix=prefix, format="auto", codec="auto")
     g.link(vid, 0, save, "video")
     return dec, vid, save
 
 
-PLAN_NOTE = ("Placement Plan (ShardDiT) is muted: select it and press Ctrl+M, then Queue, to see your GPUs and "
-             "whether this model fits them (a dry run: no weights needed). Imagined GPUs: devices "
+PLAN_NOTE = ("**Will it fit?** Placement Plan (ShardDiT), below, is muted: select it, press Ctrl+M, then Run. "
+             "It draws your GPUs and where the model goes (a dry run: no weights needed). Imagined GPUs: devices "
              "'cuda:0=16GiB,cuda:1=16GiB'.")
 
 
 def plan_node(g: Graph, nid: int, model: str, width: int, height: int, frames: int, dtype: str, batch="auto"):
     """A muted ShardDiTPlan below the files note, set to this workflow's model and video size."""
-    g.node(nid, "ShardDiTPlan", (-530, 700), (480, 330), title="Placement Plan (ShardDiT) - un-mute to check",
+    g.node(nid, "ShardDiTPlan", (LEFT_X, 660), (LEFT_W, 640), title="Placement Plan (ShardDiT) - un-mute to check",
            mode=2, devices="auto", model=model, width=width, height=height, frames=frames, batch=batch,
            dtype=dtype, reserve_vram_gb=1.0)
-    g.group("0 - Will it fit? (optional, Ctrl+M to un-mute)", [nid])
+    g.group("0 - Will it fit? (optional)", [nid])
+
+
+def files_note_node(g: Graph, nid: int, text: str):
+    g.note(nid, (LEFT_X, -60), (LEFT_W, 600), text)
 
 
 # ----------------------------------------------------------------------------- graphs
@@ -269,29 +315,29 @@ def wan21_t2v(t) -> Graph:
     g.node(2, "ShardDiTLoadTextEncoder", (0, 180), (400, 110), models=[files[1]],
            clip_name=files[1][1], type="wan", device="auto")
     g.node(3, "ShardDiTLoadVAE", (0, 340), (400, 82), models=[files[2]], vae_name=files[2][1], device="auto")
-    g.node(4, "EmptyHunyuanLatentVideo", (0, 530), (400, 130), width=832, height=480, length=81, batch_size=1)
-    g.node(5, "CLIPTextEncode", (450, 0), (440, 180), title="Positive prompt",
+    g.node(4, "EmptyHunyuanLatentVideo", (0, 550), (400, 130), width=832, height=480, length=81, batch_size=1)
+    g.node(5, "CLIPTextEncode", (440, 0), (400, 180), title="Positive prompt",
            text="A red fox trotting through fresh snow in a winter forest at sunrise, breath steaming, "
                 "tracking shot, cinematic lighting, highly detailed fur")
-    g.node(6, "CLIPTextEncode", (450, 230), (440, 180), title="Negative prompt", text=WAN_NEGATIVE)
+    g.node(6, "CLIPTextEncode", (440, 230), (400, 180), title="Negative prompt", text=WAN_NEGATIVE)
     g.link(2, 0, 5, "clip")
     g.link(2, 0, 6, "clip")
-    g.node(7, "ModelSamplingSD3", (940, 0), (330, 60), shift=8.0)
+    g.node(7, "ModelSamplingSD3", (880, 0), (330, 60), shift=8.0)
     g.link(1, 0, 7, "model")
-    g.node(8, "ShardDiTKSampler", (940, 110), (330, 330), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
+    g.node(8, "ShardDiTKSampler", (880, 110), (330, 330), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
            scheduler="simple", denoise=1.0, devices="auto")
     g.link(7, 0, 8, "model")
     g.link(5, 0, 8, "positive")
     g.link(6, 0, 8, "negative")
     g.link(4, 0, 8, "latent_image")
-    decode_nodes(g, 9, 1320, (8, 0), (3, 0), 16.0, "video/sharddit_wan2.1_t2v_14B")
-    g.note(12, (-530, 0), (480, 560), files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, PLAN_NOTE))
+    decode_nodes(g, 9, 1250, (8, 0), (3, 0), 16.0, "video/sharddit_wan2.1_t2v_14B")
+    files_note_node(g, 12, files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, PLAN_NOTE))
     plan_node(g, 13, "wan2.1-t2v-14b", 832, 480, 81, "fp8")
-    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
+    g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6])
-    g.group("4 - Sample (DiT blocks sharded over the GPUs)", [7, 8])
-    g.group("5 - Decode (tiles batched over the GPUs) and save", [9, 10, 11])
+    g.group("4 - Sample", [7, 8])
+    g.group("5 - Decode and save", [9, 10, 11])
     return g
 
 
@@ -307,21 +353,21 @@ def wan22_t2v(t) -> Graph:
     g.node(3, "ShardDiTLoadTextEncoder", (0, 360), (400, 110), models=[files[2]],
            clip_name=files[2][1], type="wan", device="auto")
     g.node(4, "ShardDiTLoadVAE", (0, 520), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")
-    g.node(5, "EmptyHunyuanLatentVideo", (0, 710), (400, 130), width=640, height=640, length=81, batch_size=1)
-    g.node(6, "CLIPTextEncode", (450, 0), (440, 180), title="Positive prompt",
+    g.node(5, "EmptyHunyuanLatentVideo", (0, 730), (400, 130), width=640, height=640, length=81, batch_size=1)
+    g.node(6, "CLIPTextEncode", (440, 0), (400, 180), title="Positive prompt",
            text="A lighthouse on a rocky coast during a storm, huge waves crashing against the rocks, the beam "
                 "sweeping through rain, slow dolly-in, cinematic, highly detailed")
-    g.node(7, "CLIPTextEncode", (450, 230), (440, 180), title="Negative prompt", text=WAN_NEGATIVE)
+    g.node(7, "CLIPTextEncode", (440, 230), (400, 180), title="Negative prompt", text=WAN_NEGATIVE)
     g.link(3, 0, 6, "clip")
     g.link(3, 0, 7, "clip")
-    g.node(8, "ModelSamplingSD3", (940, 0), (320, 60), title="Shift (high noise)", shift=8.0)
-    g.node(9, "ModelSamplingSD3", (1300, 0), (320, 60), title="Shift (low noise)", shift=8.0)
+    g.node(8, "ModelSamplingSD3", (880, 0), (300, 60), title="Shift (high noise)", shift=8.0)
+    g.node(9, "ModelSamplingSD3", (1210, 0), (300, 60), title="Shift (low noise)", shift=8.0)
     g.link(1, 0, 8, "model")
     g.link(2, 0, 9, "model")
-    g.node(10, "KSamplerAdvanced", (940, 110), (320, 560), title="Steps 0-10: high-noise expert",
+    g.node(10, "KSamplerAdvanced", (880, 110), (300, 560), title="Steps 0-10: high-noise expert",
            add_noise="enable", noise_seed=42, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
            start_at_step=0, end_at_step=10, return_with_leftover_noise="enable")
-    g.node(11, "KSamplerAdvanced", (1300, 110), (320, 560), title="Steps 10-20: low-noise expert",
+    g.node(11, "KSamplerAdvanced", (1210, 110), (300, 560), title="Steps 10-20: low-noise expert",
            add_noise="disable", noise_seed=0, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
            start_at_step=10, end_at_step=10000, return_with_leftover_noise="disable")
     for sampler, shift in ((10, 8), (11, 9)):
@@ -330,18 +376,18 @@ def wan22_t2v(t) -> Graph:
         g.link(7, 0, sampler, "negative")
     g.link(5, 0, 10, "latent_image")
     g.link(10, 0, 11, "latent_image")
-    decode_nodes(g, 12, 1670, (11, 0), (4, 0), 16.0, "video/sharddit_wan2.2_t2v_A14B")
-    g.note(15, (-530, 0), (480, 600), files_note(
+    decode_nodes(g, 12, 1550, (11, 0), (4, 0), 16.0, "video/sharddit_wan2.2_t2v_A14B")
+    files_note_node(g, 15, files_note(
         "Wan 2.2 T2V A14B, 640×640, 81 frames", files,
         "Two experts: the high-noise one denoises steps 0-10, the low-noise one steps 10-20 (ComfyUI's "
         "usual split). Each is sharded over the GPUs when it is loaded; ComfyUI moves one out when the "
         "other needs the room.\n\n" + PLAN_NOTE))
     plan_node(g, 16, "wan2.2-t2v-a14b", 640, 640, 81, "fp8")
-    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3, 4])
+    g.group("1 - Load models (ShardDiT)", [1, 2, 3, 4])
     g.group("2 - Video size", [5])
     g.group("3 - Prompt", [6, 7])
-    g.group("4 - Sample: high-noise then low-noise expert", [8, 9, 10, 11])
-    g.group("5 - Decode (tiles batched over the GPUs) and save", [12, 13, 14])
+    g.group("4 - Sample: high-noise, then low-noise expert", [8, 9, 10, 11])
+    g.group("5 - Decode and save", [12, 13, 14])
     return g
 
 
@@ -354,43 +400,43 @@ def ltxv_t2v(t) -> Graph:
     g.link(1, 0, 2, "model")
     g.node(3, "ShardDiTLoadTextEncoder", (0, 310), (400, 110), models=[files[1]],
            clip_name=files[1][1], type="ltxv", device="auto")
-    g.node(4, "EmptyLTXVLatentVideo", (0, 530), (400, 130), width=768, height=512, length=97, batch_size=1)
-    g.node(5, "CLIPTextEncode", (450, 0), (440, 200), title="Positive prompt",
+    g.node(4, "EmptyLTXVLatentVideo", (0, 540), (400, 130), width=768, height=512, length=97, batch_size=1)
+    g.node(5, "CLIPTextEncode", (440, 0), (400, 200), title="Positive prompt",
            text="A woman in a yellow raincoat walks along a wet city street at night. Neon signs reflect in the "
                 "puddles around her boots and rain falls through the light of the street lamps. The camera "
                 "follows her from the side at walking pace, her face lit in soft pink and blue light. The scene "
                 "is realistic, cinematic, with shallow depth of field.")
-    g.node(6, "CLIPTextEncode", (450, 250), (440, 160), title="Negative prompt",
+    g.node(6, "CLIPTextEncode", (440, 250), (400, 160), title="Negative prompt",
            text="low quality, worst quality, deformed, distorted, disfigured, motion smear, motion artifacts, "
                 "fused fingers, bad anatomy, weird hand, ugly")
     g.link(3, 0, 5, "clip")
     g.link(3, 0, 6, "clip")
-    g.node(7, "LTXVConditioning", (450, 460), (300, 80), frame_rate=25.0)
+    g.node(7, "LTXVConditioning", (440, 460), (300, 80), frame_rate=25.0)
     g.link(5, 0, 7, "positive")
     g.link(6, 0, 7, "negative")
-    g.node(8, "LTXVScheduler", (940, 0), (320, 160), steps=30, max_shift=2.05, base_shift=0.95, stretch=True,
+    g.node(8, "LTXVScheduler", (880, 0), (320, 160), steps=30, max_shift=2.05, base_shift=0.95, stretch=True,
            terminal=0.1)
     g.link(4, 0, 8, "latent")
-    g.node(9, "KSamplerSelect", (940, 210), (320, 60), sampler_name="euler")
-    g.node(10, "SamplerCustom", (940, 320), (320, 240), add_noise=True, noise_seed=42, cfg=3.0)
+    g.node(9, "KSamplerSelect", (880, 210), (320, 60), sampler_name="euler")
+    g.node(10, "SamplerCustom", (880, 320), (320, 240), add_noise=True, noise_seed=42, cfg=3.0)
     g.link(2, 0, 10, "model")
     g.link(7, 0, 10, "positive")
     g.link(7, 1, 10, "negative")
     g.link(9, 0, 10, "sampler")
     g.link(8, 0, 10, "sigmas")
     g.link(4, 0, 10, "latent_image")
-    decode_nodes(g, 11, 1320, (10, 0), (1, 2), 24.0, "video/sharddit_ltxv_13b_t2v")
-    g.note(14, (-530, 0), (480, 560), files_note(
+    decode_nodes(g, 11, 1240, (10, 0), (1, 2), 24.0, "video/sharddit_ltxv_13b_t2v")
+    files_note_node(g, 14, files_note(
         "LTX-Video 13B T2V, 768×512, 97 frames", files,
         "The LTX-Video checkpoint holds the DiT and the VAE: core's Load Checkpoint reads it from "
         "`models/checkpoints/`, **Shard DiT Blocks (ShardDiT)** spreads its blocks over the GPUs. Its "
         "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts.\n\n" + PLAN_NOTE))
     plan_node(g, 15, "ltxv-13b", 768, 512, 97, "bf16")
-    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
+    g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6, 7])
-    g.group("4 - Sample (DiT blocks sharded over the GPUs)", [8, 9, 10])
-    g.group("5 - Decode (tiles batched over the GPUs) and save", [11, 12, 13])
+    g.group("4 - Sample", [8, 9, 10])
+    g.group("5 - Decode and save", [11, 12, 13])
     return g
 
 
@@ -404,39 +450,39 @@ def hunyuan_t2v(t) -> Graph:
     g.node(2, "DualCLIPLoader", (0, 180), (400, 130), models=[files[1], files[2]],
            clip_name1=files[1][1], clip_name2=files[2][1], type="hunyuan_video", device="default")
     g.node(3, "ShardDiTLoadVAE", (0, 360), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")
-    g.node(4, "EmptyHunyuanLatentVideo", (0, 550), (400, 130), width=848, height=480, length=73, batch_size=1)
-    g.node(5, "CLIPTextEncode", (450, 0), (440, 180), title="Prompt",
+    g.node(4, "EmptyHunyuanLatentVideo", (0, 560), (400, 130), width=848, height=480, length=73, batch_size=1)
+    g.node(5, "CLIPTextEncode", (440, 0), (400, 180), title="Prompt",
            text="anime style, a girl with long silver hair and a red scarf running along a snowy mountain ridge "
                 "at dusk, the camera tracking beside her, snow blowing in the wind, vivid colours")
     g.link(2, 0, 5, "clip")
-    g.node(6, "FluxGuidance", (450, 230), (320, 60), guidance=6.0)
+    g.node(6, "FluxGuidance", (440, 230), (320, 60), guidance=6.0)
     g.link(5, 0, 6, "conditioning")
-    g.node(7, "ModelSamplingSD3", (940, 0), (320, 60), shift=7.0)
+    g.node(7, "ModelSamplingSD3", (880, 0), (320, 60), shift=7.0)
     g.link(1, 0, 7, "model")
-    g.node(8, "RandomNoise", (940, 110), (320, 82), noise_seed=42)
-    g.node(9, "BasicGuider", (940, 240), (320, 50))
+    g.node(8, "RandomNoise", (880, 110), (320, 82), noise_seed=42)
+    g.node(9, "BasicGuider", (880, 240), (320, 50))
     g.link(7, 0, 9, "model")
     g.link(6, 0, 9, "conditioning")
-    g.node(10, "KSamplerSelect", (940, 340), (320, 60), sampler_name="euler")
-    g.node(11, "BasicScheduler", (940, 450), (320, 110), scheduler="simple", steps=20, denoise=1.0)
+    g.node(10, "KSamplerSelect", (880, 340), (320, 60), sampler_name="euler")
+    g.node(11, "BasicScheduler", (880, 450), (320, 110), scheduler="simple", steps=20, denoise=1.0)
     g.link(1, 0, 11, "model")
-    g.node(12, "SamplerCustomAdvanced", (940, 610), (320, 130))
+    g.node(12, "SamplerCustomAdvanced", (880, 610), (320, 130))
     g.link(8, 0, 12, "noise")
     g.link(9, 0, 12, "guider")
     g.link(10, 0, 12, "sampler")
     g.link(11, 0, 12, "sigmas")
     g.link(4, 0, 12, "latent_image")
-    decode_nodes(g, 13, 1320, (12, 0), (3, 0), 24.0, "video/sharddit_hunyuan_video_t2v", tile=(256, 64, 64, 8))
-    g.note(16, (-530, 0), (480, 600), files_note(
+    decode_nodes(g, 13, 1240, (12, 0), (3, 0), 24.0, "video/sharddit_hunyuan_video_t2v", tile=(256, 64, 64, 8))
+    files_note_node(g, 16, files_note(
         "HunyuanVideo T2V 720p model, 848×480, 73 frames", files,
         "HunyuanVideo's two text encoders load through core's DualCLIPLoader (ShardDiT's text encoder "
         "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt.\n\n" + PLAN_NOTE))
     plan_node(g, 17, "hunyuanvideo-13b", 848, 480, 73, "bf16", batch="1")
-    g.group("1 - Load models (placed on your GPUs by ShardDiT)", [1, 2, 3])
+    g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6])
-    g.group("4 - Sample (DiT blocks sharded over the GPUs)", [7, 8, 9, 10, 11, 12])
-    g.group("5 - Decode (tiles batched over the GPUs) and save", [13, 14, 15])
+    g.group("4 - Sample", [7, 8, 9, 10, 11, 12])
+    g.group("5 - Decode and save", [13, 14, 15])
     return g
 
 
@@ -454,7 +500,7 @@ def render_all(out_dir: Path = WORKFLOWS_DIR) -> dict:
     for build in GRAPHS:
         g = build(t)
         files[out_dir / f"{g.name}.json"] = dumps(g.ui())
-        files[out_dir / f"{g.name}_api.json"] = dumps(g.api())
+        files[out_dir / "api" / f"{g.name}_api.json"] = dumps(g.api())
     return files
 
 

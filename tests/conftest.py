@@ -11,6 +11,11 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
+# SHARDDIT_REQUIRE_COMFY=1 (CI's ComfyUI run, .ci/run): a skipped test fails the session unless it
+# was skipped for want of a GPU; so a missing ComfyUI or tool cannot pass as "skipped".
+REQUIRE_COMFY = os.environ.get("SHARDDIT_REQUIRE_COMFY") == "1"
+EXPECTED_SKIPS = ("needs a CUDA GPU", "needs >= 2 CUDA GPUs", "needs two GPUs")
+_unexpected_skips: list[str] = []
 
 
 # Shared helpers live in tests/harness (imported as `harness`). tests/ holds no package named
@@ -39,6 +44,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_multi)
         if "comfy" in item.keywords and not COMFYUI_PATH:
             item.add_marker(skip_comfy)
+
+def pytest_runtest_logreport(report):
+    if REQUIRE_COMFY and report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if not any(expected in reason for expected in EXPECTED_SKIPS):
+            _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _unexpected_skips:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _unexpected_skips:
+        terminalreporter.write_line("[ShardDiT] SHARDDIT_REQUIRE_COMFY=1: unexpected skips (only GPU skips are "
+                                    "allowed), failing the run:\n  " + "\n  ".join(_unexpected_skips), red=True)
+
 
 # Fixtures for `comfy` tests: comfy_env, tiny_models, comfy_server (tests/harness/fixtures.py).
 pytest_plugins = ["harness.fixtures"]

@@ -59,7 +59,7 @@ def test_bad_devices_fail_before_loading(comfy_env, tiny_models, node, args, mat
     names = tiny_models.names
     args = tuple(a.format(te=names["umt5"], vae=names["wan21_vae"], dit=names["wan21_t2v"])
                  if isinstance(a, str) else a for a in args)
-    before = len(comfy_env.mm.current_loaded_models)
+    before = [id(m) for m in comfy_env.mm.loaded_models()]
     with pytest.raises(ValueError, match=match):
         comfy_env.nodes.NODE_CLASS_MAPPINGS[node].execute(*args)
-    assert len(comfy_env.mm.current_loaded_models) <= before
+    assert [id(m) for m in comfy_env.mm.loaded_models()] == before, "nothing may be loaded or unloaded"

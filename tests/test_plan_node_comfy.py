@@ -1,5 +1,6 @@
-"""``ShardDiTPlan`` inside real ComfyUI (CPU): registered, schema, text in the UI and as STRING."""
+"""``ShardDiTPlan`` inside real ComfyUI (CPU): registered, schema, picture and text in the UI, STRING out."""
 import re
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +33,17 @@ def test_execute_shows_plan_text(env):
     text = out.result[0]
     assert isinstance(text, str) and "FITS: cond+uncond together (batch 2)." in text
     assert "cuda:0 | home + blocks 0-29" in text
-    assert out.ui.as_dict() == {"text": (text,)}
+    assert out.ui["text"] == (text,)
+    # the picture: one PNG in ComfyUI's temp folder, shown by the frontend's image preview
+    from PIL import Image
+
+    (image,) = out.ui["images"]
+    assert image["type"] == "temp" and out.ui["animated"] == (False,)
+    path = Path(env.folder_paths.get_temp_directory()) / image["subfolder"] / image["filename"]
+    with Image.open(path) as png:
+        assert png.format == "PNG" and png.width == 600 and 200 < png.height < 400
+        # the title is drawn green: it fits
+        assert (90, 200, 110) in {png.convert("RGB").getpixel((x, 24)) for x in range(16, 120)}
 
 
 def test_execute_on_this_machine_lists_holdings(env):

@@ -465,3 +465,14 @@ def test_compute_block_ranges_unconstrained_boundaries_are_closest_to_the_shares
         target = cum[-1] * sum(shares[: i + 1]) / sum(shares)
         start = got[i][0]
         assert all(abs(cum[stop] - target) <= abs(cum[s] - target) for s in range(start, len(blocks) + 1))
+
+
+def test_block_devices_follow_the_ranges_and_reject_gaps():
+    from sharddit.parallel.plan_types import BlockRange, block_devices_of
+
+    ranges = (BlockRange("cuda:0", 0, 2), BlockRange("cuda:1", 2, 5), BlockRange("cuda:0", 5, 6))
+    assert block_devices_of(ranges) == ("cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:1", "cuda:0")
+    with pytest.raises(AssertionError, match="contiguous"):
+        block_devices_of((BlockRange("cuda:0", 0, 2), BlockRange("cuda:1", 3, 5)))
+    with pytest.raises(AssertionError, match="contiguous"):
+        block_devices_of((BlockRange("cuda:0", 1, 2),))

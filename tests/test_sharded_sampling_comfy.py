@@ -5,10 +5,11 @@ same order as the unsharded one.
 """
 import pytest
 import torch
+from harness.sampling import CFG, SEED
+from harness.sampling import cond as _cond, family as _family, load as _load, lora_loader as _lora_loader
+from harness.sampling import ours as _ours, sharded as _sharded, stock as _stock
 
 pytestmark = pytest.mark.comfy
-
-STEPS, CFG, SEED = 2, 3.0, 42
 
 
 @pytest.fixture(scope="module")
@@ -23,41 +24,6 @@ def tiny():
     from harness import tiny_models
 
     return tiny_models
-
-
-def _cond(tokens=8, dim=4096, seed=1, **extra):
-    g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(1, tokens, dim, generator=g), dict(extra)]]
-
-
-def _family(tiny, name):
-    """(state dict builder, latent shape, conditioning extras) per tiny architecture."""
-    g = torch.Generator().manual_seed(7)
-    pooled = {"pooled_output": torch.randn(1, 768, generator=g)}
-    return {
-        "wan21": (tiny.wan21_t2v_state_dict, (1, 16, 2, 8, 8), {}),
-        "ltxv": (tiny.ltxv_state_dict, (1, 128, 2, 4, 4), {"attention_mask": torch.ones(1, 8, dtype=torch.long)}),
-        "hunyuan_video": (tiny.hunyuan_video_state_dict, (1, 16, 2, 8, 8), pooled),
-    }[name]
-
-
-def _load(env, sd):
-    import comfy.sd
-
-    return comfy.sd.load_diffusion_model_state_dict(dict(sd))
-
-
-def _stock(env, model, latent, extras, sampler="euler", scheduler="simple"):
-    out = env.nodes.common_ksampler(model, SEED, STEPS, CFG, sampler, scheduler, _cond(**extras),
-                                    _cond(seed=2, **extras), {"samples": latent.clone()})
-    return out[0]["samples"]
-
-
-def _ours(env, model, latent, extras, devices, sampler="euler", scheduler="simple"):
-    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
-    out = node.execute(model, SEED, STEPS, CFG, sampler, scheduler, _cond(**extras), _cond(seed=2, **extras),
-                       {"samples": latent.clone()}, 1.0, devices)
-    return out.result[0]["samples"]
 
 
 @pytest.mark.parametrize("family", ["wan21", "ltxv", "hunyuan_video"])
@@ -90,17 +56,6 @@ def test_wan22_two_experts_ksampler_advanced(env, tiny):
     assert torch.equal(got, ref)
 
 
-def _lora_loader(env, tiny, tmp_path, sd):
-    """Core's LoraLoaderModelOnly on a tiny random LoRA file registered in ComfyUI's `loras` folder."""
-    import comfy.utils
-
-    path = tmp_path / "tiny_wan_lora.safetensors"
-    comfy.utils.save_torch_file(tiny.wan_lora_state_dict(sd), str(path))
-    env.folder_paths.add_model_folder_path("loras", str(tmp_path))
-    loader = env.nodes.LoraLoaderModelOnly()
-    return lambda model: loader.load_lora_model_only(model, path.name, 1.0)[0]
-
-
 def test_lora_before_and_after_sharding(env, tiny, tmp_path):
     sd = tiny.wan21_t2v_state_dict()
     apply_lora = _lora_loader(env, tiny, tmp_path, sd)
@@ -123,12 +78,6 @@ def test_lora_before_and_after_sharding(env, tiny, tmp_path):
     assert torch.equal(_ours(env, sharded, latent, extras, "cpu,cpu"), plain)
 
 
-def _sharded(env, tiny, devices="cpu,cpu"):
-    model = _load(env, tiny.wan21_t2v_state_dict())
-    shard = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTShardModel"]
-    return model, shard.execute(model, devices, 0.0).result[0]
-
-
 def test_memory_accounting_matches_plan(env, tiny):
     from harness.comfy_env import pack_module
 
@@ -142,89 +91,6 @@ def test_memory_accounting_matches_plan(env, tiny):
     assert [(str(s.load_device), s.model_size()) for s in shards] == [
         (r.device, sum(block_bytes[r.start:r.stop])) for r in state.plan.block_ranges
     ]
-
-
-def test_identical_prompt_does_not_reload_and_free_releases_shards(env, tiny):
-    from comfy.patcher_extension import CallbacksMP
-    from harness.comfy_env import pack_module
-
-    sm = pack_module(env, "loaders.comfy.sharded_model")
-    _, sharded = _sharded(env, tiny)
-    loads = []
-    for shard in sm.get_shard_patchers(sharded):
-        shard.add_callback(CallbacksMP.ON_LOAD, lambda p, *a: loads.append(p))
-    latent = torch.zeros(1, 16, 2, 8, 8)
-    first = _ours(env, sharded, latent, {}, "cpu,cpu")
-    assert len(loads) == 2  # each shard loaded once, on its own device
-    second = _ours(env, sharded, latent, {}, "cpu,cpu")
-    assert len(loads) == 2, "an identical prompt must not reload the shards"
-    assert torch.equal(first, second)
-    assert all(s.loaded_size() > 0 for s in sm.get_shard_patchers(sharded))
-
-    env.mm.unload_all_models()  # what POST /free runs
-    assert all(s.loaded_size() == 0 for s in sm.get_shard_patchers(sharded))
-
-
-def test_full_detach_of_main_releases_shards_on_other_devices(env, tiny):
-    """unload_all_models only frees the default device; the ON_DETACH callback frees the rest."""
-    from harness.comfy_env import pack_module
-
-    sm = pack_module(env, "loaders.comfy.sharded_model")
-    _, sharded = _sharded(env, tiny)
-    _ours(env, sharded, torch.zeros(1, 16, 2, 8, 8), {}, "cpu,cpu")
-    loaded = [lm.model for lm in env.mm.current_loaded_models]
-    main = next(m for m in loaded if m.is_clone(sharded))
-    main.detach(unpatch_all=False)  # a clone switch: shards stay loaded
-    assert all(s.loaded_size() > 0 for s in sm.get_shard_patchers(main))
-    main.detach(unpatch_all=True)
-    assert all(s.loaded_size() == 0 for s in sm.get_shard_patchers(main))
-    env.mm.unload_all_models()
-
-
-def test_interrupt_mid_sampling_leaves_model_usable(env, tiny):
-    import comfy.utils
-    from comfy.patcher_extension import WrappersMP
-
-    base, sharded = _sharded(env, tiny)
-    latent = torch.zeros(1, 16, 2, 8, 8)
-    ref = _stock(env, base, latent, {})
-
-    calls = []
-
-    def interrupt_on_second_forward(executor, *args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            env.mm.interrupt_current_processing(True)
-        return executor(*args, **kwargs)
-
-    interrupting = sharded.clone()
-    interrupting.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "test", interrupt_on_second_forward)
-    # ComfyUI's server checks interrupts from the progress-bar hook (main.py); do the same here.
-    comfy.utils.set_progress_bar_global_hook(lambda *a, **k: env.mm.throw_exception_if_processing_interrupted())
-    try:
-        with pytest.raises(env.mm.InterruptProcessingException):
-            _ours(env, interrupting, latent, {}, "cpu,cpu")
-    finally:
-        comfy.utils.set_progress_bar_global_hook(None)
-        env.mm.interrupt_current_processing(False)
-    assert len(calls) == 2, "the interrupt must stop sampling at the next step"
-    assert torch.equal(_ours(env, sharded, latent, {}, "cpu,cpu"), ref)
-
-
-def test_stock_sampler_after_sharded_lora_run(env, tiny, tmp_path):
-    """Core KSampler on the unsharded MODEL after a sharded LoRA run on the same weights: the
-    shards give the blocks back (original weights) when the unsharded clone takes over, and a
-    sharded run after that is right again."""
-    sd = tiny.wan21_t2v_state_dict()
-    apply_lora = _lora_loader(env, tiny, tmp_path, sd)
-    latent = torch.zeros(1, 16, 2, 8, 8)
-    base = _load(env, sd)
-    plain = _stock(env, base, latent, {})
-    with_lora = apply_lora(base)
-    ref = _stock(env, with_lora, latent, {})
-    assert torch.equal(_ours(env, with_lora, latent, {}, "cpu,cpu"), ref)
-    assert torch.equal(_stock(env, base, latent, {}), plain)
-    assert torch.equal(_ours(env, with_lora, latent, {}, "cpu,cpu"), ref)
 
 
 def _unknown_arch_model():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from sharddit.loaders.simulator import presets
+from sharddit.parallel.plan_types import BlockRange
 from sharddit.loaders.simulator.simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
 from sharddit.parallel.inventory import inventory_from_spec
 from sharddit.parallel.planner import PlacementRequest
@@ -62,9 +63,9 @@ def test_bad_model_names_the_value_and_the_fix(tmp_path):
 def test_fallback_ranges_split_by_usable_memory():
     inv = inventory_from_spec("cuda:0=24GiB,cuda:1=12GiB")
     ranges = fallback_block_ranges(inv, PlacementRequest(), [GiB] * 30)
-    assert ranges == [("cuda:0", 0, 20), ("cuda:1", 20, 30)]
+    assert ranges == [BlockRange("cuda:0", 0, 20), BlockRange("cuda:1", 20, 30)]
     only = fallback_block_ranges(inv, PlacementRequest(devices="cuda:1"), [GiB] * 30)
-    assert only == [("cuda:1", 0, 30)]
+    assert only == [BlockRange("cuda:1", 0, 30)]
 
 
 _NO_NOTES = SimpleNamespace(notes=())

@@ -1,5 +1,4 @@
 """Sizing helpers on meta toy modules (pure torch, CI). fp32 = 4 bytes, bf16 = 2 bytes."""
-import pytest
 import torch
 from harness.toy_dit import ToyDiT, ToyMMDiT
 
@@ -7,8 +6,6 @@ from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
 from sharddit.parallel.sizing import (
     compute_block_bytes,
     compute_non_block_bytes,
-    compute_tokens,
-    estimate_activation_bytes,
 )
 
 WAN = BlockLayout(("blocks",), (("x",),))
@@ -56,24 +53,3 @@ def test_tied_tensor_counted_once():
     model = _meta(ToyDiT, n_blocks=2)
     model.blocks[1].q.weight = model.blocks[0].q.weight  # 32*32*4 = 4096 B shared
     assert compute_block_bytes(model, WAN) == (TOY_BLOCK, TOY_BLOCK - 4096)
-
-
-def test_tokens_from_latent():
-    assert compute_tokens((2, 16, 21, 60, 104), (1, 2, 2)) == 21 * 30 * 52 == 32760
-    assert compute_tokens((16, 21, 61, 103), (1, 2, 2)) == 21 * 31 * 52  # padded up
-    assert compute_tokens((1, 128, 11, 15, 26), (1, 1, 1)) == 4290  # LTXV 480p x 81
-    with pytest.raises(ValueError, match="fewer dims"):
-        compute_tokens((4, 4), (1, 2, 2))
-
-
-def test_activation_estimate_formula():
-    # Wan 2.1 14B at 480p x 81, bf16, batch 1: 32760 * (5120 + 2*5120 + 2*13824) * 2 B
-    wan = estimate_activation_bytes(32760, 5120, 1, 2, ffn_dim=13824)
-    assert wan == 32760 * 43008 * 2
-    assert 2.6 < wan / 2**30 < 2.65
-    assert estimate_activation_bytes(32760, 5120, 2, 2, ffn_dim=13824) == 2 * wan
-    # attention phase dominates when the FFN is narrow: 1 + 5 = 6 * dim
-    assert estimate_activation_bytes(10, 8, 1, 4, ffn_dim=8) == 10 * 6 * 8 * 4
-    assert estimate_activation_bytes(10, 8, 1, 4, ffn_dim=8, context_tokens=3) == (480 + 48) * 4
-    with pytest.raises(ValueError, match="tokens=0"):
-        estimate_activation_bytes(0, 8, 1, 2)

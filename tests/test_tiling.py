@@ -212,7 +212,9 @@ def test_causal_time_without_overlap_raises_instead_of_gaps():
     spec = tiling.TileSpec.build((2, 4, 4), (0, 1, 1), WAN_T, WAN_I)  # core would leave NaN frames 5..7
     with pytest.raises(ValueError, match="positions 5..7 of dim 0 undecoded"):
         tiling.plan_tiles((1, 4, 5, 4, 4), spec)
-    assert tiling.plan_tiles((1, 4, 2, 4, 4), spec)  # fits one tile: no gap
+    # fits one tile: no gap, one whole tile covering the sample, decoded as core does (no mask)
+    assert [(t.index, t.batch, t.start, t.size, t.out_start, t.whole) for t in tiling.plan_tiles((1, 4, 2, 4, 4), spec)] \
+        == [(0, 0, (0, 0, 0), (2, 4, 4), (0, 0, 0), True)]
 
 
 def test_bad_shapes_and_batch_sizes_raise():

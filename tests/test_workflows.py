@@ -39,8 +39,20 @@ def test_expected_workflows_present():
     assert EXPECTED <= set(IDS), f"missing workflows: {sorted(EXPECTED - set(IDS))}"
     for name, ui_path, api_path in PAIRS:
         assert api_path.exists(), f"{ui_path.name} has no API twin {api_path.name}"
-    for api in wt.WORKFLOWS_DIR.glob("*_api.json"):
+    for api in wt.API_DIR.glob("*.json"):
         assert (wt.WORKFLOWS_DIR / api.name.replace("_api.json", ".json")).exists(), f"{api.name} has no UI twin"
+    # workflows/ is the template folder ComfyUI lists (Templates -> Custom Nodes): UI files only
+    assert not list(wt.WORKFLOWS_DIR.glob("*_api.json")), "API files in workflows/ would be offered as templates"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_template_thumbnail(pair):
+    """The frontend (1.27) shows /api/workflow_templates/<pack>/<name>.jpg on a custom node
+    template's card: a JPEG beside each UI workflow."""
+    thumb = pair[1].with_suffix(".jpg")
+    assert thumb.is_file(), f"no thumbnail {thumb.name} (python tests/make_thumbnails.py)"
+    data = thumb.read_bytes()
+    assert data[:3] == b"\xff\xd8\xff" and 5_000 < len(data) < 400_000, f"{thumb.name}: not a JPEG of sensible size"
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=IDS)
@@ -207,7 +219,7 @@ def test_ui_layout_groups_and_files_note(pair):
 
 
 def test_wan22_uses_two_sharded_experts_with_core_step_split():
-    ui = wt.load(wt.WORKFLOWS_DIR / "wan2.2_t2v_A14B_2gpu_api.json")
+    ui = wt.load(wt.API_DIR / "wan2.2_t2v_A14B_2gpu_api.json")
     loaders = {k: v for k, v in ui.items() if v["class_type"] == "ShardDiTLoadDiffusionModel"}
     names = sorted(v["inputs"]["unet_name"] for v in loaders.values())
     assert names == ["wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"]
@@ -240,3 +252,17 @@ def test_widget_map_handles_control_after_generate():
     assert wt.widget_map(spec, vals)["noise_seed"] == 5
     with pytest.raises(ValueError):
         wt.widget_map(spec, ["enable", 5, 20, 3.5, "euler", "simple", 0, 10, "enable"])
+
+
+def test_readme_commands_name_files_that_exist_from_the_comfyui_folder():
+    """README and workflows/README tell users to run ``comfy run --workflow PATH`` (and ``cat PATH``)
+    from the ComfyUI folder, with the pack in custom_nodes/sharddit: every such PATH exists."""
+    import re
+
+    prefix = "custom_nodes/sharddit/"
+    for doc in (wt.REPO / "README.md", wt.WORKFLOWS_DIR / "README.md"):
+        paths = re.findall(r"(?:--workflow|cat|open\()\s*\"?(\S+?\.json)", doc.read_text())
+        assert paths, doc.name
+        for path in paths:
+            assert path.startswith(prefix), f"{doc.name}: {path} does not work from the ComfyUI folder"
+            assert (wt.REPO / path[len(prefix):]).is_file(), f"{doc.name}: {path} does not exist"

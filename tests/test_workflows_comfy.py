@@ -2,7 +2,7 @@
 
 Needs COMFYUI_PATH. Uses the session test server (``comfy_server``, tests/harness/server.py) with
 tiny random-weight models exposed under the REAL file names the workflows use
-(``tiny_models.add_aliases``: symlinks, no extra disk).
+(``tiny_models.add_aliases``: symlinks, no extra disk; fixture ``workflow_models``).
 
 - Validation: every API workflow, unchanged (full resolution and frame count), is POSTed to
   ``/prompt``; ComfyUI validates it synchronously (node types, inputs, links, file names, each
@@ -18,7 +18,6 @@ tiny random-weight models exposed under the REAL file names the workflows use
   ``comfy run --workflow <api json> --wait``.
 """
 import json
-import os
 import time
 
 import pytest
@@ -26,20 +25,6 @@ import pytest
 import workflow_tools as wt
 
 pytestmark = pytest.mark.comfy
-
-# Real file names the workflows use → tiny model kind (beyond harness.fixtures.TEMPLATE_NAMES).
-# Kinds for names that are only validated (never executed here) need not match the architecture.
-EXTRA_NAMES = {
-    "wan2.1_t2v_14B_fp8_scaled.safetensors": "wan21_t2v",
-    "hunyuan_video_t2v_720p_bf16.safetensors": "hunyuan_video",
-    "t5xxl_fp16.safetensors": "umt5",
-    "clip_l.safetensors": "umt5",
-    "llava_llama3_fp8_scaled.safetensors": "umt5",
-    "hunyuan_video_vae_bf16.safetensors": "wan21_vae",
-}
-# models/checkpoints is not one of the harness's model folders: the LTX-Video checkpoint name is
-# linked into the server's own models dir (--base-directory) instead.
-CHECKPOINT_NAMES = {"ltxv-13b-0.9.7-dev.safetensors": "ltxv"}
 
 # Wan 2.1 end-to-end on CPU: latent 1×16×2×8×8, two steps.
 WAN21_SMALL = {"EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5},
@@ -51,20 +36,9 @@ IDS = [name for name, _, _ in PAIRS]
 
 # ----------------------------------------------------------------------------- fixtures
 @pytest.fixture(scope="module")
-def real_names(tiny_models, comfy_server):
-    """Every model file any workflow names exists on the server (tiny models under real names)."""
-    tiny_models.add_aliases(EXTRA_NAMES)
-    ckpt_dir = comfy_server.workdir / "base" / "models" / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    for name, kind in CHECKPOINT_NAMES.items():
-        link = ckpt_dir / name
-        if not link.exists():
-            os.symlink(tiny_models.path(kind), link)
-    wanted = {(f, n) for _, ui, _ in PAIRS for f, n in wt.model_files(wt.load(ui))}
-    known = set(tiny_models.aliases) | set(CHECKPOINT_NAMES)
-    missing = sorted(n for _, n in wanted if n not in known)
-    assert not missing, f"no tiny model under these workflow file names: {missing} (add them to EXTRA_NAMES)"
-    return tiny_models
+def real_names(workflow_models):
+    """Every model file any workflow names exists on the server (harness.fixtures.workflow_models)."""
+    return workflow_models
 
 
 def _small(api: dict, overrides: dict) -> dict:
@@ -233,7 +207,7 @@ def test_api_workflow_passes_comfyui_validation(name, validation_answers):
 
 
 def test_wan21_workflow_runs_end_to_end_on_cpu(comfy_server, real_names):
-    api = _small(wt.load(wt.WORKFLOWS_DIR / "wan2.1_t2v_14B_2gpu_api.json"), WAN21_SMALL)
+    api = _small(wt.load(wt.API_DIR / "wan2.1_t2v_14B_2gpu_api.json"), WAN21_SMALL)
     prompt_id = comfy_server.queue_prompt(api)
     comfy_server.wait(prompt_id, timeout=600)
     files = comfy_server.output_files(prompt_id)
@@ -243,7 +217,7 @@ def test_wan21_workflow_runs_end_to_end_on_cpu(comfy_server, real_names):
 
 def test_wan22_two_expert_workflow_runs_end_to_end_on_cpu(comfy_server, real_names):
     """Both experts sharded, loaded in turn by the KSamplerAdvanced pair (steps 0-1, then 1-2)."""
-    api = _small(wt.load(wt.WORKFLOWS_DIR / "wan2.2_t2v_A14B_2gpu_api.json"),
+    api = _small(wt.load(wt.API_DIR / "wan2.2_t2v_A14B_2gpu_api.json"),
                  {"EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5},
                   "KSamplerAdvanced": {"steps": 2}})
     high, low = sorted((k for k, v in api.items() if v["class_type"] == "KSamplerAdvanced"),
@@ -260,7 +234,7 @@ def test_comfy_cli_run_wait(comfy_server, real_names, tmp_path):
     """comfy-cli: ``comfy run --workflow <api json> --wait`` against the test server; output exists."""
     from harness.server import comfy_run, parse_comfy_run_events
 
-    api = _small(wt.load(wt.WORKFLOWS_DIR / "wan2.1_t2v_14B_2gpu_api.json"), WAN21_SMALL)
+    api = _small(wt.load(wt.API_DIR / "wan2.1_t2v_14B_2gpu_api.json"), WAN21_SMALL)
     api["11"]["inputs"]["filename_prefix"] = "video/comfy_cli_run"
     path = tmp_path / "wan2.1_t2v_14B_2gpu_small_api.json"
     path.write_text(json.dumps(api, indent=2, ensure_ascii=False))

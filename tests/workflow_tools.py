@@ -21,6 +21,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS_DIR = REPO / "workflows"
+# API twins: below the template folder, so ComfyUI does not offer them as templates.
+API_DIR = WORKFLOWS_DIR / "api"
 NODES_DIR = REPO / "nodes"
 
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
@@ -229,6 +231,8 @@ def sharddit_schemas(nodes_dir: Path = NODES_DIR) -> dict:
             if isinstance(fn, ast.FunctionDef):
                 helpers[fn.name] = fn
     consts = {}
+    # shared defaults (DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB) that nodes/common_inputs.py imports
+    consts.update(_module_consts(ast.parse((nodes_dir.parent / "parallel" / "plan_types.py").read_text())))
     for mod in sorted((nodes_dir.parent / "loaders").rglob("*.py")):
         try:
             consts.update(_module_consts(ast.parse(mod.read_text()), prefix=f"{mod.stem}."))
@@ -271,13 +275,8 @@ def node_table(sharddit: dict | None = None) -> dict:
 
 # ----------------------------------------------------------------------------- workflows
 def workflow_pairs(directory: Path = WORKFLOWS_DIR) -> list:
-    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``<name>_api.json``."""
-    out = []
-    for ui in sorted(directory.glob("*.json")):
-        if ui.stem.endswith("_api"):
-            continue
-        out.append((ui.stem, ui, directory / f"{ui.stem}_api.json"))
-    return out
+    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``api/<name>_api.json``."""
+    return [(ui.stem, ui, directory / "api" / f"{ui.stem}_api.json") for ui in sorted(directory.glob("*.json"))]
 
 
 def load(path: Path) -> dict:

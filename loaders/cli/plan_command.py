@@ -8,6 +8,7 @@ import argparse
 import json
 import re
 
+from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfyui_import import import_comfyui
 from ..simulator.presets import preset_names
 
@@ -20,7 +21,7 @@ EXIT_FITS, EXIT_DOES_NOT_FIT = 0, 3
 def add_arguments(p) -> None:
     p.add_argument("--model", required=True,
                    help=f"a preset ({', '.join(preset_names())}) or a .safetensors diffusion model (header only)")
-    p.add_argument("--devices", default="auto",
+    p.add_argument("--devices", default=DEFAULT_DEVICES,
                    help="'auto' (this machine's GPUs), a list 'cuda:0,cuda:1', or imagined GPUs with their free "
                         "memory 'cuda:0=24GiB,cuda:1=12GiB'")
     p.add_argument("--size", default="832x480", type=_size, help="WIDTHxHEIGHT in pixels (default 832x480)")
@@ -29,8 +30,10 @@ def add_arguments(p) -> None:
                    help="1, or 2 = cond+uncond together (default: 2 if it fits, else 1, as ComfyUI does)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp8"),
                    help="weight dtype (fp8: 1-byte weights, bf16 compute); default bf16, or the file's own")
-    p.add_argument("--reserve-vram-gb", type=float, default=0.0, help="GiB to leave free on every GPU")
+    p.add_argument("--reserve-vram-gb", type=float, default=DEFAULT_RESERVE_VRAM_GB,
+                   help=f"GiB to leave free on every GPU (default {DEFAULT_RESERVE_VRAM_GB}, as the nodes)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--png", metavar="FILE", help="also write the plan as a picture (the one the Plan node shows)")
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -48,4 +51,9 @@ def run(args) -> int:
     report = simulate(args.model, devices=args.devices, width=width, height=height, frames=args.frames,
                       batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
+    if args.png:
+        from ..simulator.plan_picture import draw_plan_picture, picture_from_report
+
+        draw_plan_picture(picture_from_report(report)).save(args.png)
+        print(f"[ShardDiT] plan picture written to {args.png}")
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT

@@ -14,6 +14,7 @@ import comfy.sd
 import comfy.utils
 import folder_paths
 
+from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .model_loading import check_component_device, check_file_name
 from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
 
@@ -24,7 +25,7 @@ def clip_types() -> list[str]:
     return list(comfy_nodes.CLIPLoader.INPUT_TYPES()["required"]["type"][0])
 
 
-def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_gb: float = 1.0):
+def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
     path = check_file_name("text_encoders", clip_name)
     check_component_device(device)
     types = clip_types()
@@ -42,11 +43,7 @@ def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_
     return clip
 
 
-def vae_names() -> list[str]:
-    return folder_paths.get_filename_list("vae")
-
-
-def load_vae(vae_name: str, device: str, reserve_vram_gb: float = 1.0):
+def load_vae(vae_name: str, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
     path = check_file_name("vae", vae_name)
     check_component_device(device)
     nbytes = os.path.getsize(path)

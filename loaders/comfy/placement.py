@@ -10,10 +10,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
+from typing import NamedTuple
 
 import comfy.model_management as mm
 
 from ...parallel.inventory import Inventory, read_inventory
+from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
 
 log = logging.getLogger("sharddit")
@@ -41,7 +43,7 @@ def placed() -> dict:
         return {k: dict(v) for k, v in _PLACED.items()}
 
 
-def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: float = 1.0,
+def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
                           inventory: Inventory | None = None) -> str:
     """Device for a text encoder or VAE of ``nbytes``: ``device`` if explicit (checked to exist),
     else the planner's choice: a GPU the DiT does not use when one fits, else beside the DiT,
@@ -74,13 +76,28 @@ def _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state):
     return footprint, request
 
 
+class LoadedModel(NamedTuple):
+    """One model ComfyUI holds loaded now."""
+
+    device: str  # its load device
+    patcher: object  # comfy.model_patcher.ModelPatcher
+    loaded_bytes: int  # what sits on ``device`` now (lowvram: part of it)
+    sharddit: bool  # loaded by ShardDiT (sharded main, shard, text encoder or VAE)
+
+
+def read_loaded() -> list[LoadedModel]:
+    """What ComfyUI holds loaded now, through its public ``loaded_models()``: the one reader of
+    ComfyUI's list for ShardDiT (placement, the Plan node, the shard hooks)."""
+    return [LoadedModel(str(p.load_device), p, int(p.loaded_size()), is_sharddit_patcher(p))
+            for p in mm.loaded_models() if p is not None]
+
+
 def sharddit_holdings() -> dict[str, int]:
     """Bytes ShardDiT's own loaded models hold per device (they are re-placed, not in the way)."""
     held: dict[str, int] = {}
-    for loaded in list(mm.current_loaded_models):
-        patcher = loaded.model
-        if patcher is not None and is_sharddit_patcher(patcher):
-            held[str(loaded.device)] = held.get(str(loaded.device), 0) + int(patcher.loaded_size())
+    for loaded in read_loaded():
+        if loaded.sharddit:
+            held[loaded.device] = held.get(loaded.device, 0) + loaded.loaded_bytes
     return held
 
 

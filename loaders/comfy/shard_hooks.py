@@ -6,13 +6,17 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import sys
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
-import comfy.model_management as mm
+import torch
 
-from ...parallel.routing import BlockRouter
+from ...parallel.parallel_mode import ModeDecision
+from ...parallel.plan_types import Plan
+from ...parallel.routing import BlockLayout, BlockRouter
 from ...parallel.sharding import needs_home_every_block
+from .placement import read_loaded
 
 log = logging.getLogger("sharddit")
 
@@ -20,18 +24,42 @@ SHARD_KEY = "sharddit_shards"
 ATTACHMENT_KEY = "sharddit"
 
 
+class ShardRootEntry(NamedTuple):
+    """One planned block range: its device, the module holding its blocks, and the template
+    patcher every shard patcher of this range is cloned from (they share its weight backup)."""
+
+    device: torch.device
+    root: torch.nn.Module  # a sharded_model.ShardRoot
+    template: object  # comfy.model_patcher.ModelPatcher
+
+
+@dataclass
+class ShardRuntime:
+    """What ShardDiT itself knows about its loads; the only mutable part of a ``ShardState``.
+
+    ``loading``: True while ShardDiT's ``PREPARE_SAMPLING`` wrapper runs ComfyUI's load for a
+    patcher of this state. ``loaded_main``: the main patcher that load was for (weak)."""
+
+    loading: bool = False
+    loaded_main: weakref.ref | None = None
+
+    def is_loaded_main(self, patcher) -> bool:
+        return self.loaded_main is not None and self.loaded_main() is patcher
+
+
 @dataclass(frozen=True)
 class ShardState:
     """Everything clones of one sharded model share: the plan, the router, proxies and shard roots."""
 
-    plan: object
-    layout: object
+    plan: Plan
+    layout: BlockLayout
     router: BlockRouter
     proxies: dict  # block list path -> nn.ModuleList of proxies
-    roots: tuple  # (torch.device, ShardRoot, template ModelPatcher) per planned block range
-    request_key: tuple
-    auto_mode: object = None  # parallel_mode.ModeDecision for parallel=auto, decided with the plan
-    arch_name: str = ""
+    roots: tuple[ShardRootEntry, ...]
+    request_key: tuple[str, float]  # (devices, reserve_vram_gb) as given
+    runtime: ShardRuntime = field(default_factory=ShardRuntime, compare=False)
+    auto_mode: ModeDecision | None = None  # what parallel=auto means for this plan (decided with it)
+    arch_name: str = ""  # architecture family, for messages
 
 
 def is_sharded(model) -> bool:
@@ -51,9 +79,9 @@ def release_roots(state: ShardState) -> None:
     """Restore an older shard set's blocks to their original weights on the offload device."""
     if state.router.engine is not None:  # sequence workers and streamed-weight buffers go too
         state.router.engine.close()
-    for _, root, template in state.roots:
-        if root.model_loaded_weight_memory > 0 or template.backup:
-            template.detach(unpatch_all=True)
+    for entry in state.roots:
+        if entry.root.model_loaded_weight_memory > 0 or entry.template.backup:
+            entry.template.detach(unpatch_all=True)
 
 
 
@@ -68,23 +96,32 @@ def sync_shard_patches(main) -> None:
 
 
 def prepare_sampling_wrapper(executor, model, *args, **kwargs):
+    """Around ComfyUI's load of a sharded model: the unsharded clones give the blocks back, the
+    shards get the main's weight patches, and the state knows that ShardDiT itself is loading
+    ``model`` (so the detach of its previous main in this load keeps the shards: see
+    ``release_shards_on_detach``)."""
     _unload_unsharded_clones(model)
     sync_shard_patches(model)
-    return executor(model, *args, **kwargs)
+    runtime = get_shard_state(model).runtime
+    runtime.loading, runtime.loaded_main = True, weakref.ref(model)
+    try:
+        return executor(model, *args, **kwargs)
+    finally:
+        runtime.loading = False
 
 
 def _unload_unsharded_clones(main) -> None:
     """Fully unload a loaded *unsharded* clone of the same weights (e.g. core KSampler ran on the
     MODEL before it was sharded): its in-place weight patches and "already patched" marks on the
-    blocks must be undone before the shards patch those blocks themselves."""
-    models = mm.current_loaded_models
-    for i in reversed(range(len(models))):
-        patcher = models[i].model
-        if patcher is not None and patcher is not main and patcher.is_clone(main) and not is_sharded(patcher):
+    blocks must be undone before the shards patch those blocks themselves. ``detach`` is what
+    ComfyUI's own unload calls; ComfyUI's ``load_models_gpu`` then drops the clone's entry (it
+    always drops the loaded clones of a model it loads)."""
+    for loaded in read_loaded():
+        patcher = loaded.patcher
+        if patcher is not main and patcher.is_clone(main) and not is_sharded(patcher):
             log.info("[ShardDiT] unloading the unsharded copy of %s before loading its shards",
                      type(patcher.model).__name__)
-            if models[i].model_unload():
-                models.pop(i)
+            patcher.detach(unpatch_all=True)
 
 
 def routing_scope_wrapper(state: ShardState, mode: str, executor, *args, **kwargs):
@@ -140,35 +177,22 @@ def patch_then_home(router: BlockRouter, global_index: int, patch, args, extra):
 
 
 def release_shards_on_detach(main, unpatch_all: bool) -> None:
-    """ComfyUI detaches the main patcher: release the shards unless the main comes right back.
+    """ComfyUI detaches a main patcher: release the shards unless ShardDiT keeps using them.
 
     ``unpatch_all=True`` is a full unload (``free_memory``, ``unload_all_models``/``POST /free``,
     which only free the default device themselves): every shard's weights leave its GPU too.
-    ``unpatch_all=False`` is ComfyUI switching between clones of the same weights. Before every
-    prompt it "switches" a model to itself: the shards stay loaded then (nothing reloads). When a
-    different clone takes over (core's sampler on the unsharded MODEL, or a re-sharded one), the
-    blocks get their original weights back and leave the GPUs, so that clone loads them itself.
+    ``unpatch_all=False`` comes from ComfyUI switching between clones of the same weights (or from
+    a clone being garbage collected). Decided from ShardDiT's own state, never from ComfyUI's:
+    - during ShardDiT's own load of a patcher of this state (an identical prompt "switches" the
+      model to itself): the shards stay loaded, nothing reloads;
+    - the main ShardDiT loaded last, detached outside that load: a different clone took over (core's
+      sampler on the unsharded MODEL, a re-sharded one): the blocks get their original weights back
+      and leave the GPUs, so that clone loads them itself;
+    - any other clone (e.g. a copy of the MODEL being garbage collected): nothing was loaded by it.
     """
     state = get_shard_state(main)
     if state is None:
         return
-    if not unpatch_all and _main_is_reloading(state) is not False:
-        return
-    release_roots(state)
-
-
-def _main_is_reloading(state: ShardState) -> bool | None:
-    """Whether the ``load_models_gpu`` call that is detaching the main patcher now will load a
-    patcher carrying ``state`` again. Read from that call's ``models_to_load`` (ComfyUI 0.3.64);
-    None when it cannot be told (another caller, or ComfyUI's code changed): then the shards are
-    left loaded, as for an identical prompt."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "load_models_gpu" and frame.f_globals.get("__name__") == mm.__name__:
-            break
-        frame = frame.f_back
-    to_load = frame.f_locals.get("models_to_load") if frame is not None else None
-    if not isinstance(to_load, list):
-        return None
-    patchers = [getattr(loaded, "model", None) for loaded in to_load]
-    return any(p is not None and get_shard_state(p) is state for p in patchers)
+    runtime = state.runtime
+    if unpatch_all or (not runtime.loading and runtime.is_loaded_main(main)):
+        release_roots(state)

@@ -35,16 +35,17 @@ import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
+from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
-from ...parallel.parallel_mode import PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
+from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
 from ...parallel.routing import BlockRouter
 from ...parallel.seq_engine import attach_sequence_engine
 from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .placement import current_inventory, record_dit
-from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,
-                          is_sharded, prepare_sampling_wrapper, release_roots, release_shards_on_detach,
-                          routing_scope_wrapper, sync_shard_patches)
+from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardState, get_shard_patchers,
+                          get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
+                          release_shards_on_detach, routing_scope_wrapper, sync_shard_patches)
 from .specs import find_arch_spec, get_arch_spec
 
 log = logging.getLogger("sharddit")
@@ -73,7 +74,8 @@ class ShardRoot(torch.nn.Module):
         return self._dtype
 
 
-def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inventory=None, parallel: str = "auto"):
+def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
+                inventory=None, parallel: str = DEFAULT_PARALLEL):
     """Return a sharded clone of ``model`` (a ComfyUI ModelPatcher); ``model`` is not mutated.
 
     Everything that can fail on user input (unknown architecture, bad device string, a plan that
@@ -134,7 +136,7 @@ def unshard(model):
     m.remove_attachments(ATTACHMENT_KEY)
     m.remove_attachments(MODE_KEY)
     m.load_device = mm.get_torch_device()
-    m.size = model.size + sum(mm.module_size(root) for _, root, _ in state.roots)
+    m.size = model.size + sum(mm.module_size(e.root) for e in state.roots)
     return m
 
 
@@ -168,7 +170,8 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
              plan.to_text(inventory))
 
     blocks = [(path, i, b) for path in layout.block_lists for i, b in enumerate(_real_blocks(base, dit, path))]
-    block_devices = _block_devices(plan, len(blocks))
+    block_devices = [torch.device(d) for d in plan.block_devices()]
+    assert len(block_devices) == len(blocks), f"plan covers {len(block_devices)} of {len(blocks)} blocks"
     home = torch.device(plan.home_device)
     router = BlockRouter(layout, home)
     proxies = {}
@@ -184,7 +187,8 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                                         [r.device for r in plan.block_ranges])
         engine.should_stop = mm.throw_exception_if_processing_interrupted
         engine.interrupt_exceptions = (mm.InterruptProcessingException,)
-    return ShardState(plan, layout, router, proxies, roots, request_key, auto_mode, arch.name)
+    return ShardState(plan=plan, layout=layout, router=router, proxies=proxies, roots=roots,
+                      request_key=request_key, auto_mode=auto_mode, arch_name=arch.name)
 
 
 def _activation_headroom(block_bytes) -> int:
@@ -198,15 +202,6 @@ def _activation_headroom(block_bytes) -> int:
     return 2 * max(block_bytes, default=0)
 
 
-def _block_devices(plan, n_blocks) -> list[torch.device]:
-    devices = [None] * n_blocks
-    for r in plan.block_ranges:
-        for g in range(r.start, r.stop):
-            devices[g] = torch.device(r.device)
-    assert None not in devices, f"plan does not cover all {n_blocks} blocks: {plan.block_ranges}"
-    return devices
-
-
 def _build_roots(blocks, plan, dtype, offload_device):
     """One ShardRoot and its template patcher per planned block range (a repeated device gets one
     shard per entry). Every shard patcher is a clone of its template and shares its weight backup,
@@ -218,7 +213,8 @@ def _build_roots(blocks, plan, dtype, offload_device):
         root = ShardRoot(by_list, dtype)
         root.sharddit_keys = frozenset(root.state_dict().keys())
         device = torch.device(r.device)
-        yield device, root, comfy.model_patcher.ModelPatcher(root, load_device=device, offload_device=offload_device)
+        yield ShardRootEntry(device, root, comfy.model_patcher.ModelPatcher(root, load_device=device,
+                                                                            offload_device=offload_device))
 
 
 def _sharded_clone(base, state: ShardState):
@@ -227,10 +223,10 @@ def _sharded_clone(base, state: ShardState):
     for path, proxies in state.proxies.items():
         m.add_object_patch(f"diffusion_model.{path}", proxies)
     # module_size reads state_dict(), which lists the blocks whether or not the proxies are in.
-    m.size = mm.module_size(m.model) - sum(mm.module_size(root) for _, root, _ in state.roots)
+    m.size = mm.module_size(m.model) - sum(mm.module_size(e.root) for e in state.roots)
     shards = []
-    for _, _, template in state.roots:
-        shards.append(template.clone())
+    for entry in state.roots:
+        shards.append(entry.template.clone())
     m.set_additional_models(SHARD_KEY, shards)
     sync_shard_patches(m)
     m.set_attachments(ATTACHMENT_KEY, state)

@@ -1,39 +1,29 @@
 """Logic of the ``ShardDiTPlan`` node: inventory with what ComfyUI and ShardDiT hold, then the
-simulated plan for the chosen preset, as one text."""
+simulated plan for the chosen preset, as one text and as a picture (``plan_picture``)."""
 from __future__ import annotations
 
 from ...parallel.inventory import read_inventory
+from ..comfy.placement import read_loaded
+from ..comfy.shard_hooks import get_shard_state
 from . import simulator
 
-__all__ = ["BATCH_CHOICES", "read_holdings", "run_plan"]
+__all__ = ["BATCH_CHOICES", "picture_tensor", "read_holdings", "run_plan"]
 
 BATCH_CHOICES = ("auto", "1", "2")
 
 
 def read_holdings() -> dict[str, tuple[int, int]]:
-    """Per device: (bytes ComfyUI's other loaded models hold, bytes ShardDiT's models hold).
-
-    From ``comfy.model_management.current_loaded_models`` (each entry: a ModelPatcher loaded on
-    one device; ``loaded_size()`` is what sits on that device now).
-    """
-    import comfy.model_management as mm
-
-    from ..comfy.placement import is_sharddit_patcher
-
+    """Per device: (bytes ComfyUI's other loaded models hold, bytes ShardDiT's models hold)."""
     out: dict[str, list[int]] = {}
-    for loaded in list(mm.current_loaded_models):
-        patcher = loaded.model
-        if patcher is None:
-            continue
-        size = int(patcher.loaded_size())
-        slot = out.setdefault(str(loaded.device), [0, 0])
-        slot[1 if is_sharddit_patcher(patcher) else 0] += size
+    for loaded in read_loaded():
+        slot = out.setdefault(loaded.device, [0, 0])
+        slot[1 if loaded.sharddit else 0] += loaded.loaded_bytes
     return {d: (c, s) for d, (c, s) in out.items()}
 
 
 def run_plan(model: str, devices: str, width: int, height: int, frames: int, batch: str,
-             dtype: str, reserve_vram_gb: float) -> tuple[str, bool]:
-    """(text, fits). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs)."""
+             dtype: str, reserve_vram_gb: float) -> tuple[str, object]:
+    """(text, SimulationReport). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs)."""
     holdings = read_holdings()
     devices = str(devices).strip() or "auto"
     inventory = None
@@ -46,22 +36,30 @@ def run_plan(model: str, devices: str, width: int, height: int, frames: int, bat
                                 reserve_vram_gb=reserve_vram_gb, inventory=inventory)
     text = report.to_text(holdings if inventory is not None else None)
     current = describe_current_placements(inventory)
-    return (text + "\n\n" + current if current else text), report.fits
+    return (text + "\n\n" + current if current else text), report
+
+
+def picture_tensor(report):
+    """The plan picture as a ComfyUI IMAGE batch (1 x H x W x 3 float in [0, 1])."""
+    import numpy as np
+    import torch
+
+    from .plan_picture import draw_plan_picture, picture_from_report
+
+    pixels = np.asarray(draw_plan_picture(picture_from_report(report)), dtype=np.float32) / 255.0
+    return torch.from_numpy(pixels).unsqueeze(0)
 
 
 def describe_current_placements(inventory) -> str:
     """The plans of the models ShardDiT has sharded and ComfyUI holds loaded now ('' if none)."""
-    import comfy.model_management as mm
-
     parts, seen = [], set()
-    for loaded in list(mm.current_loaded_models):
-        patcher = loaded.model
-        get = getattr(patcher, "get_attachment", None)
-        state = get("sharddit") if callable(get) else None
-        plan = getattr(state, "plan", None)
-        if plan is None or id(plan) in seen:
+    for loaded in read_loaded():
+        state = get_shard_state(loaded.patcher)
+        if state is None or id(state.plan) in seen:
             continue
-        seen.add(id(plan))
+        seen.add(id(state.plan))
+        patcher = loaded.patcher
+        plan = state.plan
         name = type(patcher.model.diffusion_model).__name__ if hasattr(patcher.model, "diffusion_model") else "model"
         body = plan.to_text(inventory) if inventory is not None else str(plan.to_dict())
         parts.append(f"Loaded now, sharded by ShardDiT: {name}\n{body}")

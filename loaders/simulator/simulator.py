@@ -13,26 +13,28 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
 from ...parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
+from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB, block_devices_of
 from ...parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
 from . import presets
-from .simulator_run import first_blocks_only, run_fake_forward
+from .simulator_run import SimContext, first_blocks_only, run_fake_forward
 from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["simulate", "probe_activation_bytes", "SimulationReport", "DeviceReport", "DTYPES"]
+__all__ = ["simulate", "SimulationReport", "DeviceReport", "DTYPES"]
 
 DTYPES = ("bf16", "fp16", "fp8")
 _WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn,
                   "fp32": torch.float32}
 
 
-def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, frames: int = 81,
-             batch: int | None = None, dtype: str | None = "bf16", reserve_vram_gb: float = 0.0,
+def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: int = 480, frames: int = 81,
+             batch: int | None = None, dtype: str | None = "bf16", reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
              inventory: Inventory | None = None) -> SimulationReport:
     """Simulate one DiT forward on the planned devices; per-device weights, peak and verdict.
 
@@ -45,8 +47,7 @@ def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, 
     started = time.monotonic()
     spec = _resolve(model)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
-    ctx = _build_context(spec, width, height, frames, dtype)
-    ctx.update(inventory=inventory, request=request)
+    ctx = replace(_build_context(spec, width, height, frames, dtype), inventory=inventory, request=request)
     report = rejected = None
     for b in ([batch] if batch else [2, 1]):
         rejected, report = report, _simulate_batch(ctx, b, batch_given=bool(batch))
@@ -58,19 +59,6 @@ def simulate(model, devices: str = "auto", width: int = 832, height: int = 480, 
     return report
 
 
-def probe_activation_bytes(model, width: int, height: int, frames: int, batch: int = 2,
-                           dtype: str | None = None) -> int:
-    """Peak activation bytes on a device running DiT blocks (one block of each list simulated
-    on a fake ``cuda:0``): for a planner asked to use the simulated peak instead of its estimate.
-
-    ``model``: a preset name, a ``.safetensors`` path, a ``presets.ModelSpec`` or a loaded
-    ComfyUI model (``comfy.model_base.BaseModel``; its config is used, never its weights).
-    """
-    ctx = _build_context(_resolve(model), width, height, frames, dtype)
-    with first_blocks_only(ctx["dit"], ctx["layout"]) as n_blocks:
-        return run_fake_forward(ctx, batch, ["cuda:0"] * n_blocks, "cuda:0")["cuda:0"][1]
-
-
 def _resolve(model):
     if isinstance(model, presets.ModelSpec):
         return model
@@ -79,7 +67,7 @@ def _resolve(model):
     return presets.resolve_model(str(model))
 
 
-def _build_context(spec, width: int, height: int, frames: int, dtype: str | None) -> dict:
+def _build_context(spec, width: int, height: int, frames: int, dtype: str | None) -> SimContext:
     """The meta DiT, its layout and sizes, and the run settings shared by every fake forward."""
     from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
     from ..comfy.specs import get_arch_spec
@@ -90,9 +78,9 @@ def _build_context(spec, width: int, height: int, frames: int, dtype: str | None
     manual_cast = None if compute_dtype == weight_dtype else compute_dtype
     dit = presets.build_meta_model(spec, weight_dtype, manual_cast).diffusion_model
     layout = get_arch_spec(dit)
-    return dict(spec=spec, dit=dit, layout=layout, block_bytes=tuple(compute_block_bytes(dit, layout)),
-                home_bytes=compute_non_block_bytes(dit, layout), compute_dtype=compute_dtype,
-                size=(width, height, frames), dtype=dtype)
+    return SimContext(spec=spec, dit=dit, layout=layout, block_bytes=tuple(compute_block_bytes(dit, layout)),
+                      home_bytes=compute_non_block_bytes(dit, layout), dtype=dtype, compute_dtype=compute_dtype,
+                      size=(width, height, frames))
 
 
 def _check_size(spec, width: int, height: int, frames: int) -> None:
@@ -129,11 +117,11 @@ def _inventory_and_request(devices: str, reserve_vram_gb: float, inventory):
     return inventory, PlacementRequest(devices=devices, reserve_vram_gb=float(reserve_vram_gb))
 
 
-def _simulate_batch(ctx: dict, batch: int, batch_given: bool) -> SimulationReport:
+def _simulate_batch(ctx: SimContext, batch: int, batch_given: bool) -> SimulationReport:
     """Probe the activation peak on one device, plan with it, then simulate the plan."""
-    spec, inventory = ctx["spec"], ctx["inventory"]
+    spec, inventory = ctx.spec, ctx.inventory
     first = inventory.gpus[0].device if inventory.gpus else "cpu"
-    with first_blocks_only(ctx["dit"], ctx["layout"]) as n_blocks:
+    with first_blocks_only(ctx.dit, ctx.layout) as n_blocks:
         activation = run_fake_forward(ctx, batch, [first] * n_blocks, first)[first][1]
     plan, error, devices = _place_and_run(ctx, batch, activation)
     peak = max(d.peak_activations for d in devices)
@@ -141,16 +129,17 @@ def _simulate_batch(ctx: dict, batch: int, batch_given: bool) -> SimulationRepor
         # the sharded run needs more than the probe (hops copy the hidden state): plan again with it
         plan, error, devices = _place_and_run(ctx, batch, peak)
     report = SimulationReport(
-        model=spec.name, family=spec.family, dtype=ctx["dtype"], size=ctx["size"],
-        latent_shape=spec.geometry.latent_shape(*ctx["size"], batch), batch=batch,
+        model=spec.name, family=spec.family, dtype=ctx.dtype, size=ctx.size,
+        latent_shape=spec.geometry.latent_shape(*ctx.size, batch), batch=batch,
         batch_given=batch_given, experts=spec.experts, inventory=inventory, plan=plan,
-        plan_error=error, devices=devices, reserve_vram_gb=ctx["request"].reserve_vram_gb)
+        plan_error=error, devices=devices, reserve_vram_gb=ctx.request.reserve_vram_gb,
+        home_bytes=ctx.home_bytes)
     log.info("[ShardDiT] simulated %s batch %d: %s", spec.name, batch,
              "fits" if report.fits else "does not fit")
     return report
 
 
-def _place_and_run(ctx: dict, batch: int, activation: int):
+def _place_and_run(ctx: SimContext, batch: int, activation: int):
     """Plan with ``activation`` bytes of headroom per device, simulate the plan, report devices."""
     plan, error = _plan(ctx, activation)
     block_devices, home = _block_devices(ctx, plan)
@@ -158,40 +147,41 @@ def _place_and_run(ctx: dict, batch: int, activation: int):
     return plan, error, _device_reports(ctx, measured, block_devices, home)
 
 
-def _plan(ctx: dict, activation: int):
-    footprint = Footprint(block_bytes=ctx["block_bytes"], dit_home_bytes=ctx["home_bytes"],
+def _plan(ctx: SimContext, activation: int):
+    footprint = Footprint(block_bytes=ctx.block_bytes, dit_home_bytes=ctx.home_bytes,
                           dit_activation_bytes=activation)
     try:
-        return plan_placement(ctx["inventory"], footprint, ctx["request"]), None
+        return plan_placement(ctx.inventory, footprint, ctx.request), None
     except PlacementError as err:
         return None, str(err)
 
 
-def _block_devices(ctx: dict, plan) -> tuple[list[str], str]:
+def _block_devices(ctx: SimContext, plan) -> tuple[list[str], str]:
     """Device of each block (global order) and the home device; a forced split when no plan."""
-    n = len(ctx["block_bytes"])
     if plan is not None:
-        ranges, home = [(r.device, r.start, r.stop) for r in plan.block_ranges], plan.home_device
-    else:
-        ranges = fallback_block_ranges(ctx["inventory"], ctx["request"], ctx["block_bytes"])
-        home = ranges[0][0]
-    devices = [None] * n
-    for device, start, stop in ranges:
-        devices[start:stop] = [device] * (stop - start)
-    assert None not in devices, f"ranges {ranges} do not cover {n} blocks"
-    return devices, home
+        return list(plan.block_devices()), plan.home_device
+    ranges = fallback_block_ranges(ctx.inventory, ctx.request, ctx.block_bytes)
+    return list(block_devices_of(ranges)), ranges[0].device
 
 
 def _device_reports(ctx, measured: dict, block_devices: list, home: str) -> list[DeviceReport]:
-    reserve = int(ctx["request"].reserve_vram_gb * GiB)
+    reserve = int(ctx.request.reserve_vram_gb * GiB)
     names = list(dict.fromkeys([home] + block_devices))
     out = []
     for device in names:
-        info = ctx["inventory"].get(device) if device in ctx["inventory"].names else None
+        info = ctx.inventory.get(device) if device in ctx.inventory.names else None
         blocks = [i for i, d in enumerate(block_devices) if d == device]
         weights, peak = measured.get(device, (0, 0))
-        usable = None if info is None or device == "cpu" else info.available_bytes - reserve
+        usable = _usable(info, device, reserve)
         out.append(DeviceReport(device, info.name if info else "CPU", info.total_bytes if info else 0,
                                 info.free_bytes if info else 0, usable, weights, peak,
                                 blocks, device == home))
     return out
+
+
+def _usable(info, device: str, reserve: int) -> int | None:
+    """What the planner lets this device hold: free + held - reserve (GPU), available RAM (cpu,
+    no reserve), None when the RAM size is unknown (the planner then assumes enough)."""
+    if info is None or (device == "cpu" and not info.total_bytes):
+        return None
+    return info.available_bytes if device == "cpu" else info.available_bytes - reserve

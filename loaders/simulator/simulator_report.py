@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...parallel.plan_ranges import compute_block_ranges
+from ...parallel.plan_types import BlockRange
 
 __all__ = ["DeviceReport", "SimulationReport", "fallback_block_ranges", "format_gib"]
 
@@ -25,7 +26,7 @@ class DeviceReport:
     total: int
     free: int
     usable: int | None
-    """Free (+ held by ShardDiT) minus reserve; None for cpu (system RAM, not checked)."""
+    """Free (+ held by ShardDiT) minus reserve; available RAM for cpu; None when unknown."""
     weights: int
     """Parameters and buffers placed there (measured on the fake device)."""
     peak_activations: int
@@ -71,6 +72,8 @@ class SimulationReport:
     plan_error: str | None
     devices: list
     reserve_vram_gb: float = 0.0
+    home_bytes: int = 0
+    """Bytes of the DiT's non-block part (on the home device, inside its ``weights``)."""
     seconds: float = 0.0
     rejected: str | None = None
     """Why the larger batch was not chosen (its per-device needs), when ``batch`` was not given."""
@@ -129,7 +132,7 @@ class SimulationReport:
         rows = [("device", "holds", "weights", "peak act.", "total", "usable", "verdict")]
         for d in self.devices:
             usable = "-" if d.usable is None else format_gib(d.usable)
-            verdict = "ok" if not d.shortfall else f"SHORT {format_gib(d.shortfall)} GiB"
+            verdict = f"SHORT {format_gib(d.shortfall)} GiB" if d.shortfall else "ok" if self.plan else "no placement"
             rows.append((d.device, d.describe_blocks(), format_gib(d.weights),
                          format_gib(d.peak_activations), format_gib(d.need), usable, verdict))
         return format_table(rows, right=(2, 3, 4, 5)) + "\n(GiB)"
@@ -177,4 +180,4 @@ def fallback_block_ranges(inventory, request, block_bytes) -> list:
         info = inventory.get(dev) if dev in inventory.names else None
         caps.append(max(1, (info.available_bytes if info else _GiB) - request.reserve_bytes))
     ranges = compute_block_ranges(block_bytes, caps) or [(0, len(block_bytes))]
-    return [(dev, a, b) for dev, (a, b) in zip(devices, ranges) if b > a]
+    return [BlockRange(dev, a, b) for dev, (a, b) in zip(devices, ranges) if b > a]

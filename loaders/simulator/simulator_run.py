@@ -13,19 +13,39 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import dataclass
 
 import torch
 
+from ...parallel.inventory import Inventory
+from ...parallel.plan_types import PlacementRequest
+from ...parallel.routing import BlockLayout
 from ...parallel.sharding import attach_block_sharding, get_block_list
 from ...parallel.sizing import get_blocks
 from ...parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
 
-__all__ = ["run_fake_forward", "first_blocks_only"]
+__all__ = ["SimContext", "run_fake_forward", "first_blocks_only"]
 
 
-def run_fake_forward(ctx: dict, batch: int, block_devices: list[str], home: str) -> dict:
+@dataclass(frozen=True)
+class SimContext:
+    """Everything one simulation shares between its fake forwards."""
+
+    spec: object  # presets.ModelSpec
+    dit: torch.nn.Module  # ComfyUI's DiT class, built on meta
+    layout: BlockLayout
+    block_bytes: tuple[int, ...]  # weight bytes per block, global order
+    home_bytes: int  # weight bytes of everything but the blocks
+    dtype: str  # "bf16", "fp16", "fp8"
+    compute_dtype: torch.dtype
+    size: tuple[int, int, int]  # width, height, frames
+    inventory: Inventory | None = None  # set by simulate()
+    request: PlacementRequest | None = None
+
+
+def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str) -> dict:
     """One fake forward; {device: (weight bytes, peak activation bytes)}."""
-    dit, layout = ctx["dit"], ctx["layout"]
+    dit, layout = ctx.dit, ctx.layout
     blocks = get_blocks(dit, layout)
     try:
         with fake_device_mode(), _attention_standin():
@@ -75,15 +95,15 @@ def _to_meta(dit) -> None:
                 mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="meta")
 
 
-def _forward(ctx: dict, dit, batch: int, home: torch.device):
+def _forward(ctx: SimContext, dit, batch: int, home: torch.device):
     """Call the DiT as ComfyUI's sampler does, with inputs of the family's shapes on ``home``."""
-    spec, dtype = ctx["spec"], ctx["compute_dtype"]
+    spec, dtype = ctx.spec, ctx.compute_dtype
     g = spec.geometry
 
     def empty(*shape, dt=dtype):
         return torch.empty(shape, dtype=dt, device=home)
 
-    x = empty(*g.latent_shape(*ctx["size"], batch))
+    x = empty(*g.latent_shape(*ctx.size, batch))
     t = empty(batch, dt=torch.float32)
     context = empty(batch, g.context_tokens, g.context_dim)
     options = {"optimized_attention_override": _attention_override}

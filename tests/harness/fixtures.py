@@ -6,6 +6,8 @@
   names (``TEMPLATE_NAMES``) are symlinked to them. Add names with ``tiny_models.add_aliases``.
 - ``comfy_server``: one headless ComfyUI subprocess per session with this pack and the tiny
   models (``harness.server``).
+- ``workflow_models``: every model file the shipped workflows name exists on ``comfy_server``
+  (tiny models under the real names: ``WORKFLOW_NAMES``, ``CHECKPOINT_NAMES``).
 
 Each skips (never fails) when COMFYUI_PATH is unset, so a test that forgets the `comfy` marker
 is skipped too.
@@ -28,6 +30,19 @@ TEMPLATE_NAMES = {
     "umt5_xxl_fp16.safetensors": "umt5",
     "wan_2.1_vae.safetensors": "wan21_vae",
 }
+# Real file names the shipped workflows use → tiny model kind (beyond TEMPLATE_NAMES). Kinds for
+# names that are only validated or loaded in the UI (never executed) need not match the architecture.
+WORKFLOW_NAMES = {
+    "wan2.1_t2v_14B_fp8_scaled.safetensors": "wan21_t2v",
+    "hunyuan_video_t2v_720p_bf16.safetensors": "hunyuan_video",
+    "t5xxl_fp16.safetensors": "umt5",
+    "clip_l.safetensors": "umt5",
+    "llava_llama3_fp8_scaled.safetensors": "umt5",
+    "hunyuan_video_vae_bf16.safetensors": "wan21_vae",
+}
+# models/checkpoints is not one of the tiny models' folders: the LTX-Video checkpoint name is
+# linked into the server's own models dir (--base-directory) instead.
+CHECKPOINT_NAMES = {"ltxv-13b-0.9.7-dev.safetensors": "ltxv"}
 
 
 def _require_comfy():
@@ -70,3 +85,20 @@ def comfy_server(tiny_models, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def workflow_models(tiny_models, comfy_server):
+    """``tiny_models`` with every model file any shipped workflow names present on ``comfy_server``."""
+    import workflow_tools as wt
+
+    tiny_models.add_aliases(WORKFLOW_NAMES)
+    ckpt_dir = comfy_server.workdir / "base" / "models" / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    for name, kind in CHECKPOINT_NAMES.items():
+        if not (ckpt_dir / name).exists():
+            os.symlink(tiny_models.path(kind), ckpt_dir / name)
+    wanted = {n for _, ui, _ in wt.workflow_pairs() for _, n in wt.model_files(wt.load(ui))}
+    missing = sorted(wanted - set(tiny_models.aliases) - set(CHECKPOINT_NAMES))
+    assert not missing, f"no tiny model under these workflow file names: {missing} (add them to WORKFLOW_NAMES)"
+    return tiny_models

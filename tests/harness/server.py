@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import signal
 import shutil
 import socket
@@ -175,11 +176,12 @@ class ComfyServer:
 
     def import_failures(self) -> list:
         """Log lines where ComfyUI reports a custom node folder of ours failing to import."""
-        ours = (PACK_DIR_NAME, HOOKS_DIR_NAME)
+        # our folder as a whole path component (not e.g. a temp dir named "sharddit-ci.x/ComfyUI/...")
+        ours = re.compile(r"(?:^|[\s/\\])(?:%s|%s)(?=\s|$)" % (re.escape(PACK_DIR_NAME), re.escape(HOOKS_DIR_NAME)))
         bad = []
         for line in self.log_text().splitlines():
             if ("IMPORT FAILED" in line or "Cannot import" in line or "Error while calling comfy_entrypoint" in line) \
-                    and any(f"{os.sep}{n}" in line or f" {n}" in line for n in ours):
+                    and ours.search(line):
                 bad.append(line.strip())
         return bad
 

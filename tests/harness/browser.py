@@ -1,0 +1,135 @@
+"""ComfyUI's real web UI in headless Chromium (Debian's ``chromium`` driven by ``playwright``).
+
+Never downloads a browser: ``launch`` uses the system one (``CHROMIUM``). What a user does is
+done as a user does it: a workflow is *dropped* on the canvas (a ``drop`` event carrying a
+``DataTransfer`` with the file), the Run button is clicked, node search opens on a double-click.
+The graph is read back through ``window.app`` (nodes, groups, widgets, outputs).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import requests
+
+CHROMIUM = os.environ.get("SHARDDIT_CHROMIUM", "/usr/bin/chromium")
+WINDOW = {"width": 1600, "height": 1000}
+
+
+def skip_reason() -> str | None:
+    """Why the browser tests cannot run here (None when they can)."""
+    if not os.environ.get("COMFYUI_PATH"):
+        return "needs ComfyUI: set COMFYUI_PATH (see tests/README.md)"
+    if not (Path(CHROMIUM).is_file() or shutil.which(CHROMIUM)):
+        return f"needs Chromium at {CHROMIUM} (Debian: apt-get install chromium)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "needs the playwright Python package (pip install playwright; never 'playwright install')"
+    return None
+
+
+def prepare_server(url: str) -> None:
+    """Settings a returning user has: no first-run template dialog over the canvas."""
+    requests.post(f"{url}/api/settings/Comfy.TutorialCompleted", json=True, timeout=10).raise_for_status()
+
+
+def launch(playwright):
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+
+
+def open_ui(browser, url: str, timeout_ms: int = 120_000):
+    """A page with ComfyUI loaded (app and canvas ready); console errors collected on ``page.errors``."""
+    page = browser.new_page(viewport=WINDOW)
+    page.errors = []
+    page.on("pageerror", lambda err: page.errors.append(str(err)))
+    page.goto(url)
+    page.wait_for_function("() => window.app?.graph && window.app.canvas && window.app.vueAppReady !== false",
+                           timeout=timeout_ms)
+    page.wait_for_selector("#graph-canvas", timeout=timeout_ms)
+    page.wait_for_timeout(1000)
+    return page
+
+
+_DROP = """([text, name]) => {
+  const dt = new DataTransfer();
+  dt.items.add(new File([text], name, {type: "application/json"}));
+  const canvas = document.querySelector("#graph-canvas");
+  for (const type of ["dragenter", "dragover", "drop"])
+    canvas.dispatchEvent(new DragEvent(type, {dataTransfer: dt, bubbles: true, cancelable: true}));
+}"""
+
+
+def drop_workflow(page, path: Path, timeout_ms: int = 30_000) -> None:
+    """Drag the file onto the canvas as a user would; wait until its nodes are in the graph."""
+    text = Path(path).read_text(encoding="utf-8")
+    expected = len(__import__("json").loads(text)["nodes"])
+    page.evaluate(_DROP, [text, Path(path).name])
+    page.wait_for_function(f"() => window.app.graph.nodes.length === {expected}", timeout=timeout_ms)
+    page.wait_for_timeout(1500)  # dialogs (missing nodes / models) open asynchronously
+
+
+def open_dialogs(page) -> list:
+    """Text of every visible dialog (missing nodes, missing models, errors)."""
+    return page.evaluate("""() => Array.from(document.querySelectorAll('.p-dialog, [role=dialog]'))
+        .filter(e => e.offsetParent !== null).map(e => e.innerText.slice(0, 500))""")
+
+
+GRAPH_STATE = """() => {
+  const ctx = document.createElement("canvas").getContext("2d");
+  const rect = document.querySelector("#graph-canvas").getBoundingClientRect();
+  const ds = app.canvas.ds;
+  return {
+    scale: ds.scale, offset: Array.from(ds.offset), canvas: [rect.x, rect.y, rect.width, rect.height],
+    nodes: app.graph.nodes.map(n => ({
+      id: n.id, type: n.type, title: n.title, mode: n.mode, pos: Array.from(n.pos), size: Array.from(n.size),
+      bounding: Array.from(n.getBounding ? n.getBounding() : n.boundingRect),
+      widgets: (n.widgets || []).map(w => ({name: w.name, value: w.value, serialize: w.serialize !== false})),
+      images: (n.imgs || []).map(i => [i.naturalWidth, i.naturalHeight]),
+    })),
+    groups: app.graph.groups.map(g => {
+      ctx.font = `${g.font_size}px Arial`;
+      return {title: g.title, bounding: Array.from(g._bounding || g.bounding), title_height: g.titleHeight,
+              title_width: ctx.measureText(g.title).width + 4};
+    }),
+  };
+}"""
+
+
+def graph_state(page) -> dict:
+    return page.evaluate(GRAPH_STATE)
+
+
+def overlaps(a, b) -> bool:
+    ax, ay, aw, ah = a
+    bx, by, bw, bh = b
+    return ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah
+
+
+def to_screen(state: dict, box) -> list:
+    """A graph-space box ``[x, y, w, h]`` in CSS pixels at the current view."""
+    s, (ox, oy) = state["scale"], state["offset"]
+    cx, cy = state["canvas"][:2]
+    return [cx + (box[0] + ox) * s, cy + (box[1] + oy) * s, box[2] * s, box[3] * s]
+
+
+def screenshot(page, path: Path) -> Path:
+    page.screenshot(path=str(path))
+    print(f"[ShardDiT] screenshot: {path}")
+    return path
+
+
+def focus_node(page, node_id: int, margin: int = 40) -> None:
+    """Zoom and pan so the node fills the window at a readable scale (at most 100 %)."""
+    page.evaluate("""([id, margin]) => {
+      const n = app.graph.getNodeById(id);
+      const [x, y, w, h] = n.getBounding ? Array.from(n.getBounding()) : n.boundingRect;
+      const r = document.querySelector("#graph-canvas").getBoundingClientRect();
+      const ds = app.canvas.ds;
+      ds.scale = Math.min(1, (r.width - 2 * margin - 80) / w, (r.height - 2 * margin - 100) / h);
+      ds.offset[0] = (80 + margin) / ds.scale - x;
+      ds.offset[1] = (100 + margin) / ds.scale - y;
+      app.canvas.setDirty(true, true);
+    }""", [node_id, margin])
+    page.wait_for_timeout(500)

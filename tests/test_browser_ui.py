@@ -1,0 +1,219 @@
+"""ShardDiT in ComfyUI's real web UI (headless Chromium): what a user sees.
+
+Needs COMFYUI_PATH, Debian's ``chromium`` at /usr/bin/chromium and the ``playwright`` package
+(never ``playwright install``); skipped with the reason otherwise. Uses the session test server
+(tiny models under the workflows' real file names, ``harness.fixtures.workflow_models``).
+Screenshots go to the test's temp folder; their paths are printed (``pytest -s`` shows them).
+``SHARDDIT_WRITE_THUMBNAILS=1`` also writes each workflow's screenshot as its template thumbnail
+``workflows/<name>.jpg``.
+"""
+import os
+
+import pytest
+
+import workflow_tools as wt
+from harness import browser
+
+pytestmark = [pytest.mark.browser, pytest.mark.comfy]
+if browser.skip_reason():
+    pytestmark.append(pytest.mark.skip(reason=browser.skip_reason()))
+
+UI_FILES = {name: ui for name, ui, _ in wt.workflow_pairs()}
+SHARDDIT_DISPLAY_NAMES = {
+    "Load Diffusion Model (ShardDiT)", "Load Text Encoder (ShardDiT)", "Load VAE (ShardDiT)",
+    "Shard DiT Blocks (ShardDiT)", "KSampler (ShardDiT)", "VAE Decode Tiled (ShardDiT)", "Placement Plan (ShardDiT)"}
+# Wan 2.1 on CPU: tiny models already sit under the real names; small size, 2 steps, two CPU shards.
+WAN21_TINY = {"EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5},
+              "ShardDiTKSampler": {"steps": 2, "devices": "cpu,cpu"},
+              "ShardDiTLoadDiffusionModel": {"devices": "cpu,cpu"},
+              "ShardDiTVAEDecodeTiled": {"devices": "cpu,cpu"},
+              "ShardDiTLoadTextEncoder": {"device": "cpu"}, "ShardDiTLoadVAE": {"device": "cpu"}}
+
+
+@pytest.fixture(scope="module")
+def ui(comfy_server, workflow_models):
+    from playwright.sync_api import sync_playwright
+
+    browser.prepare_server(comfy_server.url)
+    with sync_playwright() as p:
+        chromium = browser.launch(p)
+        try:
+            yield browser.open_ui(chromium, comfy_server.url)
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    return tmp_path_factory.mktemp("screenshots")
+
+
+def _load(page, name):
+    browser.drop_workflow(page, UI_FILES[name])
+    return browser.graph_state(page)
+
+
+@pytest.mark.parametrize("name", sorted(UI_FILES))
+def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, name):
+    state = _load(ui, name)
+    shot = browser.screenshot(ui, shots / f"{name}.png")
+    assert browser.open_dialogs(ui) == [], "a dialog opened on drop (missing nodes or models?)"
+    # every ShardDiT node is there, with its widgets and the file's values
+    saved = {n["id"]: n for n in wt.load(UI_FILES[name])["nodes"]}
+    ours = wt.sharddit_schemas()
+    for node in state["nodes"]:
+        if node["type"] in ours:
+            names = [w["name"] for w in node["widgets"] if w["serialize"]]
+            expected = [n for i in ours[node["type"]].widgets
+                        for n in ([i.name, "control_after_generate"] if i.control else [i.name])]
+            assert names == expected, (node["type"], names)
+            values = [w["value"] for w in node["widgets"] if w["serialize"]]
+            assert values == saved[node["id"]]["widgets_values"], node["type"]
+    assert {n["type"] for n in state["nodes"]} >= {n["type"] for n in saved.values()}
+    # group titles fit their groups and no two title bars overlap (graph units: true at any zoom)
+    groups = state["groups"]
+    for g in groups:
+        assert g["title_width"] <= g["bounding"][2], f"title {g['title']!r} wider than its group"
+    titles = [[*g["bounding"][:3], g["title_height"]] for g in groups]
+    for i, a in enumerate(titles):
+        for j, b in enumerate(titles[i + 1:], i + 1):
+            assert not browser.overlaps(a, b), f"titles {groups[i]['title']!r} and {groups[j]['title']!r} overlap"
+    # no node overlaps another node or another group's title bar
+    nodes = state["nodes"]
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1:]:
+            assert not browser.overlaps(a["bounding"], b["bounding"]), f"nodes {a['title']!r} and {b['title']!r} overlap"
+        for g, t in zip(groups, titles):
+            assert not browser.overlaps(a["bounding"], t), f"node {a['title']!r} covers group title {g['title']!r}"
+    # the saved view shows everything in the 1600x1000 window at a zoom that still draws text
+    assert state["scale"] >= 0.6, state["scale"]
+    cx, cy = state["canvas"][:2]
+    minimap = ui.evaluate("""() => { const m = document.querySelector('.minimap-main-container');
+        if (!m || m.offsetParent === null) return null; const r = m.getBoundingClientRect();
+        return [r.x, r.y, r.width, r.height]; }""")
+    screen = [browser.to_screen(state, box) for box in [g["bounding"] for g in groups] + [n["bounding"] for n in nodes]]
+    for x, y, w, h in screen:
+        assert x >= cx and y >= cy and x + w <= 1600 and y + h <= 1000, f"{[x, y, w, h]} off screen at the saved view: {shot}"
+        assert minimap is None or not browser.overlaps([x, y, w, h], minimap), f"the minimap covers {[x, y, w, h]}: {shot}"
+    if os.environ.get("SHARDDIT_WRITE_THUMBNAILS") == "1":
+        _write_thumbnail(ui, screen, UI_FILES[name].with_suffix(".jpg"), shots)
+
+
+def _write_thumbnail(page, screen, jpg, shots):
+    """The graph alone (no minimap, no toolbars) as the template card's JPEG."""
+    from PIL import Image
+
+    x0, y0 = min(b[0] for b in screen) - 8, min(b[1] for b in screen) - 8
+    x1, y1 = max(b[0] + b[2] for b in screen) + 8, max(b[1] + b[3] for b in screen) + 8
+    hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox"
+    page.evaluate(f"() => document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden')")
+    png = shots / f"{jpg.stem}_thumb.png"
+    page.screenshot(path=str(png), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
+    page.evaluate(f"() => document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '')")
+    with Image.open(png) as im:
+        im.thumbnail((800, 500), Image.LANCZOS)
+        im.convert("RGB").save(jpg, quality=85)
+    print(f"[ShardDiT] thumbnail: {jpg}")
+
+
+def test_plan_node_shows_its_picture_and_table(ui, shots):
+    """Un-mute the Plan node (select it, Ctrl+M) and run just it: the picture and the table appear in it."""
+    state = _load(ui, "wan2.1_t2v_14B_2gpu")
+    plan = next(n for n in state["nodes"] if n["type"] == "ShardDiTPlan")
+    assert plan["mode"] == 2, "the Plan node ships muted"
+    x, y, w, _ = browser.to_screen(state, plan["bounding"])
+    ui.mouse.click(x + w / 2, y + 12)  # its title bar
+    ui.keyboard.press("Control+m")
+    ui.wait_for_function(f"() => app.graph.getNodeById({plan['id']}).mode === 0", timeout=5000)
+    ui.evaluate("() => app.extensionManager.command.execute('Comfy.QueueSelectedOutputNodes')")
+    ui.wait_for_function(f"""() => {{
+        const n = app.graph.getNodeById({plan['id']});
+        return n.imgs?.length && n.imgs[0].naturalWidth && n.widgets.some(w => w.name === 'plan_text' && w.value);
+    }}""", timeout=180_000)
+    node = next(n for n in browser.graph_state(ui)["nodes"] if n["id"] == plan["id"])
+    (width, height), = node["images"]
+    assert width == 600 and 200 < height < 500, node["images"]
+    text = next(w["value"] for w in node["widgets"] if w["name"] == "plan_text")
+    assert "Simulated forward:" in text and ("FITS" in text or "DOES NOT FIT" in text)
+    assert not any(w["name"] == "plan_text" for w in node["widgets"] if w["serialize"]), "the table is saved"
+    browser.focus_node(ui, plan["id"])
+    ui.evaluate("() => app.canvas.deselectAll()")  # no selection toolbox over the group title
+    ui.mouse.move(1590, 990)  # no tooltip over the picture
+    browser.screenshot(ui, shots / "plan_node.png")
+    ui.evaluate(f"() => app.graph.getNodeById({plan['id']}).mode = 2")
+
+
+def test_wan21_workflow_runs_from_the_run_button(ui, shots):
+    _load(ui, "wan2.1_t2v_14B_2gpu")
+    ui.evaluate("""(changes) => {
+      for (const n of app.graph.nodes) for (const [name, value] of Object.entries(changes[n.type] || {})) {
+        const w = n.widgets.find(w => w.name === name);
+        w.value = value; w.callback?.(value);
+      }
+    }""", WAN21_TINY)
+    ui.get_by_role("button", name="Run", exact=True).click()
+    ui.wait_for_function("""() => {
+      const save = app.graph.nodes.find(n => n.type === 'SaveVideo');
+      const out = app.nodeOutputStore?.getNodeOutputs?.(save) ?? app.nodeOutputs?.[save.id];
+      return out?.images?.some(i => i.filename.endsWith('.mp4'));
+    }""", timeout=600_000)
+    ui.wait_for_function("() => [...document.querySelectorAll('video')].some(v => v.src.includes('sharddit_wan2.1'))",
+                         timeout=60_000)
+    save = next(n for n in browser.graph_state(ui)["nodes"] if n["type"] == "SaveVideo")
+    browser.focus_node(ui, save["id"])
+    browser.screenshot(ui, shots / "wan21_run.png")
+
+
+def test_node_search_lists_the_seven_nodes(ui, shots):
+    ui.keyboard.press("Escape")
+    state = browser.graph_state(ui)
+    free = _empty_spot(state)
+    ui.mouse.click(*free)
+    ui.mouse.dblclick(*free)
+    search = ui.locator(".comfy-vue-node-search-container input").first
+    search.wait_for(timeout=10_000)
+    search.click()
+    search.press_sequentially("ShardDiT", delay=50)
+    ui.wait_for_function("""() => [...document.querySelectorAll('[role=option]')]
+        .filter(o => o.innerText.includes('(ShardDiT)')).length >= 7""", timeout=10_000)
+    options = ui.locator("[role=option]")
+    found = {options.nth(i).inner_text().split("\n")[0].replace("\xa0", "").strip() for i in range(options.count())}
+    assert SHARDDIT_DISPLAY_NAMES <= found, found
+    vae = next(i for i in range(options.count()) if options.nth(i).inner_text().startswith("Load VAE (ShardDiT)"))
+    options.nth(vae).hover()
+    ui.wait_for_selector("._sb_node_preview", timeout=5000)
+    preview = ui.locator("._sb_node_preview").inner_text()
+    assert "undefined" not in preview and "vae_name" in preview, preview
+    browser.screenshot(ui, shots / "node_search.png")
+    ui.keyboard.press("Escape")
+
+
+def _empty_spot(state):
+    """A point of the window over empty canvas (no node, no group)."""
+    boxes = [browser.to_screen(state, b) for b in [g["bounding"] for g in state["groups"]]
+             + [n["bounding"] for n in state["nodes"]]]
+    for y in range(950, 150, -50):
+        for x in range(150, 1300, 50):
+            if not any(browser.overlaps([x - 5, y - 5, 10, 10], b) for b in boxes):
+                return x, y
+    raise AssertionError("no empty canvas to double-click")
+
+
+def test_template_browser_offers_the_ui_workflows_with_thumbnails(ui, shots, comfy_server):
+    """Templates -> Custom Nodes -> sharddit: the 4 UI workflows, each card with its JPEG; no API twin."""
+    assert sorted(comfy_server._get("/workflow_templates")["sharddit"]) == sorted(UI_FILES)
+    thumbs = {}
+    ui.on("response", lambda r: "/workflow_templates/sharddit/" in r.url and thumbs.setdefault(r.url.split("/")[-1], r.status))
+    ui.keyboard.press("Escape")
+    ui.get_by_role("button", name="Templates").first.click()
+    ui.get_by_text("sharddit", exact=True).first.click()
+    names = sorted(UI_FILES)
+    ui.wait_for_function("""(names) => { const d = document.querySelector('[role=dialog]');
+        return d && names.every(n => d.innerText.includes(n)) &&
+               [...d.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 0).length >= names.length; }""",
+                         arg=names, timeout=15_000)
+    text = ui.evaluate("() => document.querySelector('[role=dialog]').innerText")
+    browser.screenshot(ui, shots / "templates.png")
+    ui.keyboard.press("Escape")
+    assert "_api" not in text, "an API twin is offered as a template"
+    assert {n: thumbs.get(f"{n}.jpg") for n in names} == {n: 200 for n in names}, thumbs
