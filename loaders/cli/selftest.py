@@ -13,7 +13,9 @@ Checks, each printed as ``[ShardDiT] selftest ...`` lines:
    peer access hops go through host memory, slower but correct).
 3. hop: one hidden-state-sized copy (64 MiB) between each pair of neighbouring devices of the
    shard list, timed with synchronisation; the copy must arrive intact.
-4. VAE: a tiny Wan 2.1 VAE (ComfyUI's VAE class) decoded by the pack's batched multi-device tiled
+4. sequence and prefetch: ``parallel=sequence`` sampling against the unsharded result, and
+   whether streamed-block copies overlap compute on a GPU (``selftest_sequence.py``).
+5. VAE: a tiny Wan 2.1 VAE (ComfyUI's VAE class) decoded by the pack's batched multi-device tiled
    decode and by core's ``vae.decode_tiled`` with the same tiles: max abs diff <= 1e-5 in fp32 on
    one device kind (batched convolutions may round differently), <= 1e-4 across CPU and CUDA.
 
@@ -37,6 +39,7 @@ import comfy.sample
 from ...parallel.inventory import GiB, read_inventory
 from ...parallel.tiling import TileSpec, plan_tiles
 from .selftest_models import WAN_DIT, build_wan_dit, build_wan_vae
+from .selftest_sequence import check_prefetch_overlap, check_sequence, sequence_devices
 from ..comfy.sharded_model import get_shard_state, shard_model
 from ..comfy.vae_decode import core_tile_params, decode_tiled
 
@@ -97,6 +100,8 @@ def run_selftest(comfyui_root, import_s: float = 0.0) -> int:
         ("sampling", lambda c: check_sampling(c, ref, devices)),
         ("p2p", lambda c: check_p2p(c, n_gpus)),
         ("hop", lambda c: check_hops(c, devices)),
+        ("sequence", lambda c: check_sequence(c, sequence_devices(n_gpus))),
+        ("prefetch", lambda c: check_prefetch_overlap(c, n_gpus)),
         ("VAE", lambda c: check_vae(c, devices)))]
     failed = [c.name for c in checks if not c.ok]
     verdict = f"FAIL ({', '.join(failed)})" if failed else "PASS"
