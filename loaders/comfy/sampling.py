@@ -2,7 +2,12 @@
 import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on sys.path)
 
 from .model_loading import check_devices
-from .sharded_model import is_sharded, shard_model
+from .sharded_model import is_current_state, is_sharded, shard_model
+
+# On an incoming (unsharded) ModelPatcher: its sharded clone per ``devices``, so that repeated
+# prompts sample the SAME clone and ComfyUI finds it loaded (nothing unloads or reloads). ComfyUI
+# keeps a loader's output object between prompts; a changed upstream (new LoRA...) is a new object.
+_CLONES_ATTR = "_sharddit_sampler_clones"
 
 
 def validate_devices(devices: str):
@@ -21,6 +26,18 @@ def shard(model, devices: str, reserve_vram_gb: float = 1.0):
 def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise=1.0):
     """Core KSampler maths (``nodes.common_ksampler``, ProgressBar per step) on a sharded model."""
     if not is_sharded(model):
-        model = shard_model(model, devices=devices)
+        model = sharded_for_sampler(model, devices)
     return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                        latent, denoise=denoise)[0]
+
+
+def sharded_for_sampler(model, devices: str):
+    """The sharded clone of an unsharded ``model`` for ``devices``, made once per incoming model
+    (while its shard state is the live one for these weights) and reused by every later prompt."""
+    clones = model.__dict__.setdefault(_CLONES_ATTR, {})
+    key = str(devices).strip()
+    cached = clones.get(key)
+    if cached is not None and is_current_state(cached):
+        return cached
+    clones[key] = shard_model(model, devices=devices)
+    return clones[key]

@@ -47,7 +47,8 @@ from .specs import get_arch_spec
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["ShardRoot", "ShardState", "get_shard_patchers", "get_shard_state", "is_sharded", "shard_model",
+__all__ = ["ShardRoot", "ShardState", "get_shard_patchers", "get_shard_state", "is_current_state", "is_sharded",
+           "shard_model",
            "sync_shard_patches", "unshard"]
 
 _CACHE_ATTR = "_sharddit_states"
@@ -84,6 +85,14 @@ def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inve
     base = unshard(model) if existing is not None else model
     state = _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key)
     return _sharded_clone(base, state)
+
+
+def is_current_state(model) -> bool:
+    """Whether ``model``'s shard state is still the live one for its weights (not replaced by a
+    re-shard with other devices, whose blocks were then regrouped)."""
+    state = get_shard_state(model)
+    cache = model.model.__dict__.get(_CACHE_ATTR, {})
+    return state is not None and cache.get(state.request_key) is state
 
 
 def unshard(model):
