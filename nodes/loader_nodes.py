@@ -29,9 +29,10 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, unet_name, devices="auto"):
-        return _validate((model_loading.check_file_name, "diffusion_models", unet_name),
-                         (model_loading.check_devices, devices))
+    def validate_inputs(cls, devices="auto", reserve_vram_gb=1.0):
+        # ComfyUI 0.3.64 shows a validate_inputs message on EVERY input the method takes: it takes
+        # only the placement inputs; file names and contents are checked at the start of execute.
+        return _validate((model_loading.check_placement, devices, reserve_vram_gb))
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb) -> io.NodeOutput:
@@ -62,9 +63,8 @@ class ShardDiTLoadTextEncoder(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, clip_name, device="auto"):
-        return _validate((model_loading.check_file_name, "text_encoders", clip_name),
-                         (model_loading.check_component_device, device))
+    def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
+        return _validate((model_loading.check_component_device, device))
 
     @classmethod
     def execute(cls, clip_name, type, device) -> io.NodeOutput:
@@ -88,9 +88,8 @@ class ShardDiTLoadVAE(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, vae_name, device="auto"):
-        return _validate((model_loading.check_file_name, "vae", vae_name),
-                         (model_loading.check_component_device, device))
+    def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
+        return _validate((model_loading.check_component_device, device))
 
     @classmethod
     def execute(cls, vae_name, device) -> io.NodeOutput:

@@ -26,8 +26,8 @@ class ShardDiTShardModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices="auto"):
-        return sampling.validate_devices(devices)
+    def validate_inputs(cls, devices="auto", reserve_vram_gb=1.0):
+        return sampling.validate_devices(devices, reserve_vram_gb)
 
     @classmethod
     def execute(cls, model, devices, reserve_vram_gb) -> io.NodeOutput:

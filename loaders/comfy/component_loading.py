@@ -14,6 +14,7 @@ import comfy.sd
 import comfy.utils
 import folder_paths
 
+from .checks import check_model_file
 from .model_loading import check_component_device, check_file_name
 from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
 
@@ -27,6 +28,7 @@ def clip_types() -> list[str]:
 def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_gb: float = 1.0):
     path = check_file_name("text_encoders", clip_name)
     check_component_device(device)
+    check_model_file(path, clip_name)
     types = clip_types()
     if clip_type not in types:
         raise ValueError(f"[ShardDiT] text encoder type {clip_type!r} is not one of core's types: {', '.join(types)}")
@@ -49,6 +51,7 @@ def vae_names() -> list[str]:
 def load_vae(vae_name: str, device: str, reserve_vram_gb: float = 1.0):
     path = check_file_name("vae", vae_name)
     check_component_device(device)
+    check_model_file(path, vae_name)
     nbytes = os.path.getsize(path)
     chosen = plan_component_device("vae", nbytes, device, reserve_vram_gb, current_inventory())
     vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(path), device=torch.device(chosen))

@@ -1,7 +1,8 @@
 """Sampling glue: shard when needed, then run core's own KSampler code path unchanged."""
 import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on sys.path)
 
-from .model_loading import check_devices
+from .checks import check_latent
+from .model_loading import check_placement
 from .sharded_model import is_current_state, is_sharded, shard_model
 
 # On an incoming (unsharded) ModelPatcher: its sharded clone per ``devices``, so that repeated
@@ -10,10 +11,10 @@ from .sharded_model import is_current_state, is_sharded, shard_model
 _CLONES_ATTR = "_sharddit_sampler_clones"
 
 
-def validate_devices(devices: str):
-    """``validate_inputs`` form of ``check_devices``: True or the message."""
+def validate_devices(devices: str, reserve_vram_gb=0.0):
+    """``validate_inputs`` form of ``check_placement``: True or the message."""
     try:
-        check_devices(devices)
+        check_placement(devices, reserve_vram_gb)
     except ValueError as e:
         return str(e)
     return True
@@ -25,6 +26,7 @@ def shard(model, devices: str, reserve_vram_gb: float = 1.0):
 
 def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise=1.0):
     """Core KSampler maths (``nodes.common_ksampler``, ProgressBar per step) on a sharded model."""
+    check_latent(model, latent)
     if not is_sharded(model):
         model = sharded_for_sampler(model, devices)
     return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative,
