@@ -39,6 +39,14 @@ class ShardDiTPlan(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, batch="auto"):
+        try:
+            plan_node.check_batch(batch)
+        except ValueError as e:
+            return str(e)
+        return True
+
+    @classmethod
     def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb) -> io.NodeOutput:
         text, _ = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
         return io.NodeOutput(text, ui=ui.PreviewText(text))

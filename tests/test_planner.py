@@ -465,3 +465,12 @@ def test_compute_block_ranges_unconstrained_boundaries_are_closest_to_the_shares
         target = cum[-1] * sum(shares[: i + 1]) / sum(shares)
         start = got[i][0]
         assert all(abs(cum[stop] - target) <= abs(cum[s] - target) for s in range(start, len(blocks) + 1))
+
+
+def test_huge_or_tiny_weights_split_like_equal_ones():
+    """``cpu:1e308,cpu:1e308`` used to overflow (sum = inf) and put every block on one entry."""
+    even = compute_block_ranges([1] * 4, [1, 1])
+    assert even == ((0, 2), (2, 4))
+    assert compute_block_ranges([1] * 4, [1e308, 1e308]) == even
+    assert compute_block_ranges([1] * 4, [5e-324, 5e-324]) == even
+    assert compute_block_ranges([1] * 4, [1e308, 1e308 / 3]) == ((0, 3), (3, 4))

@@ -40,7 +40,7 @@ def read_safetensors_header(path: str, name: str) -> dict:
     if size == 0:
         raise _broken(name, "is empty (0 bytes)")
     if size < 8:
-        raise _broken(name, f"has {size} bytes, too few for a safetensors file")
+        raise _broken(name, f"is not a safetensors file (it has {size} bytes, too few for one)")
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         if n > _HEADER_LIMIT or 8 + n > size:
