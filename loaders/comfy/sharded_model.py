@@ -151,7 +151,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
         proxies[path] = torch.nn.ModuleList(
             build_block_proxies([blocks[g][2] for g in idx], [block_devices[g] for g in idx], home, router,
                                 global_indices=idx, block_list=path))
-    roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device))
+    roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device, base))
     return ShardState(plan, layout, router, proxies, roots, request_key)
 
 
@@ -175,7 +175,7 @@ def _block_devices(plan, n_blocks) -> list[torch.device]:
     return devices
 
 
-def _build_roots(blocks, plan, dtype, offload_device):
+def _build_roots(blocks, plan, dtype, offload_device, base):
     """One ShardRoot and its template patcher per planned block range (a repeated device gets one
     shard per entry). Every shard patcher is a clone of its template and shares its weight backup,
     so the state can always restore the blocks' original weights, whichever clone patched them."""
@@ -186,7 +186,21 @@ def _build_roots(blocks, plan, dtype, offload_device):
         root = ShardRoot(by_list, dtype)
         root.sharddit_keys = frozenset(root.state_dict().keys())
         device = torch.device(r.device)
-        yield device, root, comfy.model_patcher.ModelPatcher(root, load_device=device, offload_device=offload_device)
+        yield device, root, _shard_patcher(base, root, device, offload_device)
+
+
+def _shard_patcher(base, root, device, offload_device):
+    """A patcher of the incoming patcher's own class (ComfyUI-GGUF's ``GGUFModelPatcher`` patches
+    quantized weights at forward time; a plain ModelPatcher would add LoRA deltas to raw Q8_0
+    bytes and drop them). Its plain settings (``patch_on_device``...) are copied over."""
+    patcher = comfy.model_patcher.ModelPatcher(root, load_device=device, offload_device=offload_device)
+    cls = type(base)
+    if cls is not comfy.model_patcher.ModelPatcher and issubclass(cls, comfy.model_patcher.ModelPatcher):
+        patcher.__class__ = cls
+        for name, value in vars(base).items():
+            if name not in vars(patcher) and isinstance(value, (bool, int, float, str, type(None))):
+                setattr(patcher, name, value)
+    return patcher
 
 
 def _sharded_clone(base, state: ShardState):
