@@ -39,10 +39,11 @@ from ...parallel.planner import Footprint, PlacementRequest, plan_placement
 from ...parallel.routing import BlockRouter
 from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
+from .compile_guard import check_no_block_object_patches, guarded_routing_scope
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardState, get_shard_patchers, get_shard_state,
                           is_sharded, prepare_sampling_wrapper, release_roots, release_shards_on_detach,
-                          routing_scope_wrapper, sync_shard_patches)
+                          sync_shard_patches)
 from .specs import get_arch_spec
 
 log = logging.getLogger("sharddit")
@@ -83,6 +84,7 @@ def shard_model(model, devices: str = "auto", reserve_vram_gb: float = 0.0, inve
     if existing is not None and existing.request_key == request_key:
         return model.clone()
     base = unshard(model) if existing is not None else model
+    check_no_block_object_patches(base, get_arch_spec(base.get_model_object("diffusion_model")).block_lists)
     state = _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key)
     return _sharded_clone(base, state)
 
@@ -216,7 +218,7 @@ def _sharded_clone(base, state: ShardState):
     m.set_additional_models(SHARD_KEY, shards)
     sync_shard_patches(m)
     m.set_attachments(ATTACHMENT_KEY, state)
-    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY, functools.partial(routing_scope_wrapper, state))
+    m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY, functools.partial(guarded_routing_scope, state))
     m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, prepare_sampling_wrapper)
     m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, release_shards_on_detach)
     return m
