@@ -66,3 +66,45 @@ def test_gguf_lora_sharded_equals_unsharded(comfy_env, tiny_models, gguf_nodes, 
     sharded = shard.execute(base, "cpu,cpu", 0.0).result[0]
     assert torch.equal(_ours(env, apply_lora(sharded)), ref), "LoRA after sharding"
     assert torch.equal(_ours(env, sharded), plain), "the sharded model without the LoRA"
+
+
+def _scaled_fp8(sd):
+    """ComfyUI's scaled fp8 layout: fp8 linear weights with a per-weight ``scale_weight``."""
+    out = {"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn)}
+    for key, w in sd.items():
+        if key.startswith("blocks.") and key.endswith(".weight") and w.ndim == 2:
+            scale = w.abs().max().float() / 448.0
+            out[key] = (w / scale).to(torch.float8_e4m3fn)
+            out[key[: -len("weight")] + "scale_weight"] = scale.reshape(1)
+        else:
+            out[key] = w
+    return out
+
+
+@pytest.mark.parametrize("variant", ["fp8_e4m3fn", "scaled_fp8"])
+def test_fp8_lora_sharded_stays_bit_exact(comfy_env, tiny_models, tmp_path, variant):
+    import comfy.sd
+    import comfy.utils
+    from harness import tiny_models as tm
+
+    env = comfy_env
+    sd = tm.wan21_t2v_state_dict()
+    lora_path = tmp_path / "tiny_wan_lora_fp8.safetensors"
+    comfy.utils.save_torch_file(tm.wan_lora_state_dict(sd), str(lora_path))
+    env.folder_paths.add_model_folder_path("loras", str(tmp_path))
+    if variant == "scaled_fp8":
+        base = comfy.sd.load_diffusion_model_state_dict(_scaled_fp8(sd))
+    else:
+        base = comfy.sd.load_diffusion_model_state_dict(dict(sd), model_options={"dtype": torch.float8_e4m3fn})
+    lora = env.nodes.LoraLoaderModelOnly()
+
+    def apply_lora(model):
+        return lora.load_lora_model_only(model, lora_path.name, 1.0)[0]
+
+    with torch.inference_mode():  # as ComfyUI executes prompts (fp8 patching needs it)
+        plain = _stock(env, base)
+        ref = _stock(env, apply_lora(base))
+        assert not torch.equal(ref, plain)
+        assert torch.equal(_ours(env, apply_lora(base)), ref)
+        sharded = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTShardModel"].execute(base, "cpu,cpu", 0.0).result[0]
+        assert torch.equal(_ours(env, apply_lora(sharded)), ref)
