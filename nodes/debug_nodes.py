@@ -43,6 +43,14 @@ class ShardDiTPlan(io.ComfyNode):
         )
 
     @classmethod
+    def validate_inputs(cls, batch="auto"):
+        try:
+            plan_node.check_batch(batch)
+        except ValueError as e:
+            return str(e)
+        return True
+
+    @classmethod
     def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb) -> io.NodeOutput:
         text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
         picture = ui.PreviewImage(plan_node.picture_tensor(report), cls=cls)

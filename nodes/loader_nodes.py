@@ -3,7 +3,8 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..loaders.comfy import component_loading, model_loading
-from .common_inputs import DEFAULT_DEVICES, DEFAULT_PARALLEL, devices_input, parallel_input, reserve_vram_input
+from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, DEFAULT_RESERVE_VRAM_GB, devices_input, parallel_input,
+                            reserve_vram_input)
 
 CATEGORY = "sharddit/loaders"
 
@@ -37,9 +38,10 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, unet_name, devices=DEFAULT_DEVICES):
-        return _validate((model_loading.check_file_name, "diffusion_models", unet_name),
-                         (model_loading.check_devices, devices))
+    def validate_inputs(cls, devices=DEFAULT_DEVICES, reserve_vram_gb=DEFAULT_RESERVE_VRAM_GB):
+        # ComfyUI 0.3.64 shows a validate_inputs message on EVERY input the method takes: it takes
+        # only the placement inputs; file names and contents are checked at the start of execute.
+        return _validate((model_loading.check_placement, devices, reserve_vram_gb))
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
@@ -72,9 +74,8 @@ class ShardDiTLoadTextEncoder(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, clip_name, device="auto"):
-        return _validate((model_loading.check_file_name, "text_encoders", clip_name),
-                         (model_loading.check_component_device, device))
+    def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
+        return _validate((model_loading.check_component_device, device))
 
     @classmethod
     def execute(cls, clip_name, type, device) -> io.NodeOutput:
@@ -98,9 +99,8 @@ class ShardDiTLoadVAE(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, vae_name, device="auto"):
-        return _validate((model_loading.check_file_name, "vae", vae_name),
-                         (model_loading.check_component_device, device))
+    def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
+        return _validate((model_loading.check_component_device, device))
 
     @classmethod
     def execute(cls, vae_name, device) -> io.NodeOutput:

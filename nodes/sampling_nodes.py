@@ -3,7 +3,8 @@ import comfy.samplers
 from comfy_api.latest import io
 
 from ..loaders.comfy import sampling, sharded_model
-from .common_inputs import DEFAULT_DEVICES, DEFAULT_PARALLEL, devices_input, parallel_input, reserve_vram_input
+from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, DEFAULT_RESERVE_VRAM_GB, devices_input, parallel_input,
+                            reserve_vram_input)
 
 CATEGORY = "sharddit/sampling"
 
@@ -27,8 +28,8 @@ class ShardDiTShardModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices=DEFAULT_DEVICES):
-        return sampling.validate_devices(devices)
+    def validate_inputs(cls, devices=DEFAULT_DEVICES, reserve_vram_gb=DEFAULT_RESERVE_VRAM_GB):
+        return sampling.validate_devices(devices, reserve_vram_gb)
 
     @classmethod
     def execute(cls, model, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:

@@ -51,12 +51,11 @@ class ShardDiTVAEDecodeTiled(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, tile_batch_size=None, devices=None) -> bool | str:
+    def validate_inputs(cls, devices="auto") -> bool | str:
+        # ComfyUI 0.3.64 shows a validate_inputs message on EVERY input the method takes, so it takes
+        # only `devices`; tile_batch_size is parsed first thing in execute, before any VAE copy.
         try:
-            if tile_batch_size is not None:
-                vae_decode.parse_tile_batch_size(tile_batch_size)
-            if devices is not None:
-                vae_decode.parse_devices(devices)
+            vae_decode.check_decode_devices(devices)
         except ValueError as err:
             return str(err)
         return True

@@ -106,7 +106,7 @@ def _parse_entry(part: str, context: str) -> tuple[str, float | None]:
     bad = ValueError(f"devices {context.strip()!r}: {part.strip()!r} is not a device; accepted: {DEVICES_FORM}")
     if bits[0] == "cpu" and len(bits) <= 2:
         return "cpu", _parse_weight(bits[1], part, context) if len(bits) == 2 else None
-    if bits[0] != "cuda" or len(bits) not in (2, 3) or not bits[1].isdigit():
+    if bits[0] != "cuda" or len(bits) not in (2, 3) or not (bits[1].isascii() and bits[1].isdigit()):
         if part.strip().lower() == "auto":
             raise ValueError(f"devices {context.strip()!r}: 'auto' cannot be mixed with a device list; accepted: {DEVICES_FORM}")
         raise bad

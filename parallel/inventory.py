@@ -184,20 +184,33 @@ def read_cpu_info() -> DeviceInfo:
     return DeviceInfo(device="cpu", name="CPU", total_bytes=total, free_bytes=free)
 
 
+_LOGGED: set = set()
+"""Messages (template, first argument's type) logged already: the inventory is read on every
+prompt, its fallbacks are logged once per process."""
+
+
+def _log_once(level: int, msg: str, *args) -> None:
+    key = (msg, type(args[0]).__name__ if args else None)
+    if key not in _LOGGED:
+        _LOGGED.add(key)
+        log.log(level, msg, *args)
+
+
 def read_inventory() -> Inventory:
     """Read the devices now: NVML, else torch, else CPU only. Never raises for a missing GPU."""
     cpu = read_cpu_info()
     try:
         gpus = _read_nvml_gpus()
     except Exception as err:  # pynvml missing, no driver, NVML_ERROR_*: all mean "ask torch"
-        log.info("[ShardDiT] NVML unavailable (%s: %s); reading free memory from torch", type(err).__name__, err)
+        _log_once(logging.INFO, "[ShardDiT] NVML unavailable (%s: %s); reading free memory from torch",
+                  type(err).__name__, err)
     else:
         if gpus:
             return Inventory(devices=gpus + (cpu,), source="nvml")
     gpus = _read_torch_gpus()
     if gpus:
         return Inventory(devices=gpus + (cpu,), source="torch")
-    log.info("[ShardDiT] no CUDA GPU visible to torch: CPU only")
+    _log_once(logging.INFO, "[ShardDiT] no CUDA GPU visible to torch: CPU only")
     return Inventory(devices=(cpu,), source="cpu")
 
 
@@ -210,7 +223,7 @@ def _read_nvml_gpus() -> tuple[DeviceInfo, ...] | None:
     else:
         visible = match_torch_devices(physical, torch_ids)
         if visible is None:
-            log.info("[ShardDiT] torch's GPUs do not match NVML's by UUID/PCI bus id; using torch's numbers")
+            _log_once(logging.INFO, "[ShardDiT] torch's GPUs do not match NVML's by UUID/PCI bus id; using torch's numbers")
             return None
     return tuple(
         DeviceInfo(f"cuda:{i}", g.name, g.total_bytes, g.free_bytes, g.uuid, normalize_pci_bus_id(g.pci_bus_id))
@@ -258,7 +271,7 @@ def _read_torch_ids() -> tuple[tuple[str, str], ...] | None:
             ids.append((str(getattr(p, "uuid", "")), bus))
         return tuple(ids)
     except Exception as err:  # a broken CUDA setup must not stop the inventory
-        log.info("[ShardDiT] torch could not list CUDA devices (%s)", err)
+        _log_once(logging.INFO, "[ShardDiT] torch could not list CUDA devices (%s)", err)
         return None
 
 
@@ -275,5 +288,5 @@ def _read_torch_gpus() -> tuple[DeviceInfo, ...]:
             gpus.append(DeviceInfo(f"cuda:{i}", torch.cuda.get_device_name(i), int(total), int(free)))
         return tuple(gpus)
     except Exception as err:
-        log.warning("[ShardDiT] torch could not read CUDA memory (%s); planning for CPU only", err)
+        _log_once(logging.WARNING, "[ShardDiT] torch could not read CUDA memory (%s); planning for CPU only", err)
         return ()

@@ -27,6 +27,8 @@ def compute_block_ranges(
     None when no contiguous assignment fits the caps. Ranges may be empty.
     """
     assert len(shares) > 0 and all(s >= 0 for s in shares) and sum(shares) > 0, shares
+    top = max(shares)
+    shares = [s / top for s in shares]  # each <= 1: their sum cannot overflow (1e308 + 1e308 = inf)
     caps = [math.inf] * len(shares) if caps is None else [max(c, 0) for c in caps]
     cum = [0]
     for size in block_bytes:

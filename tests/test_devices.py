@@ -47,6 +47,8 @@ def test_device_list_properties():
         ("", "devices '': '' is not a device"),
         ("cuda:0,", "devices 'cuda:0,': '' is not a device"),
         ("gpu0", "devices 'gpu0': 'gpu0' is not a device"),
+        ("cuda:\u00b2", "devices 'cuda:\u00b2': 'cuda:\u00b2' is not a device"),  # int() would say "invalid literal"
+        ("cuda:\u0661", "is not a device"),  # Arabic-Indic 1: ASCII digits only
         ("cuda", "devices 'cuda': 'cuda' is not a device"),
         ("cuda:x", "devices 'cuda:x': 'cuda:x' is not a device"),
         ("cuda:-1", "devices 'cuda:-1': 'cuda:-1' is not a device"),

@@ -277,3 +277,27 @@ def test_real_nvml_matches_torch_and_honours_cuda_visible_devices():
     assert [g[1] for g in by_index["gpus"]] == [full["gpus"][last][1]]
     hidden = _inventory_in_subprocess({"CUDA_VISIBLE_DEVICES": ""})
     assert hidden == {"source": "cpu", "gpus": []}
+
+
+def test_missing_nvml_and_gpu_logged_once_per_process(monkeypatch, no_torch_cuda):
+    """Every device read used to log both lines again (266 lines over 48 prompts)."""
+    import logging
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(inv, "_LOGGED", set())  # a fresh process
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("sharddit")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        for _ in range(5):
+            assert inv.read_inventory().names == ("cpu",)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    lines = [r.getMessage() for r in records]
+    assert sum(m.startswith("[ShardDiT] NVML unavailable") for m in lines) == 1, lines
+    assert sum(m.startswith("[ShardDiT] no CUDA GPU visible") for m in lines) == 1, lines

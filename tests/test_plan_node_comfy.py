@@ -80,3 +80,13 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
     text = plan_node.describe_current_placements(None)
     assert text.startswith("Loaded now, sharded by ShardDiT: WanModel") and "'blocks': [['cpu', 0, 2], ['cpu', 2, 4]]" in text
     env.mm.unload_all_models()
+
+
+def test_batch_outside_the_list_refused(env):
+    """V3 combos are not checked by ComfyUI 0.3.64: batch "3" used to print a nonsense plan."""
+    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
+    assert "batch '3' is not one of auto, 1, 2" in node.validate_inputs(batch="3")
+    assert node.validate_inputs(batch="2") is True
+    with pytest.raises(ValueError, match="batch '3'"):
+        node.execute(devices="cuda:0=8GiB", model="wan2.1-t2v-1.3b", width=256, height=256, frames=5, batch="3",
+                     dtype="bf16", reserve_vram_gb=1.0)

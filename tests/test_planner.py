@@ -476,3 +476,12 @@ def test_block_devices_follow_the_ranges_and_reject_gaps():
         block_devices_of((BlockRange("cuda:0", 0, 2), BlockRange("cuda:1", 3, 5)))
     with pytest.raises(AssertionError, match="contiguous"):
         block_devices_of((BlockRange("cuda:0", 1, 2),))
+
+
+def test_huge_or_tiny_weights_split_like_equal_ones():
+    """``cpu:1e308,cpu:1e308`` used to overflow (sum = inf) and put every block on one entry."""
+    even = compute_block_ranges([1] * 4, [1, 1])
+    assert even == ((0, 2), (2, 4))
+    assert compute_block_ranges([1] * 4, [1e308, 1e308]) == even
+    assert compute_block_ranges([1] * 4, [5e-324, 5e-324]) == even
+    assert compute_block_ranges([1] * 4, [1e308, 1e308 / 3]) == ((0, 3), (3, 4))

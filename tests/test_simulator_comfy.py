@@ -188,3 +188,17 @@ def test_fp8_weights_are_one_byte_and_compute_in_bf16(sim):
     assert report.fits and report.dtype == "fp8"
     assert report.devices[0].weights == _real_bytes(dit)
     assert abs(report.devices[0].weights / n_params - 1.0) < 0.01  # ~1 byte per parameter
+
+
+@pytest.mark.comfy
+def test_cli_refuses_size_off_the_grid_and_truncated_file(tiny_wan_file, tmp_path):
+    """Exit 2 (bad arguments) with the fix, instead of rounding 833x481 down or planning a
+    truncated file as if it were whole."""
+    env = {"COMFYUI_PATH": os.environ["COMFYUI_PATH"]}
+    out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24, "--size", "833x481", env_extra=env)
+    assert out.returncode == 2 and "not a multiple of 16" in out.stderr and "plan 832x480" in out.stderr, out.stderr
+    cut = tmp_path / "cut.safetensors"
+    data = tiny_wan_file.read_bytes()
+    cut.write_bytes(data[: len(data) - 1000])
+    out = _cli("plan", "--model", str(cut), "--devices", TWO_24, "--size", "256x256", env_extra=env)
+    assert out.returncode == 2 and "is truncated" in out.stderr and "Traceback" not in out.stderr, out.stderr

@@ -254,3 +254,24 @@ def test_agrees_with_core_tiled_scale_multidim(layout, batch):
     assert seen == [(t.batch,) + t.start + (t.size,) for t in tiling.plan_tiles(shape, spec)]
     got = tiling.run_tiled(x, tiling.plan_decode(shape, spec, 3, batch), [dec, dec], ["cpu", "cpu"])
     assert got.shape == core.shape and torch.equal(got, core)
+
+
+# ----------------------------------------------------------------------------- decoder devices
+def test_decoder_devices_bounded_by_work_and_memory():
+    from sharddit.parallel.decoder_devices import (MAX_DECODE_DEVICES, check_decode_device_count,
+                                                   select_decoder_devices)
+
+    mib = 2**20
+    # 500 cpu entries, one decoder call: only the VAE itself decodes.
+    kept, out = select_decoder_devices(["cpu"] * 500, [0] + [100 * mib] * 499, 1, {"cpu": 10**12})
+    assert kept == [0] and len(out) == 499 and out[0] == ("cpu", "only 1 decoder call to make")
+    # 3 calls but room for one 100 MiB copy on cpu: the 3rd entry is left out for memory.
+    kept, out = select_decoder_devices(["cpu", "cpu", "cpu"], [0, 100 * mib, 100 * mib], 3, {"cpu": 150 * mib})
+    assert kept == [0, 1] and out == [("cpu", "a VAE copy needs 100 MiB, 50 MiB free")]
+    # cuda:1 has no room, cuda:2 has: cuda:2 takes the place.
+    kept, out = select_decoder_devices(["cuda:0", "cuda:1", "cuda:2"], [0, 100 * mib, 100 * mib], 2,
+                                       {"cuda:0": 0, "cuda:1": mib, "cuda:2": 200 * mib})
+    assert kept == [0, 2] and out[0][0] == "cuda:1"
+    check_decode_device_count(MAX_DECODE_DEVICES)
+    with pytest.raises(ValueError, match="500 entries"):
+        check_decode_device_count(500)

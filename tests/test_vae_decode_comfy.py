@@ -164,8 +164,9 @@ def test_bad_inputs_name_the_value(env):
             ours(env, vae, latent((1, 16, 1, 4, 4)), 64, 32, 8, 4, batch=bad)
     with pytest.raises(ValueError, match="gpu0"):
         ours(env, vae, latent((1, 16, 1, 4, 4)), 64, 32, 8, 4, devices="gpu0")
-    assert node.validate_inputs(tile_batch_size="x", devices="auto") != True  # noqa: E712
-    assert node.validate_inputs(tile_batch_size="3", devices="cpu,cpu") is True
+    assert node.validate_inputs(devices="cpu,cuda:9") != True  # noqa: E712
+    assert node.validate_inputs(devices=",".join(["cpu"] * 65)) != True  # noqa: E712
+    assert node.validate_inputs(devices="cpu,cpu") is True
 
 
 def test_progress_per_batch_and_interrupt_leaves_vae_usable(env):
@@ -215,3 +216,24 @@ def test_replicas_are_comfy_vaes_loaded_by_comfyui(env):
     shape, *tiles = SETTINGS["wan22"][0]
     ours(env, vae, latent(shape), *tiles, batch="1", devices="cpu,cpu")
     assert any(lm.model is reps[1].patcher for lm in mm.current_loaded_models)
+
+
+def test_replicas_bounded_by_decoder_calls(env):
+    """Five entries, four decoder calls: the fifth entry gets no VAE copy and is logged as left out."""
+    import logging
+
+    vae_decode = pack_module(env, "loaders.comfy.vae_decode")
+    vae = make_vae("wan21")
+    shape, *tiles = SETTINGS["wan21"][0]  # 12 tiles in 4 shape groups of 3: batch 3 -> 4 calls
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("sharddit").addHandler(handler)
+    try:
+        out = ours(env, vae, latent(shape), *tiles, batch="3", devices="cpu,cpu,cpu,cpu,cpu")
+    finally:
+        logging.getLogger("sharddit").removeHandler(handler)
+    assert (out - _reference(env, "wan21", 0)).abs().max().item() <= TOL
+    text = "\n".join(r.getMessage() for r in records)
+    assert "VAE decode: 1 of 5 listed devices left out: cpu (only 4 decoder calls to make)" in text, text
+    assert len(vae_decode._REPLICAS[vae]) <= 3

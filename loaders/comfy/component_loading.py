@@ -15,6 +15,7 @@ import comfy.utils
 import folder_paths
 
 from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
+from .checks import check_model_file
 from .model_loading import check_component_device, check_file_name
 from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
 
@@ -28,6 +29,7 @@ def clip_types() -> list[str]:
 def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
     path = check_file_name("text_encoders", clip_name)
     check_component_device(device)
+    check_model_file(path, clip_name)
     types = clip_types()
     if clip_type not in types:
         raise ValueError(f"[ShardDiT] text encoder type {clip_type!r} is not one of core's types: {', '.join(types)}")
@@ -46,6 +48,7 @@ def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_
 def load_vae(vae_name: str, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
     path = check_file_name("vae", vae_name)
     check_component_device(device)
+    check_model_file(path, vae_name)
     nbytes = os.path.getsize(path)
     chosen = plan_component_device("vae", nbytes, device, reserve_vram_gb, current_inventory())
     vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(path), device=torch.device(chosen))

@@ -1,5 +1,6 @@
 """Loading models the way core's loader nodes do, then placing them per ShardDiT's plan."""
 import logging
+import math
 
 import torch
 
@@ -9,6 +10,7 @@ import folder_paths
 from ...parallel.devices import check_devices_exist, parse_component_device, parse_devices
 from ...parallel.inventory import read_inventory
 from ...parallel.parallel_mode import check_parallel
+from .checks import check_diffusion_model_file
 from .sharded_model import shard_model
 
 log = logging.getLogger("sharddit")
@@ -38,6 +40,27 @@ def check_devices(devices: str) -> None:
         check_devices_exist(parsed.unique_devices, read_inventory().names)
 
 
+RESERVE_MAX_GB = 1024.0
+
+
+def check_reserve(reserve_vram_gb) -> None:
+    """``reserve_vram_gb`` is a finite number of GiB in [0, 1024] (core's min/max checks do not
+    run on an input ``validate_inputs`` takes, and NaN passes them anyway)."""
+    try:
+        value = float(reserve_vram_gb)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (0.0 <= value <= RESERVE_MAX_GB):
+        raise ValueError(f"[ShardDiT] reserve_vram_gb {reserve_vram_gb!r} is not valid: give the GiB to keep free "
+                         f"on every GPU, a number from 0 to {RESERVE_MAX_GB:g} (1 is a good start)")
+
+
+def check_placement(devices: str, reserve_vram_gb=0.0) -> None:
+    """``validate_inputs`` checks shared by the nodes that shard: devices, then the reserve."""
+    check_devices(devices)
+    check_reserve(reserve_vram_gb)
+
+
 def check_component_device(device: str) -> None:
     """Cheap checks of a single ``device`` input (``auto``, ``cpu``, ``cuda:N``)."""
     chosen = parse_component_device(device)
@@ -62,8 +85,9 @@ def unet_model_options(weight_dtype: str) -> dict:
 def load_sharded_diffusion_model(unet_name: str, weight_dtype: str, devices: str, reserve_vram_gb: float,
                                  parallel: str = "auto"):
     """Core UNETLoader (weights land in CPU RAM, nothing on a GPU), then shard per plan."""
+    check_placement(devices, reserve_vram_gb)
     path = check_file_name("diffusion_models", unet_name)
-    check_devices(devices)
     check_parallel(parallel)
+    check_diffusion_model_file(path, unet_name)
     model = comfy.sd.load_diffusion_model(path, model_options=unet_model_options(weight_dtype))
     return shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb, parallel=parallel)

@@ -3,14 +3,20 @@ import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on
 
 from ...parallel.parallel_mode import DEFAULT_PARALLEL
 from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
-from .model_loading import check_devices
-from .sharded_model import is_sharded, set_parallel_mode, shard_model
+from .checks import check_latent
+from .model_loading import check_placement
+from .sharded_model import is_current_state, is_sharded, set_parallel_mode, shard_model
+
+# On an incoming (unsharded) ModelPatcher: its sharded clone per ``devices``, so that repeated
+# prompts sample the SAME clone and ComfyUI finds it loaded (nothing unloads or reloads). ComfyUI
+# keeps a loader's output object between prompts; a changed upstream (new LoRA...) is a new object.
+_CLONES_ATTR = "_sharddit_sampler_clones"
 
 
-def validate_devices(devices: str):
-    """``validate_inputs`` form of ``check_devices``: True or the message."""
+def validate_devices(devices: str, reserve_vram_gb=0.0):
+    """``validate_inputs`` form of ``check_placement``: True or the message."""
     try:
-        check_devices(devices)
+        check_placement(devices, reserve_vram_gb)
     except ValueError as e:
         return str(e)
     return True
@@ -21,9 +27,23 @@ def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive,
     """Core KSampler maths (``nodes.common_ksampler``, ProgressBar per step) on a sharded model.
     An unsharded MODEL is sharded as ``ShardDiTShardModel`` does with its default reserve;
     ``parallel`` other than ``auto`` also switches the mode of a MODEL sharded upstream."""
+    check_latent(model, latent)
     if not is_sharded(model):
-        model = shard_model(model, devices=devices, reserve_vram_gb=DEFAULT_RESERVE_VRAM_GB, parallel=parallel)
+        model = sharded_for_sampler(model, devices, parallel)
     elif parallel != "auto":
         model = set_parallel_mode(model.clone(), parallel)
     return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                        latent, denoise=denoise)[0]
+
+
+def sharded_for_sampler(model, devices: str, parallel: str = DEFAULT_PARALLEL):
+    """The sharded clone of an unsharded ``model`` for ``devices`` and ``parallel``, made once per
+    incoming model (while its shard state is the live one for these weights) and reused by every
+    later prompt."""
+    clones = model.__dict__.setdefault(_CLONES_ATTR, {})
+    key = (str(devices).strip(), str(parallel).strip())
+    cached = clones.get(key)
+    if cached is not None and is_current_state(cached):
+        return cached
+    clones[key] = shard_model(model, devices=devices, reserve_vram_gb=DEFAULT_RESERVE_VRAM_GB, parallel=parallel)
+    return clones[key]

@@ -42,16 +42,17 @@ from ...parallel.routing import BlockRouter
 from ...parallel.seq_engine import attach_sequence_engine
 from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
+from .compile_guard import check_no_block_object_patches, guarded_routing_scope
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardState, get_shard_patchers,
                           get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
-                          release_shards_on_detach, routing_scope_wrapper, sync_shard_patches)
+                          release_shards_on_detach, sync_shard_patches)
 from .specs import find_arch_spec, get_arch_spec
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["ShardRoot", "ShardState", "get_parallel_mode", "get_shard_patchers", "get_shard_state", "is_sharded",
-           "set_parallel_mode", "shard_model", "sync_shard_patches", "unshard"]
+__all__ = ["ShardRoot", "ShardState", "get_parallel_mode", "get_shard_patchers", "get_shard_state",
+           "is_current_state", "is_sharded", "set_parallel_mode", "shard_model", "sync_shard_patches", "unshard"]
 
 _CACHE_ATTR = "_sharddit_states"
 
@@ -88,6 +89,7 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     if existing is not None and existing.request_key == request_key:
         return set_parallel_mode(model.clone(), parallel)
     base = unshard(model) if existing is not None else model
+    check_no_block_object_patches(base, get_arch_spec(base.get_model_object("diffusion_model")).block_lists)
     state = _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key)
     return set_parallel_mode(_sharded_clone(base, state), parallel)
 
@@ -102,7 +104,7 @@ def set_parallel_mode(m, parallel: str):
     m.set_attachments(MODE_KEY, decision)
     m.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY)
     m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY,
-                           functools.partial(routing_scope_wrapper, state, decision.mode))
+                           functools.partial(guarded_routing_scope, state, decision.mode))
     log.info("[ShardDiT] parallel %s -> %s", parallel, decision.reason)
     return m
 
@@ -119,6 +121,14 @@ def _decide(state: ShardState, parallel: str) -> ModeDecision:
     if parallel == "auto":
         return state.auto_mode
     return decide_parallel(parallel, state.plan, None, None)
+
+
+def is_current_state(model) -> bool:
+    """Whether ``model``'s shard state is still the live one for its weights (not replaced by a
+    re-shard with other devices, whose blocks were then regrouped)."""
+    state = get_shard_state(model)
+    cache = model.model.__dict__.get(_CACHE_ATTR, {})
+    return state is not None and cache.get(state.request_key) is state
 
 
 def unshard(model):
@@ -180,7 +190,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
         proxies[path] = torch.nn.ModuleList(
             build_block_proxies([blocks[g][2] for g in idx], [block_devices[g] for g in idx], home, router,
                                 global_indices=idx, block_list=path))
-    roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device))
+    roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device, base))
     arch = find_arch_spec(type(dit).__name__)
     if arch.token_specs is not None:
         engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], arch.token_specs,
@@ -202,7 +212,7 @@ def _activation_headroom(block_bytes) -> int:
     return 2 * max(block_bytes, default=0)
 
 
-def _build_roots(blocks, plan, dtype, offload_device):
+def _build_roots(blocks, plan, dtype, offload_device, base):
     """One ShardRoot and its template patcher per planned block range (a repeated device gets one
     shard per entry). Every shard patcher is a clone of its template and shares its weight backup,
     so the state can always restore the blocks' original weights, whichever clone patched them."""
@@ -213,8 +223,21 @@ def _build_roots(blocks, plan, dtype, offload_device):
         root = ShardRoot(by_list, dtype)
         root.sharddit_keys = frozenset(root.state_dict().keys())
         device = torch.device(r.device)
-        yield ShardRootEntry(device, root, comfy.model_patcher.ModelPatcher(root, load_device=device,
-                                                                            offload_device=offload_device))
+        yield ShardRootEntry(device, root, _shard_patcher(base, root, device, offload_device))
+
+
+def _shard_patcher(base, root, device, offload_device):
+    """A patcher of the incoming patcher's own class (ComfyUI-GGUF's ``GGUFModelPatcher`` patches
+    quantized weights at forward time; a plain ModelPatcher would add LoRA deltas to raw Q8_0
+    bytes and drop them). Its plain settings (``patch_on_device``...) are copied over."""
+    patcher = comfy.model_patcher.ModelPatcher(root, load_device=device, offload_device=offload_device)
+    cls = type(base)
+    if cls is not comfy.model_patcher.ModelPatcher and issubclass(cls, comfy.model_patcher.ModelPatcher):
+        patcher.__class__ = cls
+        for name, value in vars(base).items():
+            if name not in vars(patcher) and isinstance(value, (bool, int, float, str, type(None))):
+                setattr(patcher, name, value)
+    return patcher
 
 
 def _sharded_clone(base, state: ShardState):

@@ -31,6 +31,7 @@ import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.utils
 
+from ...parallel.decoder_devices import check_decode_device_count, select_decoder_devices
 from ...parallel.devices import DEVICES_FORM, check_devices_exist, parse_devices
 from ...parallel.inventory import read_inventory
 from .placement import current_inventory
@@ -77,11 +78,20 @@ def parse_tile_batch_size(value) -> int | None:
     return size
 
 
+def check_decode_devices(devices: str) -> None:
+    """``validate_inputs`` checks of a VAE ``devices`` input: syntax, length, devices exist."""
+    parsed = parse_devices(devices)
+    if not parsed.auto:
+        check_decode_device_count(len(parsed.entries))
+        check_devices_exist(parsed.unique_devices, read_inventory().names)
+
+
 def resolve_devices(vae, devices: str) -> list[torch.device]:
     """Devices for the decode, one replica each, first = the VAE's own device when listed."""
     parsed = parse_devices(devices)
     if parsed.auto:
         return _auto_devices(vae)
+    check_decode_device_count(len(parsed.entries))
     if parsed.weighted:
         log.warning("[ShardDiT] VAE decode ignores device weights in %r: each device takes the next batch "
                     "when it is free", devices)
@@ -118,6 +128,38 @@ def replicas_for(vae, devices: list[torch.device]) -> list:
             cache[key] = make_replica(vae, dev)
         out.append(cache[key])
     return out
+
+
+def bound_devices(vae, devices: list[torch.device], work: int, one_tile: int) -> list[torch.device]:
+    """The entries of ``devices`` that get a decoder: at most ``work`` (decoder calls), and only
+    where a new VAE copy (plus one tile's decode memory) fits in the memory free now. Logs the
+    entries left out."""
+    own, cached = torch.device(vae.device), _REPLICAS.get(vae, {})
+    need = mm.module_size(vae.first_stage_model) + one_tile
+    costs, slots, used_own = [], {}, False
+    for dev in devices:
+        if dev == own and not used_own:
+            used_own = True
+            costs.append(0)
+            continue
+        slot = slots[dev] = slots.get(dev, -1) + 1
+        costs.append(0 if (str(dev), slot) in cached else need)
+    free = {str(d): mm.get_free_memory(d) for d in set(devices)}
+    kept, left_out = select_decoder_devices([str(d) for d in devices], costs, work, free)
+    if left_out:
+        reasons = {}
+        for dev, why in left_out:
+            reasons.setdefault(why, []).append(dev)
+        log.warning("[ShardDiT] VAE decode: %d of %d listed devices left out: %s", len(left_out), len(devices),
+                    "; ".join(f"{_counted(d)} ({why})" for why, d in reasons.items()))
+    return [devices[i] for i in kept]
+
+
+def _counted(devices: list[str]) -> str:
+    counts = dict.fromkeys(devices, 0)
+    for d in devices:
+        counts[d] += 1
+    return ", ".join(d if n == 1 else f"{d} x{n}" for d, n in counts.items())
 
 
 def make_replica(vae, device: torch.device):
@@ -185,7 +227,9 @@ def decode_tiled(vae, samples: dict, tile_size: int, overlap: int, temporal_size
             f"(batch, channels, frames, height, width). Connect the video latent from the sampler."
         )
     spec = TileSpec.build(tile, overlap_l, vae.upscale_ratio, vae.upscale_index_formula)
-    reps = replicas_for(vae, resolve_devices(vae, devices))
+    probe = plan_decode(tuple(latent.shape), spec, vae.output_channels, batch or 1)
+    one_tile = max(_tile_memory(vae, tuple(latent.shape), t) for t in probe.tiles)
+    reps = replicas_for(vae, bound_devices(vae, resolve_devices(vae, devices), len(probe.batches), one_tile))
     plan = plan_video_decode(vae, reps, tuple(latent.shape), spec, batch)
     reps = reps[:len(plan.batches)]
     log.info("[ShardDiT] VAE decode: %d tiles in %d decoder calls on %s", len(plan.tiles), len(plan.batches),

@@ -21,9 +21,17 @@ def read_holdings() -> dict[str, tuple[int, int]]:
     return {d: (c, s) for d, (c, s) in out.items()}
 
 
+def check_batch(batch) -> None:
+    """The Plan node's ``batch`` is one of ``BATCH_CHOICES`` (V3 combos are not checked by core)."""
+    if str(batch) not in BATCH_CHOICES:
+        raise ValueError(f"[ShardDiT] batch {batch!r} is not one of {', '.join(BATCH_CHOICES)}: 'auto', "
+                         f"'1' (cond and uncond one after the other) or '2' (together)")
+
+
 def run_plan(model: str, devices: str, width: int, height: int, frames: int, batch: str,
              dtype: str, reserve_vram_gb: float) -> tuple[str, object]:
     """(text, SimulationReport). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs)."""
+    check_batch(batch)
     holdings = read_holdings()
     devices = str(devices).strip() or "auto"
     inventory = None

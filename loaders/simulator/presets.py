@@ -14,12 +14,12 @@ resident would need twice the weights).
 """
 from __future__ import annotations
 
-import json
 import os
-import struct
 from dataclasses import dataclass, field
 
 import torch
+
+from ..comfy import checks
 
 __all__ = ["Geometry", "ModelSpec", "PRESETS", "preset_names", "resolve_model",
            "read_safetensors_header", "meta_state_dict", "build_meta_model", "spec_from_model_config"]
@@ -125,12 +125,7 @@ def read_safetensors_header(path: str) -> tuple[dict, dict]:
     """(tensors: name -> (dtype string, shape), metadata) from the file's JSON header only."""
     if not os.path.isfile(path):
         raise ValueError(f"[ShardDiT] model file {path!r} does not exist: give a path to a .safetensors file")
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        size = struct.unpack("<Q", raw)[0] if len(raw) == 8 else -1
-        if size <= 0 or size > 100 * (1 << 20):
-            raise ValueError(f"[ShardDiT] {path!r} is not a safetensors file (header length {size})")
-        header = json.loads(f.read(size))
+    header = checks.read_safetensors_header(path, path)  # empty, truncated, not safetensors: refused
     metadata = header.pop("__metadata__", None) or {}
     return {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items()}, metadata
 

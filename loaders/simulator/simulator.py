@@ -44,6 +44,9 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
     ``batch``: 1, 2 (cond+uncond) or None (2 if it fits, else 1). ``dtype``: bf16, fp16 or fp8
     (1-byte weights, bf16 compute); None for a file's own dtype.
     """
+    if batch not in (None, 1, 2):
+        raise ValueError(f"[ShardDiT] batch {batch!r} is not valid: 1 (cond and uncond one after the other), "
+                         f"2 (together, as ComfyUI does when it fits) or None/'auto' (2 if it fits, else 1)")
     started = time.monotonic()
     spec = _resolve(model)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
@@ -89,6 +92,10 @@ def _check_size(spec, width: int, height: int, frames: int) -> None:
     if width < step or height < step or frames < 1:
         raise ValueError(f"[ShardDiT] size {width}x{height}x{frames} is too small for {spec.name}: "
                          f"width and height >= {step} pixels, frames >= 1")
+    if width % step or height % step:
+        fit = f"{width // step * step}x{height // step * step}"
+        raise ValueError(f"[ShardDiT] size {width}x{height} is not a multiple of {step} pixels, which {spec.name} "
+                         f"works in (ComfyUI's latent nodes step by {step}); plan {fit} instead")
     if (frames - 1) % g.temporal:
         log.info("[ShardDiT] %s uses %d*k+1 frames; %d frames is rounded down to %d", spec.name,
                  g.temporal, frames, (frames - 1) // g.temporal * g.temporal + 1)
