@@ -311,7 +311,8 @@ def wan21_t2v(t) -> Graph:
     files = [("diffusion_models", "wan2.1_t2v_14B_fp8_scaled.safetensors"),
              ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
     g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), models=[files[0]],
-           unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+           unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
+           parallel="auto")
     g.node(2, "ShardDiTLoadTextEncoder", (0, 180), (400, 110), models=[files[1]],
            clip_name=files[1][1], type="wan", device="auto")
     g.node(3, "ShardDiTLoadVAE", (0, 340), (400, 82), models=[files[2]], vae_name=files[2][1], device="auto")
@@ -325,7 +326,7 @@ def wan21_t2v(t) -> Graph:
     g.node(7, "ModelSamplingSD3", (880, 0), (330, 60), shift=8.0)
     g.link(1, 0, 7, "model")
     g.node(8, "ShardDiTKSampler", (880, 110), (330, 330), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
-           scheduler="simple", denoise=1.0, devices="auto")
+           scheduler="simple", denoise=1.0, devices="auto", parallel="auto")
     g.link(7, 0, 8, "model")
     g.link(5, 0, 8, "positive")
     g.link(6, 0, 8, "negative")
@@ -347,9 +348,11 @@ def wan22_t2v(t) -> Graph:
              ("diffusion_models", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
              ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
     g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), title="High-noise expert (ShardDiT)",
-           models=[files[0]], unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+           models=[files[0]], unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
+           parallel="auto")
     g.node(2, "ShardDiTLoadDiffusionModel", (0, 180), (400, 130), title="Low-noise expert (ShardDiT)",
-           models=[files[1]], unet_name=files[1][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+           models=[files[1]], unet_name=files[1][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
+           parallel="auto")
     g.node(3, "ShardDiTLoadTextEncoder", (0, 360), (400, 110), models=[files[2]],
            clip_name=files[2][1], type="wan", device="auto")
     g.node(4, "ShardDiTLoadVAE", (0, 520), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")
@@ -396,7 +399,7 @@ def ltxv_t2v(t) -> Graph:
     files = [("checkpoints", "ltxv-13b-0.9.7-dev.safetensors"), ("text_encoders", "t5xxl_fp16.safetensors")]
     g.node(1, "CheckpointLoaderSimple", (0, 0), (400, 100), title="LTX-Video 13B (DiT + VAE)", models=[files[0]],
            ckpt_name=files[0][1])
-    g.node(2, "ShardDiTShardModel", (0, 150), (400, 110), devices="auto", reserve_vram_gb=1.0)
+    g.node(2, "ShardDiTShardModel", (0, 150), (400, 110), devices="auto", reserve_vram_gb=1.0, parallel="auto")
     g.link(1, 0, 2, "model")
     g.node(3, "ShardDiTLoadTextEncoder", (0, 310), (400, 110), models=[files[1]],
            clip_name=files[1][1], type="ltxv", device="auto")
@@ -446,7 +449,8 @@ def hunyuan_t2v(t) -> Graph:
              ("text_encoders", "clip_l.safetensors"), ("text_encoders", "llava_llama3_fp8_scaled.safetensors"),
              ("vae", "hunyuan_video_vae_bf16.safetensors")]
     g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), models=[files[0]],
-           unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0)
+           unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
+           parallel="auto")
     g.node(2, "DualCLIPLoader", (0, 180), (400, 130), models=[files[1], files[2]],
            clip_name1=files[1][1], clip_name2=files[2][1], type="hunyuan_video", device="default")
     g.node(3, "ShardDiTLoadVAE", (0, 360), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")

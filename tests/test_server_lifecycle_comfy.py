@@ -8,12 +8,12 @@ import pytest
 pytestmark = pytest.mark.comfy
 
 
-def _graph(tiny_models, steps: int, seed: int, prefix: str) -> dict:
+def _graph(tiny_models, steps: int, seed: int, prefix: str, parallel: str = "auto") -> dict:
     names = tiny_models.names
     return {
         "1": {"class_type": "ShardDiTLoadDiffusionModel",
               "inputs": {"unet_name": names["wan21_t2v"], "weight_dtype": "default", "devices": "cpu,cpu",
-                         "reserve_vram_gb": 0.0}},
+                         "reserve_vram_gb": 0.0, "parallel": parallel}},
         "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": names["umt5"], "type": "wan", "device": "default"}},
         "3": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox in the rain", "clip": ["2", 0]}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["2", 0]}},
@@ -36,9 +36,10 @@ def _status(server, prompt_id, timeout=120.0):
     raise AssertionError(f"prompt {prompt_id} not finished after {timeout}s\n{server.log_tail()}")
 
 
-def test_interrupt_then_free_then_prompts_succeed(comfy_server, tiny_models):
+@pytest.mark.parametrize("parallel", ["blocks", "sequence"])
+def test_interrupt_then_free_then_prompts_succeed(comfy_server, tiny_models, parallel):
     server = comfy_server
-    long_id = server.queue_prompt(_graph(tiny_models, 10000, 2, "life/long"))
+    long_id = server.queue_prompt(_graph(tiny_models, 10000, 2, f"life/long_{parallel}", parallel))
     deadline = time.monotonic() + 120
     while "/10000 " not in server.log_tail(5):  # the sampler's progress bar: steps are running
         assert time.monotonic() < deadline, server.log_tail()
@@ -51,11 +52,11 @@ def test_interrupt_then_free_then_prompts_succeed(comfy_server, tiny_models):
     assert any(m[0] == "execution_interrupted" for m in status["messages"]), status
     assert stopped_after < 15, f"interrupt took {stopped_after:.1f}s"
 
-    after_interrupt = server.queue_prompt(_graph(tiny_models, 2, 3, "life/after_interrupt"))
+    after_interrupt = server.queue_prompt(_graph(tiny_models, 2, 3, f"life/after_interrupt_{parallel}", parallel))
     server.wait(after_interrupt)
     assert server.output_files(after_interrupt)
 
     server.free()
-    after_free = server.queue_prompt(_graph(tiny_models, 2, 4, "life/after_free"))
+    after_free = server.queue_prompt(_graph(tiny_models, 2, 4, f"life/after_free_{parallel}", parallel))
     server.wait(after_free)
     assert server.output_files(after_free)
