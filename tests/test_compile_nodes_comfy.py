@@ -7,10 +7,10 @@ backend, so the test proves the wrapping composes without a C compiler on CPU.
 """
 import pytest
 import torch
+from harness import sampling
 
 pytestmark = pytest.mark.comfy
 
-STEPS, CFG, SEED = 1, 3.0, 42
 COMPILE_ARGS = dict(backend="inductor", fullgraph=False, mode="default", dynamic=False, dynamo_cache_size_limit=64,
                     compile_transformer_blocks_only=True)
 
@@ -32,20 +32,12 @@ def wan(comfy_env):
     return comfy.sd.load_diffusion_model_state_dict(dict(tiny_models.wan21_t2v_state_dict()))
 
 
-def _cond(seed):
-    g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(1, 8, 4096, generator=g), {}]]
-
-
 def _stock(env, model):
-    return env.nodes.common_ksampler(model, SEED, STEPS, CFG, "euler", "simple", _cond(1), _cond(2),
-                                     {"samples": torch.zeros(1, 16, 1, 8, 8)})[0]["samples"]
+    return sampling.stock(env, model, torch.zeros(1, 16, 1, 8, 8), {})
 
 
 def _ours(env, model):
-    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
-    return node.execute(model, SEED, STEPS, CFG, "euler", "simple", _cond(1), _cond(2),
-                        {"samples": torch.zeros(1, 16, 1, 8, 8)}, 1.0, "cpu,cpu").result[0]["samples"]
+    return sampling.ours(env, model, torch.zeros(1, 16, 1, 8, 8), {}, "cpu,cpu")
 
 
 def _shard(env, model):

@@ -7,10 +7,9 @@ block LoRA weight, silently. In-process real ComfyUI, tiny Wan 2.1 written as GG
 """
 import pytest
 import torch
+from harness import sampling
 
 pytestmark = pytest.mark.comfy
-
-STEPS, CFG, SEED = 2, 3.0, 42
 
 
 @pytest.fixture(scope="module")
@@ -21,20 +20,12 @@ def gguf_nodes(comfy_env, tmp_path_factory):
     return import_pack(folder).nodes
 
 
-def _cond(seed):
-    g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(1, 8, 4096, generator=g), {}]]
-
-
 def _stock(env, model):
-    return env.nodes.common_ksampler(model, SEED, STEPS, CFG, "euler", "simple", _cond(1), _cond(2),
-                                     {"samples": torch.zeros(1, 16, 2, 8, 8)})[0]["samples"]
+    return sampling.stock(env, model, torch.zeros(1, 16, 2, 8, 8), {})
 
 
 def _ours(env, model):
-    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
-    return node.execute(model, SEED, STEPS, CFG, "euler", "simple", _cond(1), _cond(2),
-                        {"samples": torch.zeros(1, 16, 2, 8, 8)}, 1.0, "cpu,cpu").result[0]["samples"]
+    return sampling.ours(env, model, torch.zeros(1, 16, 2, 8, 8), {}, "cpu,cpu")
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "F16"])

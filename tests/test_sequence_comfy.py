@@ -14,30 +14,10 @@ GPU thousands of rows.
 """
 import pytest
 import torch
+from harness.sampling import SEED, load, lora_loader, ours, stock
+from harness.sampling import cond as _cond
 
 pytestmark = pytest.mark.comfy
-
-STEPS, SEED = 2, 42
-
-
-@pytest.fixture(scope="module")
-def env():
-    from harness.comfy_env import load_comfy
-
-    return load_comfy()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from harness import tiny_models
-
-    return tiny_models
-
-
-def _cond(tokens=8, dim=4096, seed=1, **extra):
-    g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(1, tokens, dim, generator=g), dict(extra)]]
-
 
 
 def _family(tiny, name):
@@ -55,22 +35,15 @@ def _family(tiny, name):
 
 
 def _load(sd):
-    import comfy.sd
-
-    return comfy.sd.load_diffusion_model_state_dict(dict(sd))
+    return load(None, sd)
 
 
 def _stock(env, model, latent, extras, cfg):
-    out = env.nodes.common_ksampler(model, SEED, STEPS, cfg, "euler", "simple", _cond(**extras),
-                                    _cond(seed=2, **extras), {"samples": latent.clone()})
-    return out[0]["samples"]
+    return stock(env, model, latent, extras, cfg=cfg)
 
 
 def _ours(env, model, latent, extras, devices, cfg, parallel="sequence"):
-    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
-    out = node.execute(model, SEED, STEPS, cfg, "euler", "simple", _cond(**extras), _cond(seed=2, **extras),
-                       {"samples": latent.clone()}, 1.0, devices, parallel)
-    return out.result[0]["samples"]
+    return ours(env, model, latent, extras, devices, cfg=cfg, parallel=parallel)
 
 
 def _engine(env, model):
@@ -117,13 +90,7 @@ def _n_blocks(family):
 
 
 def _lora_loader(env, tiny, tmp_path, sd):
-    import comfy.utils
-
-    path = tmp_path / "tiny_wan_lora_seq.safetensors"
-    comfy.utils.save_torch_file(tiny.wan_lora_state_dict(sd), str(path))
-    env.folder_paths.add_model_folder_path("loras", str(tmp_path))
-    loader = env.nodes.LoraLoaderModelOnly()
-    return lambda model: loader.load_lora_model_only(model, path.name, 1.0)[0]
+    return lora_loader(env, tiny, tmp_path, sd, name="tiny_wan_lora_seq.safetensors")
 
 
 WAN_EVEN = (1, 16, 2, 8, 8)  # 32 tokens: 16 per rank on cpu,cpu

@@ -11,20 +11,6 @@ from harness.sampling import ours as _ours, sharded as _sharded, stock as _stock
 pytestmark = pytest.mark.comfy
 
 
-@pytest.fixture(scope="module")
-def env():
-    from harness.comfy_env import load_comfy
-
-    return load_comfy()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from harness import tiny_models
-
-    return tiny_models
-
-
 def test_identical_prompt_does_not_reload_and_free_releases_shards(env, tiny):
     from comfy.patcher_extension import CallbacksMP
     from harness.comfy_env import pack_module

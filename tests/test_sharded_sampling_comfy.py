@@ -12,20 +12,6 @@ from harness.sampling import ours as _ours, sharded as _sharded, stock as _stock
 pytestmark = pytest.mark.comfy
 
 
-@pytest.fixture(scope="module")
-def env():
-    from harness.comfy_env import load_comfy
-
-    return load_comfy()
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from harness import tiny_models
-
-    return tiny_models
-
-
 @pytest.mark.parametrize("family", ["wan21", "ltxv", "hunyuan_video"])
 def test_sharded_ksampler_bit_identical_to_stock(env, tiny, family):
     build, shape, extras = _family(tiny, family)

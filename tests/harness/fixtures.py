@@ -60,6 +60,20 @@ def comfy_env():
 
 
 @pytest.fixture(scope="session")
+def env(comfy_env):
+    """Short name of ``comfy_env`` for the in-process sampling tests."""
+    return comfy_env
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """``harness.tiny_models``: builders of the tiny state dicts (no files)."""
+    from harness import tiny_models as builders
+
+    return builders
+
+
+@pytest.fixture(scope="session")
 def tiny_models(comfy_env, tmp_path_factory):
     """``harness.tiny_models.TinyModels`` written once per session, registered with folder_paths."""
     from harness.tiny_models import default_cache_dir, register_with_folder_paths, write_tiny_models

@@ -26,24 +26,26 @@ def load(env, sd):
     return comfy.sd.load_diffusion_model_state_dict(dict(sd))
 
 
-def stock(env, model, latent, extras, sampler="euler", scheduler="simple"):
-    out = env.nodes.common_ksampler(model, SEED, STEPS, CFG, sampler, scheduler, cond(**extras),
+def stock(env, model, latent, extras, sampler="euler", scheduler="simple", cfg=CFG):
+    out = env.nodes.common_ksampler(model, SEED, STEPS, cfg, sampler, scheduler, cond(**extras),
                                     cond(seed=2, **extras), {"samples": latent.clone()})
     return out[0]["samples"]
 
 
-def ours(env, model, latent, extras, devices, sampler="euler", scheduler="simple"):
+def ours(env, model, latent, extras, devices, sampler="euler", scheduler="simple", cfg=CFG, parallel=None):
+    """ShardDiTKSampler; ``parallel`` None leaves the input out (its default, as old workflows do)."""
     node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
-    out = node.execute(model, SEED, STEPS, CFG, sampler, scheduler, cond(**extras), cond(seed=2, **extras),
-                       {"samples": latent.clone()}, 1.0, devices)
+    more = () if parallel is None else (parallel,)
+    out = node.execute(model, SEED, STEPS, cfg, sampler, scheduler, cond(**extras), cond(seed=2, **extras),
+                       {"samples": latent.clone()}, 1.0, devices, *more)
     return out.result[0]["samples"]
 
 
-def lora_loader(env, tiny, tmp_path, sd):
+def lora_loader(env, tiny, tmp_path, sd, name="tiny_wan_lora.safetensors"):
     """Core's LoraLoaderModelOnly on a tiny random LoRA file registered in ComfyUI's `loras` folder."""
     import comfy.utils
 
-    path = tmp_path / "tiny_wan_lora.safetensors"
+    path = tmp_path / name
     comfy.utils.save_torch_file(tiny.wan_lora_state_dict(sd), str(path))
     env.folder_paths.add_model_folder_path("loras", str(tmp_path))
     loader = env.nodes.LoraLoaderModelOnly()
