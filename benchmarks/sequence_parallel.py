@@ -18,12 +18,19 @@ are checked bit-identical (even token split, > 10 rows per rank).
 Prints the bytes each rank received in exchanges per forward beside the analytic figure
 ``blocks x 4 x B x (L/N) x (C - C/N) x 4 bytes`` (q, k, v out and the output back, the other ranks'
 share of the heads). The last line is ``speedup=<unsharded time / sequence time>``.
+
+Two "CPU devices" are two cores of one host that may not run two threads at full speed (a VM's
+vCPUs, turbo, shared caches). Each repetition therefore also times the same number of 1024x1024
+matmuls on one thread and then split over two threads: ``ceiling`` is the best speed-up any
+two-thread engine can reach on this machine at that moment, and ``efficiency = speedup / ceiling``
+is the engine's own share of the loss.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,9 +79,28 @@ def main(argv=None) -> int:
         with torch.inference_mode(), handle.router.forward_scope(sequence=True):
             return model(x, t, ctx)
 
+    mat = torch.randn(1024, 1024)
+
+    def matmuls(n):
+        torch.set_num_threads(1)
+        for _ in range(n):
+            mat @ mat
+
+    def ceiling(n=24):
+        t0 = time.perf_counter()
+        matmuls(2 * n)
+        one = time.perf_counter() - t0
+        threads = [threading.Thread(target=matmuls, args=(n,)) for _ in range(2)]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return one / (time.perf_counter() - t0)
+
     ref, out = unsharded(), sequence()  # warm-up (threads started, buffers allocated)
     assert torch.equal(ref, out), f"outputs differ: {(ref - out).abs().max()}"
-    ratios, times = [], {"unsharded": [], "sequence": []}
+    ratios, ceilings, times = [], [], {"unsharded": [], "sequence": []}
     for rep in range(args.reps):
         order = [("unsharded", unsharded), ("sequence", sequence)]
         for name, fn in order if rep % 2 == 0 else order[::-1]:
@@ -82,8 +108,9 @@ def main(argv=None) -> int:
             fn()
             times[name].append(time.perf_counter() - t0)
         ratios.append(times["unsharded"][-1] / times["sequence"][-1])
+        ceilings.append(ceiling())
         print(f"rep {rep}: unsharded {times['unsharded'][-1]:.3f} s, sequence {times['sequence'][-1]:.3f} s, "
-              f"ratio {ratios[-1]:.3f}", flush=True)
+              f"ratio {ratios[-1]:.3f}; two-thread matmul ceiling {ceilings[-1]:.3f}", flush=True)
     st = engine.stats
     n = len(ranks)
     per_rank = args.tokens // n if args.batch == 1 else args.tokens
@@ -95,6 +122,8 @@ def main(argv=None) -> int:
     print(f"median unsharded {statistics.median(times['unsharded']):.3f} s, "
           f"sequence {statistics.median(times['sequence']):.3f} s")
     engine.close()
+    speedup, ceil = statistics.median(ratios), statistics.median(ceilings)
+    print(f"ceiling={ceil:.3f} efficiency={speedup / ceil:.3f}")
     print(f"speedup={statistics.median(ratios):.3f}")
     return 0
 
