@@ -70,6 +70,12 @@ def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, name):
             values = [w["value"] for w in node["widgets"] if w["serialize"]]
             assert values == saved[node["id"]]["widgets_values"], node["type"]
     assert {n["type"] for n in state["nodes"]} >= {n["type"] for n in saved.values()}
+    # every node keeps its saved size: the frontend's own minimum is the rule the generator uses
+    table = wt.node_table(ours)
+    for node in state["nodes"]:
+        if node["type"] in table:
+            assert node["min_size"][1] == wt.min_node_height(table[node["type"]]), (node["type"], node["min_size"])
+        assert node["size"] == saved[node["id"]]["size"], f"{node['title']!r} was resized on load: {node['size']}"
     # group titles fit their groups and no two title bars overlap (graph units: true at any zoom)
     groups = state["groups"]
     for g in groups:
@@ -137,6 +143,10 @@ def test_plan_node_shows_its_picture_and_table(ui, shots):
     assert "Simulated forward:" in text and ("FITS" in text or "DOES NOT FIT" in text)
     assert not any(w["name"] == "plan_text" for w in node["widgets"] if w["serialize"]), "the table is saved"
     browser.focus_node(ui, plan["id"])
+    box = ui.evaluate("""() => { const e = document.querySelector('[data-sharddit=plan-text]');
+        return e && {scroll: e.scrollWidth, client: e.clientWidth, height: e.clientHeight}; }""")
+    assert box and box["scroll"] <= box["client"], f"the plan table is cut off on the right: {box}"
+    assert box["height"] >= 100, f"the plan table shows too few lines: {box}"
     ui.evaluate("() => app.canvas.deselectAll()")  # no selection toolbox over the group title
     ui.mouse.move(1590, 990)  # no tooltip over the picture
     browser.screenshot(ui, shots / "plan_node.png")
@@ -159,7 +169,14 @@ def test_wan21_workflow_runs_from_the_run_button(ui, shots):
     }""", timeout=600_000)
     ui.wait_for_function("() => [...document.querySelectorAll('video')].some(v => v.src.includes('sharddit_wan2.1'))",
                          timeout=60_000)
-    save = next(n for n in browser.graph_state(ui)["nodes"] if n["type"] == "SaveVideo")
+    ui.wait_for_timeout(500)  # the preview resizes the node once the video's size is known
+    state = browser.graph_state(ui)
+    save = next(n for n in state["nodes"] if n["type"] == "SaveVideo")
+    group = next(g for g in state["groups"] if g["title"].startswith("5 "))
+    gx, gy, gw, gh = group["bounding"]
+    x, y, w, h = save["bounding"]
+    assert gx <= x and x + w <= gx + gw and gy <= y and y + h <= gy + gh, \
+        f"the video preview pushed Save Video {save['bounding']} out of its group {group['bounding']}"
     browser.focus_node(ui, save["id"])
     browser.screenshot(ui, shots / "wan21_run.png")
 
