@@ -112,10 +112,13 @@ def _write_thumbnail(page, screen, jpg, shots):
     x0, y0 = min(b[0] for b in screen) - 8, min(b[1] for b in screen) - 8
     x1, y1 = max(b[0] + b[2] for b in screen) + 8, max(b[1] + b[3] for b in screen) + 8
     hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox"
-    page.evaluate(f"() => document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden')")
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden');
+        app.canvas.show_info = false; app.canvas.setDirty(true, true); }}""")  # no canvas info in the corner
+    page.wait_for_timeout(300)
     png = shots / f"{jpg.stem}_thumb.png"
     page.screenshot(path=str(png), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
-    page.evaluate(f"() => document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '')")
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '');
+        app.canvas.show_info = true; app.canvas.setDirty(true, true); }}""")
     with Image.open(png) as im:
         im.thumbnail((800, 500), Image.LANCZOS)
         im.convert("RGB").save(jpg, quality=85)
@@ -191,13 +194,16 @@ def test_node_search_lists_the_seven_nodes(ui, shots):
     search.wait_for(timeout=10_000)
     search.click()
     search.press_sequentially("ShardDiT", delay=50)
-    ui.wait_for_function("""() => [...document.querySelectorAll('[role=option]')]
-        .filter(o => o.innerText.includes('(ShardDiT)')).length >= 7""", timeout=10_000)
-    options = ui.locator("[role=option]")
-    found = {options.nth(i).inner_text().split("\n")[0].replace("\xa0", "").strip() for i in range(options.count())}
-    assert SHARDDIT_DISPLAY_NAMES <= found, found
-    vae = next(i for i in range(options.count()) if options.nth(i).inner_text().startswith("Load VAE (ShardDiT)"))
-    options.nth(vae).hover()
+    # The list is redrawn after every key: read it in one go, once it holds the seven names (reading
+    # option i of a count taken earlier raced the redraw and timed out on a vanished option).
+    found = ui.wait_for_function("""(names) => {
+        if (document.querySelector('.comfy-vue-node-search-container input')?.value !== 'ShardDiT') return false;
+        const texts = [...document.querySelectorAll('[role=option]')]
+            .map(o => o.innerText.split('\\n')[0].replace(/\\u00a0/g, '').trim());
+        return names.every(n => texts.includes(n)) && texts;
+    }""", arg=sorted(SHARDDIT_DISPLAY_NAMES), timeout=15_000).json_value()
+    assert SHARDDIT_DISPLAY_NAMES <= set(found), found
+    ui.locator("[role=option]", has_text="Load VAE").filter(has_text="ShardDiT").first.hover()
     ui.wait_for_selector("._sb_node_preview", timeout=5000)
     preview = ui.locator("._sb_node_preview").inner_text()
     assert "undefined" not in preview and "vae_name" in preview, preview
