@@ -7,8 +7,8 @@ not offered as templates (the frontend cannot open an API-format file as a workf
 The committed JSON files are what users drag in; this script only keeps each UI/API pair
 consistent. Run it after changing a graph or a ShardDiT node's inputs, then review the diff:
 
-    /work/venv/bin/python tests/build_workflows.py          # rewrite workflows/*.json
-    /work/venv/bin/python tests/build_workflows.py --check  # exit 1 if the files differ
+    python tests/build_workflows.py          # rewrite workflows/*.json (no ComfyUI needed)
+    python tests/build_workflows.py --check  # exit 1 if the files differ
 
 Widget order comes from the node tables in ``workflow_tools`` (core nodes: ``CORE_NODES``; ours:
 ``nodes/*.py`` read with ast, falling back to ``CONTRACT`` for a node not written yet). File
