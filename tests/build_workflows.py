@@ -7,8 +7,8 @@ not offered as templates (the frontend cannot open an API-format file as a workf
 The committed JSON files are what users drag in; this script only keeps each UI/API pair
 consistent. Run it after changing a graph or a ShardDiT node's inputs, then review the diff:
 
-    /work/venv/bin/python tests/build_workflows.py          # rewrite workflows/*.json
-    /work/venv/bin/python tests/build_workflows.py --check  # exit 1 if the files differ
+    python tests/build_workflows.py          # rewrite workflows/*.json (no ComfyUI needed)
+    python tests/build_workflows.py --check  # exit 1 if the files differ
 
 Widget order comes from the node tables in ``workflow_tools`` (core nodes: ``CORE_NODES``; ours:
 ``nodes/*.py`` read with ast, falling back to ``CONTRACT`` for a node not written yet). File
@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from workflow_tools import (CORE_NODES, WORKFLOWS_DIR, Input, NodeSpec,  # noqa: E402
-                            display_name, sharddit_schemas)
+from workflow_tools import (CORE_NODES, TITLE_H, WORKFLOWS_DIR, Input, NodeSpec,  # noqa: E402
+                            display_name, min_node_height, node_box, sharddit_schemas)
 
 # Inputs of ShardDiT nodes per DESIGN.md, used only for a node whose file does not define it yet.
 CONTRACT = {n.node_id: n for n in [
@@ -55,6 +55,9 @@ GROUP_FONT = 24
 # A group's top edge sits this far above its highest node's body: node title bar (30), the node's
 # source badge drawn above it (24), the group's title bar (font 24 x 1.4 = 34) and a gap.
 GROUP_TOP, GROUP_PAD = 96, 10
+# Vertical gaps: between a node and the title bar of the node below it in its group, and between
+# two groups. ``Graph._stack`` moves nodes down their column to keep them.
+NODE_GAP, GROUP_GAP = 20, 20
 TITLE_CHAR_W = 0.55 * GROUP_FONT   # Arial, mixed case: a safe upper bound per character
 # The saved view shows the whole graph in a 1600 x 1000 window at a zoom where the frontend still
 # draws text (it drops it below about 0.57). Its canvas starts right of the side bar (64 px) and
@@ -62,7 +65,7 @@ TITLE_CHAR_W = 0.55 * GROUP_FONT   # Arial, mixed case: a safe upper bound per c
 WINDOW = (12, 12, 1524, 910)       # x0, y0, x1, y1 inside the canvas, CSS pixels
 MIN_SCALE, MAX_SCALE = 0.6, 0.8
 # Columns of the pipeline (x) and the left column (note and Plan node).
-LEFT_X, LEFT_W = -520, 480
+LEFT_X, LEFT_W = -580, 540
 HF = "https://huggingface.co"
 URLS = {
     "wan2.1_t2v_14B_fp8_scaled.safetensors":
@@ -107,14 +110,25 @@ class Graph:
         self.groups = []     # (title, [node ids])
 
     def node(self, nid, type_, pos, size, title=None, models=(), control="fixed", mode=0, **widgets):
+        """``pos`` is where the node would like to be (``_stack`` may move it down); ``size`` is
+        ``(width, None)`` for the height the frontend computes from the widgets, or ``(width, h)`` for a
+        node shown taller (text boxes, previews)."""
         spec = self.table.get(type_)
+        width, height = size
         if spec is not None:
             names = [i.name for i in spec.widgets]
             unknown = set(widgets) - set(names)
             missing = [i.name for i in spec.widgets if i.name not in widgets and not i.optional]
             if unknown or missing:
                 raise ValueError(f"{self.name}: node {nid} {type_}: unknown widgets {sorted(unknown)}, missing {missing}")
-        self.nodes[nid] = dict(type=type_, pos=list(pos), size=list(size), widgets=widgets, title=title,
+            real = min_node_height(spec)
+            if height is not None and height < real:
+                raise ValueError(f"{self.name}: node {nid} {type_} is {height} px tall, but the frontend draws its "
+                                 f"inputs and widgets in {real} px: give it (width, None) or a height >= {real}")
+            height = real if height is None else height
+        elif height is None:
+            raise ValueError(f"{self.name}: node {nid} {type_}: no schema to compute its height from: give one")
+        self.nodes[nid] = dict(type=type_, pos=list(pos), size=[width, height], widgets=widgets, title=title,
                                models=list(models), control=control, mode=mode)
         return nid
 
@@ -153,7 +167,41 @@ class Graph:
                 out.append(node["control"])
         return out
 
+    def _group_of(self, nid):
+        return next((title for title, ids in self.groups if nid in ids), None)
+
+    def _stack(self) -> None:
+        """Moves each node down (never up) until it clears every node above it in its column.
+
+        Nodes are taken in the order of their wished-for ``y``; a node whose x range meets an
+        already placed one goes below it: ``NODE_GAP`` under it within a group, a whole group
+        title bar and ``GROUP_GAP`` under it when the two nodes are in different groups."""
+        placed = []
+        for nid in sorted(self.nodes, key=lambda n: (self.nodes[n]["pos"][1], self.nodes[n]["pos"][0])):
+            node = self.nodes[nid]
+            x, w = node["pos"][0], node["size"][0]
+            for other in placed:
+                o = self.nodes[other]
+                if x >= o["pos"][0] + o["size"][0] + 2 * GROUP_PAD or o["pos"][0] >= x + w + 2 * GROUP_PAD:
+                    continue
+                same = self._group_of(nid) == self._group_of(other)
+                gap = TITLE_H + NODE_GAP if same else GROUP_PAD + GROUP_GAP + GROUP_TOP
+                node["pos"][1] = max(node["pos"][1], o["pos"][1] + o["size"][1] + gap)
+            placed.append(nid)
+
+    def _check_overlaps(self) -> None:
+        """No two nodes (title bars included) share a pixel; the rule the tests check too."""
+        boxes = {nid: node_box(n, self.table) for nid, n in self.nodes.items()}
+        ids = sorted(boxes)
+        for i, a in enumerate(ids):
+            for b in ids[i + 1:]:
+                (ax, ay, aw, ah), (bx, by, bw, bh) = boxes[a], boxes[b]
+                if ax < bx + bw and bx < ax + aw and ay < by + bh and by < ay + ah:
+                    raise ValueError(f"{self.name}: nodes {a} {boxes[a]} and {b} {boxes[b]} overlap: move one")
+
     def ui(self) -> dict:
+        self._stack()
+        self._check_overlaps()
         order = self._order()
         nodes = []
         for nid in sorted(self.nodes):
@@ -277,13 +325,13 @@ def files_note(title: str, files: list, extra: str = "") -> str:
 
 def decode_nodes(g: Graph, first_id: int, x: int, samples_src, vae_src, fps, prefix, tile=(512, 64, 64, 8)):
     dec, vid, save = first_id, first_id + 1, first_id + 2
-    g.node(dec, "ShardDiTVAEDecodeTiled", (x, 0), (360, 250), tile_size=tile[0], overlap=tile[1],
+    g.node(dec, "ShardDiTVAEDecodeTiled", (x, 0), (360, None), tile_size=tile[0], overlap=tile[1],
            temporal_size=tile[2], temporal_overlap=tile[3], tile_batch_size="auto", devices="auto")
     g.link(*samples_src, dec, "samples")
     g.link(*vae_src, dec, "vae")
-    g.node(vid, "CreateVideo", (x, 300), (360, 80), fps=fps)
+    g.node(vid, "CreateVideo", (x, 300), (360, None), fps=fps)
     g.link(dec, 0, vid, "images")
-    g.node(save, "SaveVideo", (x, 430), (360, 420), filename_prefix=prefix, format="auto", codec="auto")
+    g.node(save, "SaveVideo", (x, 430), (360, 470), filename_prefix=prefix, format="auto", codec="auto")
     g.link(vid, 0, save, "video")
     return dec, vid, save
 
@@ -295,7 +343,7 @@ PLAN_NOTE = ("**Will it fit?** Placement Plan (ShardDiT), below, is muted: selec
 
 def plan_node(g: Graph, nid: int, model: str, width: int, height: int, frames: int, dtype: str, batch="auto"):
     """A muted ShardDiTPlan below the files note, set to this workflow's model and video size."""
-    g.node(nid, "ShardDiTPlan", (LEFT_X, 660), (LEFT_W, 640), title="Placement Plan (ShardDiT) - un-mute to check",
+    g.node(nid, "ShardDiTPlan", (LEFT_X, 660), (LEFT_W, 680), title="Placement Plan (ShardDiT) - un-mute to check",
            mode=2, devices="auto", model=model, width=width, height=height, frames=frames, batch=batch,
            dtype=dtype, reserve_vram_gb=1.0)
     g.group("0 - Will it fit? (optional)", [nid])
@@ -310,22 +358,22 @@ def wan21_t2v(t) -> Graph:
     g = Graph("wan2.1_t2v_14B_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2101", t)
     files = [("diffusion_models", "wan2.1_t2v_14B_fp8_scaled.safetensors"),
              ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
-    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), models=[files[0]],
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, None), models=[files[0]],
            unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
            parallel="auto")
-    g.node(2, "ShardDiTLoadTextEncoder", (0, 180), (400, 110), models=[files[1]],
+    g.node(2, "ShardDiTLoadTextEncoder", (0, 180), (400, None), models=[files[1]],
            clip_name=files[1][1], type="wan", device="auto")
-    g.node(3, "ShardDiTLoadVAE", (0, 340), (400, 82), models=[files[2]], vae_name=files[2][1], device="auto")
-    g.node(4, "EmptyHunyuanLatentVideo", (0, 550), (400, 130), width=832, height=480, length=81, batch_size=1)
+    g.node(3, "ShardDiTLoadVAE", (0, 340), (400, None), models=[files[2]], vae_name=files[2][1], device="auto")
+    g.node(4, "EmptyHunyuanLatentVideo", (0, 550), (400, None), width=832, height=480, length=81, batch_size=1)
     g.node(5, "CLIPTextEncode", (440, 0), (400, 180), title="Positive prompt",
            text="A red fox trotting through fresh snow in a winter forest at sunrise, breath steaming, "
                 "tracking shot, cinematic lighting, highly detailed fur")
     g.node(6, "CLIPTextEncode", (440, 230), (400, 180), title="Negative prompt", text=WAN_NEGATIVE)
     g.link(2, 0, 5, "clip")
     g.link(2, 0, 6, "clip")
-    g.node(7, "ModelSamplingSD3", (880, 0), (330, 60), shift=8.0)
+    g.node(7, "ModelSamplingSD3", (880, 0), (330, None), shift=8.0)
     g.link(1, 0, 7, "model")
-    g.node(8, "ShardDiTKSampler", (880, 110), (330, 330), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
+    g.node(8, "ShardDiTKSampler", (880, 110), (330, None), seed=42, steps=30, cfg=6.0, sampler_name="uni_pc",
            scheduler="simple", denoise=1.0, devices="auto", parallel="auto")
     g.link(7, 0, 8, "model")
     g.link(5, 0, 8, "positive")
@@ -347,30 +395,30 @@ def wan22_t2v(t) -> Graph:
     files = [("diffusion_models", "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"),
              ("diffusion_models", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
              ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
-    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), title="High-noise expert (ShardDiT)",
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, None), title="High-noise expert (ShardDiT)",
            models=[files[0]], unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
            parallel="auto")
-    g.node(2, "ShardDiTLoadDiffusionModel", (0, 180), (400, 130), title="Low-noise expert (ShardDiT)",
+    g.node(2, "ShardDiTLoadDiffusionModel", (0, 180), (400, None), title="Low-noise expert (ShardDiT)",
            models=[files[1]], unet_name=files[1][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
            parallel="auto")
-    g.node(3, "ShardDiTLoadTextEncoder", (0, 360), (400, 110), models=[files[2]],
+    g.node(3, "ShardDiTLoadTextEncoder", (0, 360), (400, None), models=[files[2]],
            clip_name=files[2][1], type="wan", device="auto")
-    g.node(4, "ShardDiTLoadVAE", (0, 520), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")
-    g.node(5, "EmptyHunyuanLatentVideo", (0, 730), (400, 130), width=640, height=640, length=81, batch_size=1)
+    g.node(4, "ShardDiTLoadVAE", (0, 520), (400, None), models=[files[3]], vae_name=files[3][1], device="auto")
+    g.node(5, "EmptyHunyuanLatentVideo", (0, 730), (400, None), width=640, height=640, length=81, batch_size=1)
     g.node(6, "CLIPTextEncode", (440, 0), (400, 180), title="Positive prompt",
            text="A lighthouse on a rocky coast during a storm, huge waves crashing against the rocks, the beam "
                 "sweeping through rain, slow dolly-in, cinematic, highly detailed")
     g.node(7, "CLIPTextEncode", (440, 230), (400, 180), title="Negative prompt", text=WAN_NEGATIVE)
     g.link(3, 0, 6, "clip")
     g.link(3, 0, 7, "clip")
-    g.node(8, "ModelSamplingSD3", (880, 0), (300, 60), title="Shift (high noise)", shift=8.0)
-    g.node(9, "ModelSamplingSD3", (1210, 0), (300, 60), title="Shift (low noise)", shift=8.0)
+    g.node(8, "ModelSamplingSD3", (880, 0), (300, None), title="Shift (high noise)", shift=8.0)
+    g.node(9, "ModelSamplingSD3", (1210, 0), (300, None), title="Shift (low noise)", shift=8.0)
     g.link(1, 0, 8, "model")
     g.link(2, 0, 9, "model")
-    g.node(10, "KSamplerAdvanced", (880, 110), (300, 560), title="Steps 0-10: high-noise expert",
+    g.node(10, "KSamplerAdvanced", (880, 110), (300, None), title="Steps 0-10: high-noise expert",
            add_noise="enable", noise_seed=42, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
            start_at_step=0, end_at_step=10, return_with_leftover_noise="enable")
-    g.node(11, "KSamplerAdvanced", (1210, 110), (300, 560), title="Steps 10-20: low-noise expert",
+    g.node(11, "KSamplerAdvanced", (1210, 110), (300, None), title="Steps 10-20: low-noise expert",
            add_noise="disable", noise_seed=0, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
            start_at_step=10, end_at_step=10000, return_with_leftover_noise="disable")
     for sampler, shift in ((10, 8), (11, 9)):
@@ -397,13 +445,13 @@ def wan22_t2v(t) -> Graph:
 def ltxv_t2v(t) -> Graph:
     g = Graph("ltxv_13b_t2v_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2303", t)
     files = [("checkpoints", "ltxv-13b-0.9.7-dev.safetensors"), ("text_encoders", "t5xxl_fp16.safetensors")]
-    g.node(1, "CheckpointLoaderSimple", (0, 0), (400, 100), title="LTX-Video 13B (DiT + VAE)", models=[files[0]],
+    g.node(1, "CheckpointLoaderSimple", (0, 0), (400, None), title="LTX-Video 13B (DiT + VAE)", models=[files[0]],
            ckpt_name=files[0][1])
-    g.node(2, "ShardDiTShardModel", (0, 150), (400, 110), devices="auto", reserve_vram_gb=1.0, parallel="auto")
+    g.node(2, "ShardDiTShardModel", (0, 150), (400, None), devices="auto", reserve_vram_gb=1.0, parallel="auto")
     g.link(1, 0, 2, "model")
-    g.node(3, "ShardDiTLoadTextEncoder", (0, 310), (400, 110), models=[files[1]],
+    g.node(3, "ShardDiTLoadTextEncoder", (0, 310), (400, None), models=[files[1]],
            clip_name=files[1][1], type="ltxv", device="auto")
-    g.node(4, "EmptyLTXVLatentVideo", (0, 540), (400, 130), width=768, height=512, length=97, batch_size=1)
+    g.node(4, "EmptyLTXVLatentVideo", (0, 540), (400, None), width=768, height=512, length=97, batch_size=1)
     g.node(5, "CLIPTextEncode", (440, 0), (400, 200), title="Positive prompt",
            text="A woman in a yellow raincoat walks along a wet city street at night. Neon signs reflect in the "
                 "puddles around her boots and rain falls through the light of the street lamps. The camera "
@@ -414,14 +462,14 @@ def ltxv_t2v(t) -> Graph:
                 "fused fingers, bad anatomy, weird hand, ugly")
     g.link(3, 0, 5, "clip")
     g.link(3, 0, 6, "clip")
-    g.node(7, "LTXVConditioning", (440, 460), (300, 80), frame_rate=25.0)
+    g.node(7, "LTXVConditioning", (440, 460), (300, None), frame_rate=25.0)
     g.link(5, 0, 7, "positive")
     g.link(6, 0, 7, "negative")
-    g.node(8, "LTXVScheduler", (880, 0), (320, 160), steps=30, max_shift=2.05, base_shift=0.95, stretch=True,
+    g.node(8, "LTXVScheduler", (880, 0), (320, None), steps=30, max_shift=2.05, base_shift=0.95, stretch=True,
            terminal=0.1)
     g.link(4, 0, 8, "latent")
-    g.node(9, "KSamplerSelect", (880, 210), (320, 60), sampler_name="euler")
-    g.node(10, "SamplerCustom", (880, 320), (320, 240), add_noise=True, noise_seed=42, cfg=3.0)
+    g.node(9, "KSamplerSelect", (880, 210), (320, None), sampler_name="euler")
+    g.node(10, "SamplerCustom", (880, 320), (320, None), add_noise=True, noise_seed=42, cfg=3.0)
     g.link(2, 0, 10, "model")
     g.link(7, 0, 10, "positive")
     g.link(7, 1, 10, "negative")
@@ -448,29 +496,29 @@ def hunyuan_t2v(t) -> Graph:
     files = [("diffusion_models", "hunyuan_video_t2v_720p_bf16.safetensors"),
              ("text_encoders", "clip_l.safetensors"), ("text_encoders", "llava_llama3_fp8_scaled.safetensors"),
              ("vae", "hunyuan_video_vae_bf16.safetensors")]
-    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, 130), models=[files[0]],
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, None), models=[files[0]],
            unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
            parallel="auto")
-    g.node(2, "DualCLIPLoader", (0, 180), (400, 130), models=[files[1], files[2]],
+    g.node(2, "DualCLIPLoader", (0, 180), (400, None), models=[files[1], files[2]],
            clip_name1=files[1][1], clip_name2=files[2][1], type="hunyuan_video", device="default")
-    g.node(3, "ShardDiTLoadVAE", (0, 360), (400, 82), models=[files[3]], vae_name=files[3][1], device="auto")
-    g.node(4, "EmptyHunyuanLatentVideo", (0, 560), (400, 130), width=848, height=480, length=73, batch_size=1)
+    g.node(3, "ShardDiTLoadVAE", (0, 360), (400, None), models=[files[3]], vae_name=files[3][1], device="auto")
+    g.node(4, "EmptyHunyuanLatentVideo", (0, 560), (400, None), width=848, height=480, length=73, batch_size=1)
     g.node(5, "CLIPTextEncode", (440, 0), (400, 180), title="Prompt",
            text="anime style, a girl with long silver hair and a red scarf running along a snowy mountain ridge "
                 "at dusk, the camera tracking beside her, snow blowing in the wind, vivid colours")
     g.link(2, 0, 5, "clip")
-    g.node(6, "FluxGuidance", (440, 230), (320, 60), guidance=6.0)
+    g.node(6, "FluxGuidance", (440, 230), (320, None), guidance=6.0)
     g.link(5, 0, 6, "conditioning")
-    g.node(7, "ModelSamplingSD3", (880, 0), (320, 60), shift=7.0)
+    g.node(7, "ModelSamplingSD3", (880, 0), (320, None), shift=7.0)
     g.link(1, 0, 7, "model")
-    g.node(8, "RandomNoise", (880, 110), (320, 82), noise_seed=42)
-    g.node(9, "BasicGuider", (880, 240), (320, 50))
+    g.node(8, "RandomNoise", (880, 110), (320, None), noise_seed=42)
+    g.node(9, "BasicGuider", (880, 240), (320, None))
     g.link(7, 0, 9, "model")
     g.link(6, 0, 9, "conditioning")
-    g.node(10, "KSamplerSelect", (880, 340), (320, 60), sampler_name="euler")
-    g.node(11, "BasicScheduler", (880, 450), (320, 110), scheduler="simple", steps=20, denoise=1.0)
+    g.node(10, "KSamplerSelect", (880, 340), (320, None), sampler_name="euler")
+    g.node(11, "BasicScheduler", (880, 450), (320, None), scheduler="simple", steps=20, denoise=1.0)
     g.link(1, 0, 11, "model")
-    g.node(12, "SamplerCustomAdvanced", (880, 610), (320, 130))
+    g.node(12, "SamplerCustomAdvanced", (880, 610), (320, None))
     g.link(8, 0, 12, "noise")
     g.link(9, 0, 12, "guider")
     g.link(10, 0, 12, "sampler")

@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     skip_multi = pytest.mark.skip(reason=f"needs >= 2 CUDA GPUs, found {n_cuda}")
     skip_comfy = pytest.mark.skip(
-        reason="needs ComfyUI: set COMFYUI_PATH to an exported ComfyUI >= 0.3.64 tree (see tests/README.md)"
+        reason="needs ComfyUI: set COMFYUI_PATH to a ComfyUI >= 0.3.64 folder (see tests/README.md)"
     )
     for item in items:
         if "gpu" in item.keywords and n_cuda < 1:

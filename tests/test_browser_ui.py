@@ -70,6 +70,12 @@ def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, name):
             values = [w["value"] for w in node["widgets"] if w["serialize"]]
             assert values == saved[node["id"]]["widgets_values"], node["type"]
     assert {n["type"] for n in state["nodes"]} >= {n["type"] for n in saved.values()}
+    # every node keeps its saved size: the frontend's own minimum is the rule the generator uses
+    table = wt.node_table(ours)
+    for node in state["nodes"]:
+        if node["type"] in table:
+            assert node["min_size"][1] == wt.min_node_height(table[node["type"]]), (node["type"], node["min_size"])
+        assert node["size"] == saved[node["id"]]["size"], f"{node['title']!r} was resized on load: {node['size']}"
     # group titles fit their groups and no two title bars overlap (graph units: true at any zoom)
     groups = state["groups"]
     for g in groups:
@@ -106,10 +112,13 @@ def _write_thumbnail(page, screen, jpg, shots):
     x0, y0 = min(b[0] for b in screen) - 8, min(b[1] for b in screen) - 8
     x1, y1 = max(b[0] + b[2] for b in screen) + 8, max(b[1] + b[3] for b in screen) + 8
     hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox"
-    page.evaluate(f"() => document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden')")
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden');
+        app.canvas.show_info = false; app.canvas.setDirty(true, true); }}""")  # no canvas info in the corner
+    page.wait_for_timeout(300)
     png = shots / f"{jpg.stem}_thumb.png"
     page.screenshot(path=str(png), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
-    page.evaluate(f"() => document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '')")
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '');
+        app.canvas.show_info = true; app.canvas.setDirty(true, true); }}""")
     with Image.open(png) as im:
         im.thumbnail((800, 500), Image.LANCZOS)
         im.convert("RGB").save(jpg, quality=85)
@@ -137,6 +146,10 @@ def test_plan_node_shows_its_picture_and_table(ui, shots):
     assert "Simulated forward:" in text and ("FITS" in text or "DOES NOT FIT" in text)
     assert not any(w["name"] == "plan_text" for w in node["widgets"] if w["serialize"]), "the table is saved"
     browser.focus_node(ui, plan["id"])
+    box = ui.evaluate("""() => { const e = document.querySelector('[data-sharddit=plan-text]');
+        return e && {scroll: e.scrollWidth, client: e.clientWidth, height: e.clientHeight}; }""")
+    assert box and box["scroll"] <= box["client"], f"the plan table is cut off on the right: {box}"
+    assert box["height"] >= 100, f"the plan table shows too few lines: {box}"
     ui.evaluate("() => app.canvas.deselectAll()")  # no selection toolbox over the group title
     ui.mouse.move(1590, 990)  # no tooltip over the picture
     browser.screenshot(ui, shots / "plan_node.png")
@@ -159,7 +172,14 @@ def test_wan21_workflow_runs_from_the_run_button(ui, shots):
     }""", timeout=600_000)
     ui.wait_for_function("() => [...document.querySelectorAll('video')].some(v => v.src.includes('sharddit_wan2.1'))",
                          timeout=60_000)
-    save = next(n for n in browser.graph_state(ui)["nodes"] if n["type"] == "SaveVideo")
+    ui.wait_for_timeout(500)  # the preview resizes the node once the video's size is known
+    state = browser.graph_state(ui)
+    save = next(n for n in state["nodes"] if n["type"] == "SaveVideo")
+    group = next(g for g in state["groups"] if g["title"].startswith("5 "))
+    gx, gy, gw, gh = group["bounding"]
+    x, y, w, h = save["bounding"]
+    assert gx <= x and x + w <= gx + gw and gy <= y and y + h <= gy + gh, \
+        f"the video preview pushed Save Video {save['bounding']} out of its group {group['bounding']}"
     browser.focus_node(ui, save["id"])
     browser.screenshot(ui, shots / "wan21_run.png")
 
@@ -174,13 +194,16 @@ def test_node_search_lists_the_seven_nodes(ui, shots):
     search.wait_for(timeout=10_000)
     search.click()
     search.press_sequentially("ShardDiT", delay=50)
-    ui.wait_for_function("""() => [...document.querySelectorAll('[role=option]')]
-        .filter(o => o.innerText.includes('(ShardDiT)')).length >= 7""", timeout=10_000)
-    options = ui.locator("[role=option]")
-    found = {options.nth(i).inner_text().split("\n")[0].replace("\xa0", "").strip() for i in range(options.count())}
-    assert SHARDDIT_DISPLAY_NAMES <= found, found
-    vae = next(i for i in range(options.count()) if options.nth(i).inner_text().startswith("Load VAE (ShardDiT)"))
-    options.nth(vae).hover()
+    # The list is redrawn after every key: read it in one go, once it holds the seven names (reading
+    # option i of a count taken earlier raced the redraw and timed out on a vanished option).
+    found = ui.wait_for_function("""(names) => {
+        if (document.querySelector('.comfy-vue-node-search-container input')?.value !== 'ShardDiT') return false;
+        const texts = [...document.querySelectorAll('[role=option]')]
+            .map(o => o.innerText.split('\\n')[0].replace(/\\u00a0/g, '').trim());
+        return names.every(n => texts.includes(n)) && texts;
+    }""", arg=sorted(SHARDDIT_DISPLAY_NAMES), timeout=15_000).json_value()
+    assert SHARDDIT_DISPLAY_NAMES <= set(found), found
+    ui.locator("[role=option]", has_text="Load VAE").filter(has_text="ShardDiT").first.hover()
     ui.wait_for_selector("._sb_node_preview", timeout=5000)
     preview = ui.locator("._sb_node_preview").inner_text()
     assert "undefined" not in preview and "vae_name" in preview, preview

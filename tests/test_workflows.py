@@ -186,7 +186,7 @@ def test_ui_links_are_consistent(pair, table):
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=IDS)
-def test_ui_layout_groups_and_files_note(pair):
+def test_ui_layout_groups_and_files_note(pair, table):
     ui, _ = _load(pair)
     for node in ui["nodes"]:
         assert len(node["pos"]) == 2 and len(node["size"]) == 2, node["id"]
@@ -199,8 +199,14 @@ def test_ui_layout_groups_and_files_note(pair):
         and g["bounding"][1] <= n["pos"][1] and n["pos"][1] + n["size"][1] <= g["bounding"][1] + g["bounding"][3]
         for g in ui["groups"])]
     assert len(grouped) == len([n for n in ui["nodes"] if n["type"] not in wt.FRONTEND_ONLY]), "a node outside every group"
-    boxes = [(n["id"], n["pos"][0], n["pos"][1] - 30, n["size"][0], n["size"][1] + 30) for n in ui["nodes"]]
-    for i, (a, ax, ay, aw, ah) in enumerate(boxes):  # nodes (with their 30 px title bar) never overlap
+    # nodes never overlap: each with its 30 px title bar and at least the height the frontend
+    # computes from its inputs and widgets (a node saved smaller is grown on load)
+    boxes = [(n["id"], *wt.node_box(n, table)) for n in ui["nodes"]]
+    for n in ui["nodes"]:
+        if n["type"] in table:
+            assert n["size"][1] >= wt.min_node_height(table[n["type"]]), \
+                f"node {n['id']} {n['type']} saved {n['size'][1]} px tall, needs {wt.min_node_height(table[n['type']])}"
+    for i, (a, ax, ay, aw, ah) in enumerate(boxes):
         for b, bx, by, bw, bh in boxes[i + 1:]:
             assert ax + aw <= bx or bx + bw <= ax or ay + ah <= by or by + bh <= ay, f"nodes {a} and {b} overlap"
     for i, a in enumerate(ui["groups"]):  # overlapping groups drag each other's nodes in the UI
@@ -216,6 +222,31 @@ def test_ui_layout_groups_and_files_note(pair):
     for folder, name in files:
         assert folder in MODEL_FOLDERS
         assert name in text and f"models/{folder}/" in text, f"the note does not say {name} goes in models/{folder}/"
+
+
+def test_builder_gives_nodes_their_real_height_and_moves_the_next_one_down(table):
+    """The layout bug of the ``parallel`` widget: a loader saved 130 px tall (the frontend draws it
+    taller) sat 50 px above the next node. The builder now sizes it by the rule and stacks below."""
+    bw = build_workflows
+    g = bw.Graph("t", "uid", table)
+    loader = dict(unet_name="x.safetensors", weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
+                  parallel="auto")
+    real = wt.min_node_height(table["ShardDiTLoadDiffusionModel"])
+    with pytest.raises(ValueError, match=f"height >= {real}"):
+        g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, real - 24), **loader)
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, None), **loader)
+    g.node(2, "ShardDiTLoadVAE", (0, 180), (400, None), vae_name="v.safetensors", device="auto")
+    g.node(3, "ShardDiTLoadVAE", (440, 10), (400, None), vae_name="v.safetensors", device="auto")
+    g.group("a", [1, 2])
+    g.group("b", [3])
+    g._stack()
+    g._check_overlaps()
+    assert g.nodes[1]["size"][1] == real
+    assert g.nodes[2]["pos"][1] == real + wt.TITLE_H + bw.NODE_GAP  # below the loader, not at 180
+    assert g.nodes[3]["pos"][1] == 10  # another column: not moved
+    g.nodes[3]["pos"] = [300, 100]
+    with pytest.raises(ValueError, match="overlap"):
+        g._check_overlaps()
 
 
 def test_wan22_uses_two_sharded_experts_with_core_step_split():

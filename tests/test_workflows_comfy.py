@@ -128,6 +128,7 @@ def test_core_node_table_matches_comfyui(comfy_env):
         assert [(n, t, o) for n, t, _, o in real] == [(i.name, i.type, i.optional) for i in spec.inputs], node_id
         for (name, _, opts, _), inp in zip(real, spec.inputs):
             assert bool(opts.get("control_after_generate")) == inp.control, f"{node_id}.{name} control_after_generate"
+            assert bool(opts.get("multiline")) == inp.multiline, f"{node_id}.{name} multiline (sets its height)"
         cls = mappings[node_id]
         assert [str(getattr(t, "value", t)) for t in cls.RETURN_TYPES] == [t for _, t in spec.outputs], node_id
         assert bool(getattr(cls, "OUTPUT_NODE", False)) == spec.output_node, node_id
@@ -144,8 +145,9 @@ def test_sharddit_schemas_read_by_ast_match_define_schema(comfy_env):
         schema = mappings[node_id].define_schema()
         assert spec.extra["display_name"] == schema.display_name, node_id
         real = [(i.id, str(i.get_io_type()), bool(getattr(i, "optional", False)),
-                 bool(getattr(i, "control_after_generate", False))) for i in schema.inputs]
-        assert real == [(i.name, i.type, i.optional, i.control) for i in spec.inputs], node_id
+                 bool(getattr(i, "control_after_generate", False)), bool(getattr(i, "multiline", False)))
+                for i in schema.inputs]
+        assert real == [(i.name, i.type, i.optional, i.control, i.multiline) for i in spec.inputs], node_id
         for i, inp in zip(schema.inputs, spec.inputs):
             if inp.default is not None:
                 assert getattr(i, "default", None) == inp.default, f"{node_id}.{inp.name} default"

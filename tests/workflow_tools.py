@@ -43,6 +43,7 @@ class Input:
     max: float | None = None
     options: tuple | None = None   # literal combo options when known
     folder: str | None = None      # combo of folder_paths.get_filename_list(folder)
+    multiline: bool = False        # STRING shown as a text box (taller than a one-line widget)
 
     @property
     def is_widget(self) -> bool:
@@ -78,19 +79,20 @@ def _core(node_id, inputs, outputs, output_node=False):
         optional = text.endswith("?")
         text = text.rstrip("?")
         control = text.endswith("*")
-        name, typ = text.rstrip("*").split(":")
-        parsed.append(Input(name, typ, control=control, optional=optional))
+        multiline = text.endswith("+")
+        name, typ = text.rstrip("*+").split(":")
+        parsed.append(Input(name, typ, control=control, optional=optional, multiline=multiline))
     outs = tuple(tuple(o.split(":")) if ":" in o else (o, o) for o in outputs.split())
     return NodeSpec(node_id, tuple(parsed), outs, output_node)
 
 
 # Core ComfyUI 0.3.64 nodes used by the workflows: inputs in INPUT_TYPES order (required, then
-# optional); `*` = control_after_generate, `?` = optional. Checked against the real
+# optional); `*` = control_after_generate, `+` = multiline, `?` = optional. Checked against the real
 # NODE_CLASS_MAPPINGS by tests/test_workflows_comfy.py::test_core_node_table_matches_comfyui.
 CORE_NODES = {n.node_id: n for n in [
     _core("CheckpointLoaderSimple", "ckpt_name:COMBO", "MODEL CLIP VAE"),
     _core("DualCLIPLoader", "clip_name1:COMBO clip_name2:COMBO type:COMBO device:COMBO?", "CLIP"),
-    _core("CLIPTextEncode", "text:STRING clip:CLIP", "CONDITIONING"),
+    _core("CLIPTextEncode", "text:STRING+ clip:CLIP", "CONDITIONING"),
     _core("ModelSamplingSD3", "model:MODEL shift:FLOAT", "MODEL"),
     _core("EmptyHunyuanLatentVideo", "width:INT height:INT length:INT batch_size:INT", "LATENT"),
     _core("EmptyLTXVLatentVideo", "width:INT height:INT length:INT batch_size:INT", "LATENT"),
@@ -125,6 +127,29 @@ CORE_DISPLAY_NAMES = {"CheckpointLoaderSimple": "Load Checkpoint", "CLIPTextEnco
 
 def display_name(spec: NodeSpec) -> str:
     return spec.extra.get("display_name") or CORE_DISPLAY_NAMES.get(spec.node_id, spec.node_id)
+
+
+# ----------------------------------------------------------------------------- node sizes
+# The frontend (1.27.10) never draws a node smaller than its computeSize(): one 20 px row per
+# socket input or output (at least one row), 24 px per widget (54 per multiline text box) and a
+# 14 px margin under the widgets (6 when there are none). A node saved smaller is grown on load
+# and then covers whatever sits below it. tests/test_browser_ui.py checks this rule against the
+# real frontend's computeSize() for every node of every shipped workflow.
+SLOT_H, WIDGET_H, MULTILINE_H, TITLE_H = 20, 24, 54, 30
+
+
+def min_node_height(spec: NodeSpec) -> int:
+    """Height (below the 30 px title bar) the frontend gives a node of this schema at least."""
+    rows = max(len(spec.sockets), len(spec.outputs), 1)
+    widgets = sum(MULTILINE_H if i.multiline else WIDGET_H * (2 if i.control else 1) for i in spec.widgets)
+    return rows * SLOT_H + widgets + (14 if widgets else 6)
+
+
+def node_box(node: dict, table: dict) -> list:
+    """``[x, y, w, h]`` a UI-format node covers on the canvas: its title bar and at least its real height."""
+    spec = table.get(node["type"])
+    h = max(node["size"][1], min_node_height(spec)) if spec is not None else node["size"][1]
+    return [node["pos"][0], node["pos"][1] - TITLE_H, node["size"][0], h + TITLE_H]
 
 
 # ----------------------------------------------------------------------------- our schemas (ast)
@@ -208,7 +233,7 @@ class _Resolver:
         get = lambda k: self.value(kw[k], env) if k in kw else None  # noqa: E731
         return Input(name=name, type=_IO_TYPES.get(kind, kind.upper()), control=bool(get("control_after_generate")),
                      optional=bool(get("optional")), default=get("default"), min=get("min"), max=get("max"),
-                     options=opts, folder=folder)
+                     options=opts, folder=folder, multiline=bool(get("multiline")))
 
 
 def _module_consts(tree: ast.Module, prefix: str = "") -> dict:

@@ -7,18 +7,21 @@ import { ComfyWidgets } from "../../scripts/widgets.js";
 
 const NODE = "ShardDiTPlan";
 const WIDGET = "plan_text";
+const TEXT_MIN_HEIGHT = 190; // px at 100 % zoom: about 13 lines of the table
 
 function showPlanText(node, text) {
   let widget = node.widgets?.find((w) => w.name === WIDGET);
   if (!widget) {
     widget = ComfyWidgets.STRING(node, WIDGET, ["STRING", { multiline: true }], app).widget;
     widget.serialize = false; // shown only: never saved in the workflow nor sent to the server
+    // room for the summary and the device rows; the picture under it takes the rest of the node
+    if (widget.options) widget.options.getMinHeight = () => TEXT_MIN_HEIGHT;
     const el = widget.element ?? widget.inputEl;
     if (el) {
       el.readOnly = true;
       el.style.fontFamily = "monospace";
       el.style.fontSize = "11px";
-      el.style.whiteSpace = "pre";
+      el.style.whiteSpace = "pre-wrap"; // table rows fit the node; longer sentences wrap, none is cut off
       el.style.overflow = "auto";
       el.dataset.sharddit = "plan-text";
     }

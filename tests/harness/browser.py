@@ -84,6 +84,7 @@ GRAPH_STATE = """() => {
     scale: ds.scale, offset: Array.from(ds.offset), canvas: [rect.x, rect.y, rect.width, rect.height],
     nodes: app.graph.nodes.map(n => ({
       id: n.id, type: n.type, title: n.title, mode: n.mode, pos: Array.from(n.pos), size: Array.from(n.size),
+      min_size: Array.from(n.computeSize()),
       bounding: Array.from(n.getBounding ? n.getBounding() : n.boundingRect),
       widgets: (n.widgets || []).map(w => ({name: w.name, value: w.value, serialize: w.serialize !== false})),
       images: (n.imgs || []).map(i => [i.naturalWidth, i.naturalHeight]),
