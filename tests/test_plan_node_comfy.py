@@ -20,7 +20,9 @@ def test_schema(env):
     assert schema.display_name == "Placement Plan (ShardDiT)" and schema.category == "sharddit/debug"
     assert schema.is_output_node
     ids = [i.id for i in schema.inputs]
-    assert ids == ["devices", "model", "width", "height", "frames", "batch", "dtype", "reserve_vram_gb"]
+    assert ids == ["devices", "model", "width", "height", "frames", "batch", "dtype", "reserve_vram_gb",
+                   "parallel", "cfg", "gpu", "link_gbps"]
+    assert all(i.optional for i in schema.inputs[8:])  # saved workflows without them keep validating
     assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
     model = next(i for i in schema.inputs if i.id == "model")
     assert "wan2.1-t2v-14b" in model.options and "hunyuanvideo-13b" in model.options

@@ -90,6 +90,9 @@ def picture_from_report(report) -> PlanPicture:
     lines = [f"{report.model}, {w}x{h}x{f} frames, {report.dtype}, {report.batch_mode}"]
     if report.rejected:
         lines.append(f"cond+uncond together: {report.rejected}")
+    st = getattr(report, "strategies", None)
+    if st is not None:
+        lines.append(st.decision_line().replace("→", "->").replace("×", "x"))
     footnote = ("Text encoder and VAE not simulated (ComfyUI runs them before and after the DiT); "
                 "not counted: CUDA context (~0.5 GiB per GPU), fragmentation.")
     return PlanPicture(f"{verdict} - {strategy}", report.fits, bars, footnote, "\n".join(lines))
@@ -101,6 +104,12 @@ def _blocks(d) -> str:
 
 
 def _strategy(report) -> str:
+    st = getattr(report, "strategies", None)
+    if st is not None and st.chosen is not None:
+        c = st.costs[st.chosen]
+        devs = ", ".join(st.devices.get(st.chosen, []))
+        head = "auto -> " if st.requested == "auto" else ""  # ASCII: the bundled font may lack arrows
+        return f"{head}{st.chosen} over {devs}: predicted {c.speedup:.2f}x vs 1 GPU"
     dit = [d.device for d in report.devices if d.blocks]
     if len(dit) <= 1:
         return f"strategy: one device ({dit[0] if dit else '-'})"
