@@ -57,7 +57,7 @@ def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
     for p in seq:
         assert p.total <= usable, p
         assert p.prefetch == prefetch_bytes([block_bytes]) or abs(p.prefetch / prefetch_bytes([block_bytes]) - 1) < 0.01
-        assert abs(p.weights - 10 * block_bytes - (st.peaks["one_gpu"].weights - 40 * block_bytes
+        assert abs(p.weights - 10 * block_bytes - (st.peaks["one_gpu"].weights_bytes - 40 * block_bytes
                                                      if p.device == "cuda:0" else 0)) < 0.01 * p.weights
         assert tokens // 4 * 13824 * 2 <= p.activations <= blocks_act / 2
     # blocks: the same quarter of the weights but every token's activations on each device

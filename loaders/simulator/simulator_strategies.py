@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from ...parallel.cost_inputs import normalize_gpu_name, shape_from_spec
+from ...parallel.cost_inputs import DEFAULT_GPU, normalize_gpu_name, shape_from_spec
 from ...parallel.cost_model import Workload, estimate_blocks, estimate_one_gpu, estimate_sequence, hardware_from_options
 from ...parallel.cost_report import DevicePeak, choose_strategy, format_strategy_rows
 from ...parallel.parallel_mode import check_parallel, prefetch_bytes
@@ -24,8 +24,6 @@ log = logging.getLogger("sharddit")
 
 __all__ = ["DEFAULT_CFG", "DEFAULT_GPU", "StrategyReport", "check_cfg", "compute_strategies"]
 
-DEFAULT_GPU = "RTX 4090"
-"""Throughput assumed when neither ``gpu`` nor a known NVML name is given."""
 DEFAULT_CFG = 6.0
 """Guidance scale of the dry run: > 1 means cond + uncond every step (Wan's usual 5-6)."""
 
