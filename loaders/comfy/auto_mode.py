@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from ...parallel.cost_inputs import shape_from_spec
+from ...parallel.cost_inputs import shape_from_config
 from ...parallel.parallel_mode import ModeDecision, decide_auto_for_latent
 from .placement import current_inventory
 
@@ -47,12 +47,20 @@ class AutoMode:
                                       weight_bytes=self.weight_bytes)
 
 
-def _model_shape(model_config):
-    from ..simulator.presets import spec_from_model_config
+# family: (pixels per latent cell, frames per latent frame, text tokens as ComfyUI's encoders pad);
+# the same numbers as the simulator's presets (the latent -> pixels -> tokens round trip is exact).
+_GEOMETRY = {"wan2.1": ("wan", 8, 4, 512), "ltxv": ("ltxv", 32, 8, 128), "hunyuan_video": ("hunyuan_video", 8, 4, 256)}
 
+
+def _model_shape(model_config):
+    unet = dict(getattr(model_config, "unet_config", {}) or {})
     try:
-        return shape_from_spec(spec_from_model_config(model_config))
-    except (ValueError, KeyError, AttributeError) as err:
-        log.info("[ShardDiT] parallel auto: no cost shape for %s (%s); the memory rule decides",
+        family, spatial, temporal, text = _GEOMETRY[unet.get("image_model")]
+        if family == "wan" and unet.get("out_dim") == 48:
+            spatial = 16  # Wan 2.2 5B's VAE
+        clip = 257 if family == "wan" and unet.get("model_type") == "i2v" else 0
+        return shape_from_config(type(model_config).__name__, family, unet, spatial, temporal, text, clip)
+    except (ValueError, KeyError, TypeError) as err:
+        log.info("[ShardDiT] parallel auto: no cost shape for %s (%r); the memory rule decides",
                  type(model_config).__name__, err)
         return None

@@ -121,15 +121,17 @@ class SimulationReport:
         """The report users read; ``holdings`` (device -> (ComfyUI bytes, ShardDiT bytes)) adds
         what is loaded now to the inventory table."""
         w, h, f = self.size
+        st = self.strategies
+        tail = f"cfg {st.cfg:g}, parallel {st.requested}" if st is not None else self.batch_mode
         lines = [f"[ShardDiT] plan: {self.model} ({self.family}), {self.dtype}, {w}x{h}x{f} frames, "
-                 f"latent {'x'.join(map(str, self.latent_shape))}, {self.batch_mode}"]
+                 f"latent {'x'.join(map(str, self.latent_shape))}, {tail}"]
         if self.experts > 1:
             lines.append(f"{self.experts} experts of this shape, loaded in turn by ComfyUI: the peak holds one "
                          f"(keeping all {self.experts} resident needs {self.experts}x the weights)")
         lines += ["", "Inventory:", format_inventory(self.inventory, holdings)]
         if not self.inventory.gpus:
             lines.append("No GPU here: pass devices like 'cuda:0=24GiB,cuda:1=24GiB' to simulate GPUs you have elsewhere.")
-        title = "Simulated forward (blocks):" if self.strategies is not None else "Simulated forward:"
+        title = f"Simulated forward (blocks, {self.batch_mode}):" if st is not None else "Simulated forward:"
         lines += ["", title, self._device_table()]
         if self.plan is not None and self.plan.notes:
             lines += [f"- {n}" for n in self.plan.notes]
