@@ -36,7 +36,9 @@ PARALLEL_TOOLTIP = (
     "How the sharded DiT runs. 'blocks' (capacity): each block computes on the GPU that holds it, one GPU "
     "busy at a time, nothing extra in memory. 'sequence' (speed): every GPU computes every step on its share "
     "of the tokens (and of cond/uncond), streaming the blocks it does not hold: about N times faster on N "
-    "GPUs for two prefetched blocks per GPU. 'auto': sequence when two or more GPUs have room for it, else blocks."
+    "GPUs for two prefetched blocks per GPU. 'auto': sequence when two or more GPUs have room for it and the "
+    "cost model predicts it faster for this latent on these GPUs (PCIe 4.0 link assumed), else blocks; the log "
+    "says why."
 )
 
 
