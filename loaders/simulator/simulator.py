@@ -65,6 +65,9 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
     started = time.monotonic()
     spec = _resolve(model)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
+    if parallel == "sequence" and len(inventory.gpus) < 2:
+        raise ValueError(f"[ShardDiT] parallel 'sequence' needs two or more GPUs; devices {devices!r} has "
+                         f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
     ctx = replace(_build_context(spec, width, height, frames, dtype), inventory=inventory, request=request)
     report = rejected = None
     for b in ([batch] if batch else [2, 1]):

@@ -88,6 +88,9 @@ class StrategyReport:
 
     def to_dict(self) -> dict:
         return {"requested": self.requested, "chosen": self.chosen, "reason": self.reason, "cfg": self.cfg,
+                "sequence_devices": {p.device: {"weights": p.weights, "activations": p.activations,
+                                                "prefetch": p.prefetch, "usable": self.usable.get(p.device)}
+                                     for p in self.sequence_devices},
                 "strategies": {name: {"devices": self.devices.get(name, []), "seconds_per_step": c.seconds_per_step, "speedup": c.speedup,
                                       "fits": self.fits.get(name, False),
                                       "peak": vars(self.peaks[name]) if name in self.peaks else None}
@@ -128,7 +131,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         costs["blocks"] = estimate_blocks(work, hw, owned)
     worst = max(report.devices, key=lambda d: d.need)
     peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
-    fits["blocks"] = report.blocks_fit and len(blocks_ranks) > 1
+    fits["blocks"] = report.blocks_fit
 
     seq = []
     if len(gpus) > 1:
@@ -173,8 +176,10 @@ def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
             return choose_strategy(costs, {k: fits.get(k, False) for k in costs})
         except ValueError as err:
             return None, f"nothing fits: {err}"
+    if parallel == "blocks" and "blocks" not in costs:  # the planner put the whole DiT on one device
+        return "one_gpu", "blocks: the whole DiT fits on one device, which runs it alone (1 GPU, 1.00×)"
     if parallel not in costs:
-        return None, f"{parallel}: needs two or more GPUs"
+        return None, f"{parallel}: needs two or more GPUs holding blocks"
     c = costs[parallel]
     others = "; ".join(f"{'1 GPU' if k == 'one_gpu' else k} {v.speedup:.2f}×" for k, v in costs.items() if k != parallel)
     tail = "" if fits.get(parallel) else " (does NOT fit)"
