@@ -107,9 +107,10 @@ def _strategy(report) -> str:
     st = getattr(report, "strategies", None)
     if st is not None and st.chosen is not None:
         c = st.costs[st.chosen]
-        devs = ", ".join(st.devices.get(st.chosen, []))
+        n = len(st.devices.get(st.chosen, []))
         head = "auto -> " if st.requested == "auto" else ""  # ASCII: the bundled font may lack arrows
-        return f"{head}{st.chosen} over {devs}: predicted {c.speedup:.2f}x vs 1 GPU"
+        where = "1 GPU" if st.chosen == "one_gpu" else f"{st.chosen} on {n} GPUs"
+        return f"{head}{where}, {c.speedup:.2f}x vs 1 GPU"
     dit = [d.device for d in report.devices if d.blocks]
     if len(dit) <= 1:
         return f"strategy: one device ({dit[0] if dit else '-'})"
