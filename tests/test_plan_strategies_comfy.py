@@ -68,6 +68,10 @@ def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
 
     pic = picture_from_report(report)
     assert pic.fits and pic.title == f"FITS - auto -> sequence on 4 GPUs, {st.costs['sequence'].speedup:.2f}x vs 1 GPU"
+    # the bars show the sequence ranks: their blocks, the two streamed-block buffers, activations
+    assert [b.device for b in pic.bars] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert [b.segments["prefetch"] for b in pic.bars] == [p.prefetch for p in seq]
+    assert pic.bars[1].label == "blocks 10-19" and not any(b.short for b in pic.bars)
 
 
 def _strategies(out):

@@ -34,10 +34,12 @@ class DeviceReport:
     blocks: list = field(default_factory=list)
     home: bool = False
     """Holds the DiT's non-block part (embeddings, head); the hidden state starts and ends here."""
+    prefetch: int = 0
+    """Buffers for blocks streamed from their owners (`sequence` mode), beside the activations."""
 
     @property
     def need(self) -> int:
-        return self.weights + self.peak_activations
+        return self.weights + self.peak_activations + self.prefetch
 
     @property
     def shortfall(self) -> int:

@@ -18,7 +18,7 @@ from ...parallel.cost_inputs import DEFAULT_GPU, normalize_gpu_name, shape_from_
 from ...parallel.cost_model import Workload, estimate_blocks, estimate_one_gpu, estimate_sequence, hardware_from_options
 from ...parallel.cost_report import DevicePeak, choose_strategy, format_strategy_rows
 from ...parallel.parallel_mode import check_parallel, prefetch_bytes
-from .simulator_report import format_gib, format_table
+from .simulator_report import DeviceReport, format_gib, format_table
 
 log = logging.getLogger("sharddit")
 
@@ -54,6 +54,8 @@ class StrategyReport:
     fits: dict
     sequence_devices: list = field(default_factory=list)
     """``SequencePeak`` per rank, with ``usable`` bytes beside it."""
+    sequence_reports: list = field(default_factory=list)
+    """The same ranks as ``DeviceReport`` (blocks owned, home, prefetch), for the picture."""
     usable: dict = field(default_factory=dict)
     hardware_note: str = ""
     baseline_name: str = "GPU"
@@ -133,7 +135,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
     fits["blocks"] = report.blocks_fit
 
-    seq = []
+    seq, seq_reports = [], []
     if len(gpus) > 1:
         seq_ctx = replace(ctx, request=replace(ctx.request, devices=",".join(gpus)))
         # plan as the loader does (two blocks of activation room, before any latent is known); the
@@ -148,6 +150,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             costs["one_gpu"] = estimate_one_gpu(work, hw)
             for p in seq:
                 usable.setdefault(p.device, _usable_of(inventory, p.device, ctx.request.reserve_bytes))
+            seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             top = max(seq, key=lambda p: p.total)
             peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
             fits["sequence"] = all(usable[p.device] is None or p.total <= usable[p.device]
@@ -158,8 +161,9 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     if names.get("default"):
         hw_note = f"{DEFAULT_GPU} assumed (no GPU name in the throughput table; pass --gpu NAME): {hw_note}"
     devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
-    out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, seq, usable, hw_note,
-                         names["*"] if gpu else names.get(first, names["*"]), devices)
+    out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, sequence_devices=seq,
+                         sequence_reports=seq_reports, usable=usable, hardware_note=hw_note,
+                         baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices)
     log.info("[ShardDiT] %s", out.decision_line())
     return out
 
@@ -203,6 +207,13 @@ def _gpu_names(inventory, gpu: str | None) -> dict:
     if not inventory.gpus:
         names["default"] = True
     return names
+
+
+def _rank_report(inventory, p, usable, block_devices, home) -> DeviceReport:
+    info = inventory.get(p.device) if p.device in inventory.names else None
+    return DeviceReport(p.device, info.name if info else "CPU", info.total_bytes if info else 0,
+                        info.free_bytes if info else 0, usable, p.weights, p.activations,
+                        [i for i, d in enumerate(block_devices) if d == p.device], p.device == home, p.prefetch)
 
 
 def _usable_of(inventory, device: str, reserve: int):
