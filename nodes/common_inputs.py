@@ -7,10 +7,11 @@ A new shared input (e.g. the ``parallel`` mode) gets its helper here and its def
 from comfy_api.latest import io
 
 from ..parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
+from ..parallel.cost_inputs import DEFAULT_LINK_GBPS
 from ..parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 
-__all__ = ["DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DEVICES_TOOLTIP", "devices_input",
-           "parallel_input", "reserve_vram_input"]
+__all__ = ["DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DEVICES_TOOLTIP", "cfg_input",
+           "devices_input", "gpu_input", "link_gbps_input", "parallel_input", "reserve_vram_input"]
 
 DEVICES_TOOLTIP = (
     "Where the DiT blocks run. 'auto' plans from the free VRAM of every GPU (fewest GPUs that fit). "
@@ -35,7 +36,9 @@ PARALLEL_TOOLTIP = (
     "How the sharded DiT runs. 'blocks' (capacity): each block computes on the GPU that holds it, one GPU "
     "busy at a time, nothing extra in memory. 'sequence' (speed): every GPU computes every step on its share "
     "of the tokens (and of cond/uncond), streaming the blocks it does not hold: about N times faster on N "
-    "GPUs for two prefetched blocks per GPU. 'auto': sequence when two or more GPUs have room for it, else blocks."
+    "GPUs for two prefetched blocks per GPU. 'auto': sequence when two or more GPUs have room for it and the "
+    "cost model predicts it faster for this latent on these GPUs (PCIe 4.0 link assumed), else blocks; the log "
+    "says why."
 )
 
 
@@ -43,3 +46,25 @@ def parallel_input() -> io.Combo.Input:
     # optional: workflows saved before the input existed keep validating (execute defaults to auto)
     return io.Combo.Input("parallel", options=list(PARALLEL_MODES), default=DEFAULT_PARALLEL, optional=True,
                           tooltip=PARALLEL_TOOLTIP)
+
+
+DEFAULT_PLAN_CFG = 6.0
+"""The Plan node's guidance scale (> 1: cond + uncond every step); same as the ``plan`` CLI."""
+
+
+def cfg_input() -> io.Float.Input:
+    return io.Float.Input("cfg", default=DEFAULT_PLAN_CFG, min=1.0, max=100.0, step=0.1, optional=True,
+                          tooltip="Guidance scale to plan for: 1 = cond only (batch 1); > 1 = cond + uncond "
+                                  "every step, which sequence mode splits over the GPUs first.")
+
+
+def gpu_input() -> io.String.Input:
+    return io.String.Input("gpu", default="", multiline=False, optional=True,
+                           tooltip="GPU kind for the speed prediction, e.g. 'RTX 4090', 'H100'. Empty: the "
+                                   "devices' NVML names (RTX 4090 when unknown).")
+
+
+def link_gbps_input() -> io.Float.Input:
+    return io.Float.Input("link_gbps", default=0.0, min=0.0, max=10000.0, step=0.5, optional=True,
+                          tooltip=f"GB/s of one GPU-to-GPU copy. 0: {DEFAULT_LINK_GBPS:g} (PCIe 4.0 without "
+                                  "P2P, through host memory); ~25 with P2P; NVLink hundreds.")

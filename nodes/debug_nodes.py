@@ -5,7 +5,8 @@ In the UI the node shows a picture of the plan (ComfyUI's image preview) and the
 from comfy_api.latest import io, ui
 
 from ..loaders.simulator import plan_node, presets, simulator
-from .common_inputs import devices_input, reserve_vram_input
+from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, cfg_input, devices_input, gpu_input,
+                            link_gbps_input, parallel_input, reserve_vram_input)
 
 CATEGORY = "sharddit/debug"
 PLAN_DEVICES_TOOLTIP = (
@@ -22,7 +23,8 @@ class ShardDiTPlan(io.ComfyNode):
             category=CATEGORY,
             description="Shows every device (total, free, what ComfyUI and ShardDiT hold) and simulates "
                         "one forward of the chosen model on the planned devices (no weights needed): "
-                        "weights, peak activations and whether it fits.",
+                        "weights, peak activations and whether it fits; then each parallel strategy's per-device "
+                        "peak and predicted speed, and the one 'auto' picks.",
             is_output_node=True,
             inputs=[
                 devices_input(tooltip=PLAN_DEVICES_TOOLTIP),
@@ -38,21 +40,28 @@ class ShardDiTPlan(io.ComfyNode):
                 io.Combo.Input("dtype", options=list(simulator.DTYPES), default="bf16",
                                tooltip="Weight dtype; fp8 = 1-byte weights computed in bf16."),
                 reserve_vram_input(),
+                parallel_input(),
+                cfg_input(),
+                gpu_input(),
+                link_gbps_input(),
             ],
             outputs=[io.String.Output(display_name="plan", tooltip="The inventory and plan as text.")],
         )
 
     @classmethod
-    def validate_inputs(cls, batch="auto"):
+    def validate_inputs(cls, batch="auto", parallel=DEFAULT_PARALLEL, cfg=DEFAULT_PLAN_CFG, gpu="", link_gbps=0.0):
         try:
             plan_node.check_batch(batch)
+            plan_node.check_strategy_inputs(parallel, cfg, gpu, link_gbps)
         except ValueError as e:
             return str(e)
         return True
 
     @classmethod
-    def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb) -> io.NodeOutput:
-        text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb)
+    def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb,
+                parallel=DEFAULT_PARALLEL, cfg=DEFAULT_PLAN_CFG, gpu="", link_gbps=0.0) -> io.NodeOutput:
+        text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb,
+                                          parallel=parallel, cfg=cfg, gpu=gpu, link_gbps=link_gbps)
         picture = ui.PreviewImage(plan_node.picture_tensor(report), cls=cls)
         return io.NodeOutput(text, ui={**picture.as_dict(), **ui.PreviewText(text).as_dict()})
 

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 __all__ = [
+    "DEFAULT_GPU",
     "DEFAULT_LINK_GBPS",
     "EFFICIENCY",
     "GPU_PEAK_TFLOPS",
@@ -40,6 +41,9 @@ for every GPU and test: 0.6 × 165 TFLOPS = 99 effective on an RTX 4090 (ANCHORS
 DEFAULT_LINK_GBPS = 12.0
 """PCIe 4.0 x16 without peer-to-peer, copies staged through pinned host memory (two copies in
 series): ANCHORS.md, one 335.5 MB hop in ~26 ms ≈ 12.9 GB/s."""
+
+DEFAULT_GPU = "RTX 4090"
+"""Throughput assumed for a GPU whose name is not in the table (said in the output)."""
 
 GPU_PEAK_TFLOPS: dict[str, float] = {
     "rtx 3090": 71.0, "rtx 3090 ti": 80.0, "rtx 4080": 97.5, "rtx 4090": 165.2,

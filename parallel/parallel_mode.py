@@ -6,15 +6,21 @@
   device does not own are streamed from their owner two at a time. Costs two blocks of prefetch
   buffers per device and the attention exchanges.
 
-``decide_parallel`` is the one place ``auto`` is decided (the cost model refines it).
+``decide_parallel`` is the memory rule of ``auto`` (decided with the plan, at load time);
+``decide_auto_for_latent`` refines it at sampling time with the cost model: `sequence` only where
+it fits AND is predicted faster than `blocks` for this latent on these GPUs over this link.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .cost_inputs import DEFAULT_GPU, ModelShape, normalize_gpu_name
+from .cost_model import Workload, estimate_costs, hardware_from_options
+from .cost_report import choose_strategy
 from .inventory import GiB
 
-__all__ = ["DEFAULT_PARALLEL", "PARALLEL_MODES", "ModeDecision", "decide_parallel", "check_parallel", "prefetch_bytes"]
+__all__ = ["DEFAULT_PARALLEL", "PARALLEL_MODES", "ModeDecision", "decide_auto_for_latent", "decide_parallel",
+           "check_parallel", "prefetch_bytes", "workload_from_latent"]
 
 PARALLEL_MODES = ("auto", "blocks", "sequence")
 DEFAULT_PARALLEL = "auto"
@@ -64,3 +70,37 @@ def decide_parallel(requested: str, plan, footprint, inventory, reserve_bytes: i
                                           f"needs {need / GiB:.1f} GiB more for two streamed blocks")
     return ModeDecision("sequence", f"sequence: {len(gpus)} GPUs each hold their share plus two streamed blocks "
                                     f"({need / GiB:.1f} GiB); every GPU computes every step")
+
+
+def workload_from_latent(shape: ModelShape, latent_shape, weight_bytes: float = 2.0) -> Workload:
+    """The cost model's work for one DiT call on ``latent_shape`` (batch, channels, frames, height,
+    width in latent cells): batch >= 2 is cond + uncond (cfg > 1), batch 1 cond only."""
+    if len(latent_shape) != 5:
+        raise ValueError(f"latent shape {tuple(latent_shape)} is not (batch, channels, frames, height, width): "
+                         "the cost model plans video DiTs")
+    b, _, t, h, w = (int(v) for v in latent_shape)
+    return Workload(shape, w * shape.spatial, h * shape.spatial, (t - 1) * shape.temporal + 1,
+                    cfg=2.0 if b >= 2 else 1.0, weight_bytes=weight_bytes)
+
+
+def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape, ranks, owned,
+                           gpu_names, link_gbps=None, weight_bytes: float = 2.0) -> ModeDecision:
+    """``auto`` for one latent: the memory rule's ``blocks`` stands; its ``sequence`` stands only
+    when the cost model predicts it faster than ``blocks`` on ``ranks`` (``owned`` blocks each).
+
+    ``gpu_names``: device -> NVML name; names not in the throughput table count as ``DEFAULT_GPU``.
+    """
+    if memory.mode != "sequence" or len(ranks) < 2:
+        return memory
+    names = []
+    for d in ranks:
+        try:
+            normalize_gpu_name(gpu_names.get(d, ""))
+            names.append(gpu_names[d])
+        except ValueError:
+            names.append(DEFAULT_GPU)
+    hw = hardware_from_options(names, link_gbps=link_gbps)
+    costs = estimate_costs(workload_from_latent(shape, latent_shape, weight_bytes), hw, owned)
+    costs = {k: costs[k] for k in ("blocks", "sequence")}
+    best, why = choose_strategy(costs, {"blocks": True, "sequence": True})
+    return ModeDecision(best, f"{why} ({hw.note}; memory: {memory.reason})")

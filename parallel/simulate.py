@@ -161,6 +161,7 @@ class MemoryTracker(TorchDispatchMode):
         self._live: dict[int, tuple[str, int]] = {}
         self._current: dict[str, int] = {}
         self._peak: dict[str, int] = {}
+        self._lock = threading.RLock()
         for m in modules:
             self.add_weights(m)
 
@@ -185,23 +186,32 @@ class MemoryTracker(TorchDispatchMode):
                 self._track(t)
         return out
 
+    def thread_view(self) -> TorchDispatchMode:
+        """A mode for another thread (``sequence`` workers) that counts into this tracker.
+
+        The dispatch-mode stack is per thread: enter the view inside the fake mode in each worker.
+        """
+        return _TrackerView(self)
+
     def _track(self, t: torch.Tensor) -> None:
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self._live or key in self._owned:
-            return
-        dev, nbytes = str(t.device), storage.nbytes()
-        self._live[key] = (dev, nbytes)
-        cur = self._current.get(dev, 0) + nbytes
-        self._current[dev] = cur
-        if cur > self._peak.get(dev, 0):
-            self._peak[dev] = cur
+        with self._lock:
+            if key in self._live or key in self._owned:
+                return
+            dev, nbytes = str(t.device), storage.nbytes()
+            self._live[key] = (dev, nbytes)
+            cur = self._current.get(dev, 0) + nbytes
+            self._current[dev] = cur
+            if cur > self._peak.get(dev, 0):
+                self._peak[dev] = cur
         weakref.finalize(storage, self._release, key)
 
     def _release(self, key: int) -> None:
-        entry = self._live.pop(key, None)
-        if entry is not None:
-            self._current[entry[0]] -= entry[1]
+        with self._lock:
+            entry = self._live.pop(key, None)
+            if entry is not None:
+                self._current[entry[0]] -= entry[1]
 
     def report(self) -> dict[str, DeviceMemory]:
         """Per device: weights, peak activations, activations still alive now."""
@@ -210,6 +220,21 @@ class MemoryTracker(TorchDispatchMode):
             d: DeviceMemory(self._weights.get(d, 0), self._peak.get(d, 0), self._current.get(d, 0))
             for d in devs
         }
+
+
+class _TrackerView(TorchDispatchMode):
+    """``MemoryTracker.thread_view``: same accounting, entered on another thread."""
+
+    def __init__(self, tracker: MemoryTracker):
+        super().__init__()
+        self._tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._tracker._track(t)
+        return out
 
 
 def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,

@@ -20,7 +20,9 @@ def test_schema(env):
     assert schema.display_name == "Placement Plan (ShardDiT)" and schema.category == "sharddit/debug"
     assert schema.is_output_node
     ids = [i.id for i in schema.inputs]
-    assert ids == ["devices", "model", "width", "height", "frames", "batch", "dtype", "reserve_vram_gb"]
+    assert ids == ["devices", "model", "width", "height", "frames", "batch", "dtype", "reserve_vram_gb",
+                   "parallel", "cfg", "gpu", "link_gbps"]
+    assert all(i.optional for i in schema.inputs[8:])  # saved workflows without them keep validating
     assert all(i.tooltip for i in schema.inputs) and all(o.tooltip for o in schema.outputs)
     model = next(i for i in schema.inputs if i.id == "model")
     assert "wan2.1-t2v-14b" in model.options and "hunyuanvideo-13b" in model.options
@@ -90,3 +92,13 @@ def test_batch_outside_the_list_refused(env):
     with pytest.raises(ValueError, match="batch '3'"):
         node.execute(devices="cuda:0=8GiB", model="wan2.1-t2v-1.3b", width=256, height=256, frames=5, batch="3",
                      dtype="bf16", reserve_vram_gb=1.0)
+
+
+def test_bad_strategy_inputs_are_refused_with_the_fix(env):
+    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
+    assert "cfg 0.5 must be a number >= 1" in node.validate_inputs(cfg=0.5)
+    assert "'GTX 480' is not in the throughput table" in node.validate_inputs(gpu="GTX 480")
+    assert "link bandwidth -1.0 must be a number of GB/s > 0" in node.validate_inputs(link_gbps=-1.0)
+    assert "parallel 'fast' is not one of auto, blocks, sequence" in node.validate_inputs(parallel="fast")
+    assert node.validate_inputs(parallel="sequence", cfg=1.0, gpu="H100", link_gbps=25.0) is True
+    assert node.validate_inputs(gpu="", link_gbps=0.0) is True  # the defaults: NVML names, PCIe 4.0

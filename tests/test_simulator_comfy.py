@@ -151,9 +151,11 @@ def _cli(*args, env_extra=None, drop=("COMFYUI_PATH",)):
 @pytest.mark.comfy
 def test_cli_plan_fits_on_two_gpus_exit_0():
     out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24, "--size", "832x480",
-               "--frames", "81", "--batch", "1", env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
+               "--frames", "81", "--batch", "1", "--parallel", "blocks",
+               env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
     assert out.returncode == 0, out.stdout + out.stderr
-    rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", out.stdout, re.M)
+    blocks_table = out.stdout.split("Strategies")[0]
+    rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", blocks_table, re.M)
     assert [(r[0], r[1].strip()) for r in rows] == [("cuda:0", "home + blocks 0-19"), ("cuda:1", "blocks 20-39")]
     assert [float(r[2]) for r in rows] == pytest.approx([13.5, 13.1], rel=0.1)
     assert [float(r[3]) for r in rows] == pytest.approx([2.9, 2.9], rel=0.1)

@@ -8,9 +8,12 @@ import argparse
 import json
 import re
 
+from ...parallel.cost_inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
+from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfyui_import import import_comfyui
 from ..simulator.presets import preset_names
+from ..simulator.simulator_strategies import DEFAULT_CFG, DEFAULT_GPU, check_cfg
 
 NAME = "plan"
 HELP = ("Simulate one DiT forward of a video model on real or imagined GPUs (no GPU or weights "
@@ -32,6 +35,18 @@ def add_arguments(p) -> None:
                    help="weight dtype (fp8: 1-byte weights, bf16 compute); default bf16, or the file's own")
     p.add_argument("--reserve-vram-gb", type=float, default=DEFAULT_RESERVE_VRAM_GB,
                    help=f"GiB to leave free on every GPU (default {DEFAULT_RESERVE_VRAM_GB}, as the nodes)")
+    p.add_argument("--parallel", default=DEFAULT_PARALLEL, choices=PARALLEL_MODES,
+                   help="strategy to report: 'blocks' (capacity), 'sequence' (speed) or 'auto' (default: the "
+                        "fastest that fits, predicted by the cost model)")
+    p.add_argument("--cfg", default=DEFAULT_CFG, type=_cfg,
+                   help=f"guidance scale (default {DEFAULT_CFG:g}): 1 = cond only (batch 1); > 1 = cond + uncond "
+                        "every step, which sequence mode splits over the GPUs first")
+    p.add_argument("--gpu", metavar="NAME", type=_gpu,
+                   help=f"GPU kind for the speed prediction ({', '.join(GPU_PEAK_TFLOPS)}); default: the "
+                        f"devices' NVML names, else {DEFAULT_GPU}")
+    p.add_argument("--link-gbps", metavar="X", type=_link,
+                   help=f"GB/s of one GPU-to-GPU copy (default {DEFAULT_LINK_GBPS:g}: PCIe 4.0 without P2P, "
+                        "through host memory; ~25 with P2P; NVLink in the hundreds)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--png", metavar="FILE", help="also write the plan as a picture (the one the Plan node shows)")
 
@@ -43,13 +58,37 @@ def _size(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+def _cfg(text: str) -> float:
+    try:
+        return check_cfg(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("[ShardDiT] ")) from None
+
+
+def _gpu(text: str) -> str:
+    try:
+        normalize_gpu_name(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{err}; e.g. --gpu \"RTX 4090\"") from None
+    return text
+
+
+def _link(text: str) -> float:
+    try:
+        parse_link_gbps(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return float(text)
+
+
 def run(args) -> int:
     import_comfyui()
     from ..simulator.simulator import simulate  # imports ComfyUI's model code: after import_comfyui
 
     width, height = args.size
     report = simulate(args.model, devices=args.devices, width=width, height=height, frames=args.frames,
-                      batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb)
+                      batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb,
+                      parallel=args.parallel, cfg=args.cfg, gpu=args.gpu, link_gbps=args.link_gbps)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
     if args.png:
         from ..simulator.plan_picture import draw_plan_picture, picture_from_report

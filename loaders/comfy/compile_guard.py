@@ -40,4 +40,6 @@ def guarded_routing_scope(state, mode, executor, *args, **kwargs):
                 raise ValueError(f"[ShardDiT] block {path}.{i} of {type(dit).__name__} was replaced at run time "
                                  f"by a {type(have).__name__} (a per-block torch.compile such as KJNodes' "
                                  f"TorchCompileModelWanVideo/V2): the shards would be bypassed. {FIX}.")
+    if callable(mode):  # parallel=auto: decided per latent shape (auto_mode.AutoMode)
+        mode = mode(args, kwargs)
     return routing_scope_wrapper(state, mode, executor, *args, **kwargs)

@@ -42,6 +42,7 @@ from ...parallel.routing import BlockRouter
 from ...parallel.seq_engine import attach_sequence_engine
 from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
+from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardState, get_shard_patchers,
@@ -103,10 +104,20 @@ def set_parallel_mode(m, parallel: str):
     decision = _decide(state, parallel)
     m.set_attachments(MODE_KEY, decision)
     m.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY)
+    mode = decision.mode
+    if check_parallel(parallel) == "auto" and decision.mode == "sequence":
+        mode = AutoMode(state, m.model.model_config, _weight_bytes(state))  # the cost model decides per latent
     m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY,
-                           functools.partial(guarded_routing_scope, state, decision.mode))
+                           functools.partial(guarded_routing_scope, state, mode))
     log.info("[ShardDiT] parallel %s -> %s", parallel, decision.reason)
     return m
+
+
+def _weight_bytes(state: ShardState) -> float:
+    """Bytes per weight as streamed (fp8 1, bf16 2), from the first block's largest tensor."""
+    block = next((p.real_block for pl in state.proxies.values() for p in pl), None)
+    tensors = list(block.parameters()) if block is not None else []
+    return float(max(tensors, key=lambda t: t.numel()).element_size()) if tensors else 2.0
 
 
 def get_parallel_mode(model) -> ModeDecision | None:

@@ -28,10 +28,27 @@ def check_batch(batch) -> None:
                          f"'1' (cond and uncond one after the other) or '2' (together)")
 
 
+def check_strategy_inputs(parallel, cfg, gpu, link_gbps) -> None:
+    """ValueError naming the bad value and the fix (``gpu`` '' and ``link_gbps`` 0 mean the defaults)."""
+    from ...parallel.cost_inputs import normalize_gpu_name, parse_link_gbps
+    from ...parallel.parallel_mode import check_parallel
+    from .simulator_strategies import check_cfg
+
+    check_parallel(parallel)
+    check_cfg(cfg)
+    if str(gpu or "").strip():
+        normalize_gpu_name(gpu)
+    if link_gbps:
+        parse_link_gbps(link_gbps)
+
+
 def run_plan(model: str, devices: str, width: int, height: int, frames: int, batch: str,
-             dtype: str, reserve_vram_gb: float) -> tuple[str, object]:
-    """(text, SimulationReport). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs)."""
+             dtype: str, reserve_vram_gb: float, parallel: str = "auto", cfg: float = 6.0, gpu: str = "",
+             link_gbps: float = 0.0) -> tuple[str, object]:
+    """(text, SimulationReport). ``devices``: ``auto``, a list, or an inventory spec (imagined GPUs);
+    ``gpu`` '' and ``link_gbps`` 0: the devices' names and the PCIe 4.0 no-P2P default."""
     check_batch(batch)
+    check_strategy_inputs(parallel, cfg, gpu, link_gbps)
     holdings = read_holdings()
     devices = str(devices).strip() or "auto"
     inventory = None
@@ -41,7 +58,8 @@ def run_plan(model: str, devices: str, width: int, height: int, frames: int, bat
         inventory = inventory.with_held_bytes(held)
     report = simulator.simulate(model, devices=devices, width=width, height=height, frames=frames,
                                 batch=None if batch == "auto" else int(batch), dtype=dtype,
-                                reserve_vram_gb=reserve_vram_gb, inventory=inventory)
+                                reserve_vram_gb=reserve_vram_gb, inventory=inventory, parallel=parallel, cfg=cfg,
+                                gpu=str(gpu or "").strip() or None, link_gbps=link_gbps or None)
     text = report.to_text(holdings if inventory is not None else None)
     current = describe_current_placements(inventory)
     return (text + "\n\n" + current if current else text), report

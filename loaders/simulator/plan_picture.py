@@ -21,6 +21,7 @@ SEGMENTS = (
     ("text_encoder", "text encoder", (156, 100, 210)),
     ("vae", "VAE", (0, 170, 160)),
     ("activations", "activations (peak)", (240, 200, 60)),
+    ("prefetch", "2 streamed blocks (sequence)", (120, 190, 250)),
     ("free", "free", (60, 66, 74)),
     ("reserve", "reserve (reserve_vram_gb)", (150, 60, 60)),
 )
@@ -66,11 +67,16 @@ def picture_from_report(report) -> PlanPicture:
     """A ``SimulationReport`` (loaders/simulator/simulator_report.py) as a picture."""
     reserve = int(round(report.reserve_vram_gb * _GiB))
     bars = []
-    for d in report.devices:
+    st = getattr(report, "strategies", None)
+    devices = st.sequence_reports if st is not None and st.chosen == "sequence" else report.devices
+    for d in devices:
         info = report.inventory.get(d.device) if d.device in report.inventory.names else None
         home = min(report.home_bytes, d.weights) if d.home else 0
+        prefetch = getattr(d, "prefetch", 0)
         seg = {"home": home, "blocks": d.weights - home, "activations": d.peak_activations}
-        need = d.weights + d.peak_activations
+        if prefetch:
+            seg["prefetch"] = prefetch
+        need = d.weights + d.peak_activations + prefetch
         if d.usable is None:  # RAM size unknown: the planner assumes enough
             seg["free"] = 0
             bars.append(DeviceBar(d.device, f"{_blocks(d)}, RAM not checked", seg, max(need, 1), None))
@@ -84,12 +90,18 @@ def picture_from_report(report) -> PlanPicture:
         bars.append(DeviceBar(d.device, _blocks(d), seg, total, usable_at, short=d.shortfall, size=size))
     w, h, f = report.size
     verdict = "FITS" if report.fits else "DOES NOT FIT"
-    if report.plan is None and not any(b.short for b in bars):
+    if report.plan is None and devices is report.devices and not any(b.short for b in bars):
         verdict += " (no placement)"
     strategy = getattr(report, "strategy", None) or _strategy(report)
-    lines = [f"{report.model}, {w}x{h}x{f} frames, {report.dtype}, {report.batch_mode}"]
-    if report.rejected:
+    if devices is not report.devices:
+        split = "cond/uncond split, then tokens" if st.cfg > 1 else "tokens split"
+        lines = [f"{report.model}, {w}x{h}x{f} frames, {report.dtype}, cfg {st.cfg:g}: {split}"]
+    else:
+        lines = [f"{report.model}, {w}x{h}x{f} frames, {report.dtype}, {report.batch_mode}"]
+    if report.rejected and devices is report.devices:
         lines.append(f"cond+uncond together: {report.rejected}")
+    if st is not None:
+        lines.append(st.decision_line().replace("→", "->").replace("×", "x"))
     footnote = ("Text encoder and VAE not simulated (ComfyUI runs them before and after the DiT); "
                 "not counted: CUDA context (~0.5 GiB per GPU), fragmentation.")
     return PlanPicture(f"{verdict} - {strategy}", report.fits, bars, footnote, "\n".join(lines))
@@ -101,6 +113,13 @@ def _blocks(d) -> str:
 
 
 def _strategy(report) -> str:
+    st = getattr(report, "strategies", None)
+    if st is not None and st.chosen is not None:
+        c = st.costs[st.chosen]
+        n = len(st.devices.get(st.chosen, []))
+        head = "auto -> " if st.requested == "auto" else ""  # ASCII: the bundled font may lack arrows
+        where = "1 GPU" if st.chosen == "one_gpu" else f"{st.chosen} on {n} GPUs"
+        return f"{head}{where}, {c.speedup:.2f}x vs 1 GPU"
     dit = [d.device for d in report.devices if d.blocks]
     if len(dit) <= 1:
         return f"strategy: one device ({dit[0] if dit else '-'})"

@@ -17,11 +17,14 @@ from dataclasses import replace
 
 import torch
 
+from ...parallel.cost_inputs import link_bandwidth, normalize_gpu_name
 from ...parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB, block_devices_of
+from ...parallel.parallel_mode import check_parallel
 from ...parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
 from . import presets
 from .simulator_run import SimContext, first_blocks_only, run_fake_forward
+from .simulator_strategies import DEFAULT_CFG, check_cfg, compute_strategies
 from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
 
 log = logging.getLogger("sharddit")
@@ -35,7 +38,8 @@ _WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.fl
 
 def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: int = 480, frames: int = 81,
              batch: int | None = None, dtype: str | None = "bf16", reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
-             inventory: Inventory | None = None) -> SimulationReport:
+             inventory: Inventory | None = None, parallel: str | None = None, cfg: float | None = None,
+             gpu: str | None = None, link_gbps=None) -> SimulationReport:
     """Simulate one DiT forward on the planned devices; per-device weights, peak and verdict.
 
     ``model``: a preset name, a ``.safetensors`` path or a ``presets.ModelSpec``.
@@ -43,13 +47,27 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
     ``"auto"`` (this machine's GPUs, read now) or a device list (``"cuda:0,cuda:1"``).
     ``batch``: 1, 2 (cond+uncond) or None (2 if it fits, else 1). ``dtype``: bf16, fp16 or fp8
     (1-byte weights, bf16 compute); None for a file's own dtype.
+    ``parallel`` (``auto``, ``blocks``, ``sequence``): also simulate `sequence` and predict the speed
+    of each strategy (``simulator_strategies``) at guidance ``cfg`` (1: batch 1; > 1: cond+uncond;
+    default ``DEFAULT_CFG``) on ``gpu`` (throughput table name; default the inventory's names) over
+    a ``link_gbps`` link (default PCIe 4.0 without P2P); ``report.fits`` is then the chosen one's.
     """
     if batch not in (None, 1, 2):
         raise ValueError(f"[ShardDiT] batch {batch!r} is not valid: 1 (cond and uncond one after the other), "
                          f"2 (together, as ComfyUI does when it fits) or None/'auto' (2 if it fits, else 1)")
+    if parallel is not None:
+        parallel, cfg = check_parallel(parallel), check_cfg(DEFAULT_CFG if cfg is None else cfg)
+        if gpu:
+            normalize_gpu_name(gpu)
+        link_bandwidth(link_gbps)
+        if batch is None and cfg <= 1:
+            batch = 1
     started = time.monotonic()
     spec = _resolve(model)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
+    if parallel == "sequence" and len(inventory.gpus) < 2:
+        raise ValueError(f"[ShardDiT] parallel 'sequence' needs two or more GPUs; devices {devices!r} has "
+                         f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
     ctx = replace(_build_context(spec, width, height, frames, dtype), inventory=inventory, request=request)
     report = rejected = None
     for b in ([batch] if batch else [2, 1]):
@@ -58,6 +76,8 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
             break
     if rejected is not None:
         report.rejected = rejected.summarize_needs()
+    if parallel is not None:
+        report.strategies = compute_strategies(ctx, report, parallel, cfg, gpu, link_gbps)
     report.seconds = time.monotonic() - started
     return report
 

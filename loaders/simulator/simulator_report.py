@@ -34,10 +34,12 @@ class DeviceReport:
     blocks: list = field(default_factory=list)
     home: bool = False
     """Holds the DiT's non-block part (embeddings, head); the hidden state starts and ends here."""
+    prefetch: int = 0
+    """Buffers for blocks streamed from their owners (`sequence` mode), beside the activations."""
 
     @property
     def need(self) -> int:
-        return self.weights + self.peak_activations
+        return self.weights + self.peak_activations + self.prefetch
 
     @property
     def shortfall(self) -> int:
@@ -77,9 +79,17 @@ class SimulationReport:
     seconds: float = 0.0
     rejected: str | None = None
     """Why the larger batch was not chosen (its per-device needs), when ``batch`` was not given."""
+    strategies: object = None
+    """``simulator_strategies.StrategyReport`` when a parallel mode was asked for."""
 
     @property
     def fits(self) -> bool:
+        if self.strategies is not None:
+            return self.strategies.ok
+        return self.blocks_fit
+
+    @property
+    def blocks_fit(self) -> bool:
         return self.plan is not None and not any(d.shortfall for d in self.devices)
 
     @property
@@ -102,6 +112,7 @@ class SimulationReport:
         return {
             "model": self.model, "dtype": self.dtype, "size": list(self.size), "batch": self.batch,
             "latent_shape": list(self.latent_shape), "fits": self.fits,
+            "parallel": self.strategies.to_dict() if self.strategies is not None else None,
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "devices": {d.device: {"weights": d.weights, "peak_activations": d.peak_activations,
                                    "usable": d.usable, "shortfall": d.shortfall, "blocks": d.blocks}
@@ -112,19 +123,24 @@ class SimulationReport:
         """The report users read; ``holdings`` (device -> (ComfyUI bytes, ShardDiT bytes)) adds
         what is loaded now to the inventory table."""
         w, h, f = self.size
+        st = self.strategies
+        tail = f"cfg {st.cfg:g}, parallel {st.requested}" if st is not None else self.batch_mode
         lines = [f"[ShardDiT] plan: {self.model} ({self.family}), {self.dtype}, {w}x{h}x{f} frames, "
-                 f"latent {'x'.join(map(str, self.latent_shape))}, {self.batch_mode}"]
+                 f"latent {'x'.join(map(str, self.latent_shape))}, {tail}"]
         if self.experts > 1:
             lines.append(f"{self.experts} experts of this shape, loaded in turn by ComfyUI: the peak holds one "
                          f"(keeping all {self.experts} resident needs {self.experts}x the weights)")
         lines += ["", "Inventory:", format_inventory(self.inventory, holdings)]
         if not self.inventory.gpus:
             lines.append("No GPU here: pass devices like 'cuda:0=24GiB,cuda:1=24GiB' to simulate GPUs you have elsewhere.")
-        lines += ["", "Simulated forward:", self._device_table()]
+        title = f"Simulated forward (blocks, {self.batch_mode}):" if st is not None else "Simulated forward:"
+        lines += ["", title, self._device_table()]
         if self.plan is not None and self.plan.notes:
             lines += [f"- {n}" for n in self.plan.notes]
         if self.rejected:
             lines.append(f"- cond+uncond together: {self.rejected}")
+        if self.strategies is not None:
+            lines += ["", self.strategies.to_text()]
         lines += ["", self._verdict(), f"({NOT_MODELLED}; simulated in {self.seconds:.1f} s)"]
         return "\n".join(lines)
 
@@ -138,7 +154,13 @@ class SimulationReport:
         return format_table(rows, right=(2, 3, 4, 5)) + "\n(GiB)"
 
     def _verdict(self) -> str:
-        if self.fits:
+        st = self.strategies
+        if st is not None and st.chosen == "sequence":
+            n = len(st.devices.get("sequence", []))
+            how = "cond+uncond split first, then tokens" if st.cfg > 1 else "batch 1, tokens split"
+            return (f"FITS: sequence over {n} GPUs ({how})." if st.ok
+                    else f"DOES NOT FIT: sequence over {n} GPUs (see its rows).")
+        if self.blocks_fit:
             return f"FITS: {self.batch_mode}."
         parts = [f"{dev} short by {format_gib(n)} GiB" for dev, n in self.shortfalls().items()]
         text = "DOES NOT FIT: " + ("; ".join(parts) or "no placement") + "."

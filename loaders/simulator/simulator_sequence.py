@@ -1,0 +1,88 @@
+"""One `sequence`-mode DiT forward on fake devices: per-device peaks with the real engine.
+
+The blocks sit where the plan puts them; ``parallel/seq_engine`` runs every block on every rank
+with its share of the batch (cond / uncond first) and of the tokens (Ulysses exchanges through
+ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its two
+ring buffers. Worker threads take turns (``serialize``: fake tensors are not thread-safe) and
+each enters the fake mode and a view of the one ``MemoryTracker``, so every storage is counted
+on the device that made it, whichever thread made it. Attention runs as the flash stand-in
+through the override only: the engine's exchange wraps it.
+
+Per device: weights (owned blocks, + the DiT's home part on the home device), prefetch (the
+ring buffers the rank filled: ``parallel_mode.prefetch_bytes`` of the blocks it streams) and
+activations (the measured peak minus those buffers, which live from first use to the end).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ...parallel.seq_engine import attach_sequence_engine
+from ...parallel.sharding import attach_block_sharding
+from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
+from ...parallel.sizing import get_blocks
+from .simulator_run import SimContext, _forward, _to_meta
+
+__all__ = ["SequencePeak", "run_fake_sequence_forward"]
+
+
+@dataclass(frozen=True)
+class SequencePeak:
+    """One rank (device) of a simulated `sequence` forward, bytes."""
+
+    device: str
+    weights: int
+    activations: int
+    prefetch: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations + self.prefetch
+
+
+def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str) -> list[SequencePeak]:
+    """Peaks per rank (in rank order) of one `sequence` forward at ``batch`` (1, or 2 = cond+uncond)."""
+    from ..comfy.specs import find_arch_spec
+
+    dit, layout = ctx.dit, ctx.layout
+    blocks = get_blocks(dit, layout)
+    ranks = list(dict.fromkeys(block_devices))
+    token_specs = find_arch_spec(type(dit).__name__).token_specs
+    try:
+        with fake_device_mode() as mode:
+            materialize_planned(dit, blocks, block_devices, home)
+            handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
+                                           torch.device(home))
+            tracker = MemoryTracker(dit, *blocks)
+
+            @contextlib.contextmanager
+            def worker_context():
+                with mode, tracker.thread_view():
+                    yield
+
+            proxies = [p for pl in handle.proxies.values() for p in pl]
+            engine = attach_sequence_engine(handle.router, proxies, token_specs, ranks, timeout_s=600,
+                                            worker_context=worker_context, serialize=True)
+            try:
+                with tracker, handle.router.forward_scope(sequence=True):
+                    out = _forward(ctx, dit, batch, torch.device(home))
+                    del out
+                prefetch = [_buffer_bytes(s) for s in engine.streams]
+            finally:
+                engine.close()
+                handle.detach()
+    finally:
+        _to_meta(dit)
+    measured = tracker.report()
+    out = []
+    for rank, dev in enumerate(ranks):
+        m = measured.get(dev)
+        weights, peak = (m.weights, m.peak_activations) if m else (0, 0)
+        out.append(SequencePeak(dev, weights, max(0, peak - prefetch[rank]), prefetch[rank]))
+    return out
+
+
+def _buffer_bytes(stream) -> int:
+    return sum(t.untyped_storage().nbytes() for bufs in stream._buffers.values() for b in bufs for t in b.tensors)

@@ -1,0 +1,226 @@
+"""The plan's strategy rows: one GPU, `blocks`, `sequence` — peaks simulated, speed predicted.
+
+- ``blocks``: the simulator's usual run (the planner's fewest GPUs, one device computing at a time).
+- ``sequence``: blocks planned over every listed GPU (the loader's ``devices`` for this mode), one
+  forward with the real engine on fake devices (``simulator_sequence``): cond / uncond split
+  first at cfg > 1, then tokens; every rank holds its blocks + two streamed blocks.
+- one GPU: every weight on the first GPU with the activations the `blocks` run measured per device
+  (both run the whole batch over all tokens).
+Speed: ``parallel/cost_model`` (FLOPs / throughput, bytes / link) for the same devices; ``auto``
+picks the fastest that fits (``cost_report.choose_strategy``).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+from ...parallel.cost_inputs import DEFAULT_GPU, normalize_gpu_name, shape_from_spec
+from ...parallel.cost_model import Workload, estimate_blocks, estimate_one_gpu, estimate_sequence, hardware_from_options
+from ...parallel.cost_report import DevicePeak, choose_strategy, format_strategy_rows
+from ...parallel.parallel_mode import check_parallel, prefetch_bytes
+from .simulator_report import DeviceReport, format_gib, format_table
+
+log = logging.getLogger("sharddit")
+
+__all__ = ["DEFAULT_CFG", "DEFAULT_GPU", "StrategyReport", "check_cfg", "compute_strategies"]
+
+DEFAULT_CFG = 6.0
+"""Guidance scale of the dry run: > 1 means cond + uncond every step (Wan's usual 5-6)."""
+
+
+_DEVICE_NOTES = {"blocks": " (the planner's fewest GPUs)",
+                 "sequence": " (every listed GPU: give the loader these devices)"}
+
+
+def check_cfg(value) -> float:
+    try:
+        cfg = float(value)
+    except (TypeError, ValueError):
+        cfg = float("nan")
+    if not cfg >= 1.0 or cfg == float("inf"):
+        raise ValueError(f"[ShardDiT] cfg {value!r} must be a number >= 1: 1 = cond only (batch 1), "
+                         "> 1 = cond + uncond every step (e.g. --cfg 6)")
+    return cfg
+
+
+@dataclass
+class StrategyReport:
+    requested: str
+    chosen: str | None
+    reason: str
+    cfg: float
+    costs: dict
+    peaks: dict
+    fits: dict
+    sequence_devices: list = field(default_factory=list)
+    """``SequencePeak`` per rank, with ``usable`` bytes beside it."""
+    sequence_reports: list = field(default_factory=list)
+    """The same ranks as ``DeviceReport`` (blocks owned, home, prefetch), for the picture."""
+    usable: dict = field(default_factory=dict)
+    hardware_note: str = ""
+    baseline_name: str = "GPU"
+    devices: dict = field(default_factory=dict)
+    """Strategy -> the devices it runs on."""
+
+    @property
+    def ok(self) -> bool:
+        return self.chosen is not None and self.fits.get(self.chosen, False)
+
+    def to_text(self) -> str:
+        batch = "cond + uncond every step (sequence splits them first)" if self.cfg > 1 else "cond only, batch 1"
+        lines = [f"Strategies (cfg {self.cfg:g}: {batch}):",
+                 format_strategy_rows(self.costs, self.peaks, self.fits, self.baseline_name, self.hardware_note)]
+        for name, devs in self.devices.items():
+            if name in self.costs:
+                lines.append(f"{name} on {','.join(devs)}" + _DEVICE_NOTES.get(name, ""))
+        if self.sequence_devices:
+            rows = [("device", "weights", "activations", "prefetch", "total", "usable")]
+            for p in self.sequence_devices:
+                u = self.usable.get(p.device)
+                rows.append((p.device, format_gib(p.weights), format_gib(p.activations), format_gib(p.prefetch),
+                             format_gib(p.total), "-" if u is None else format_gib(u)))
+            lines += ["", "Simulated forward (sequence, per device):", format_table(rows, right=(1, 2, 3, 4, 5)),
+                      "(GiB)"]
+        lines += ["", self.decision_line()]
+        return "\n".join(lines)
+
+    def decision_line(self) -> str:
+        arrow = "auto → " if self.requested == "auto" else f"{self.requested} (requested) → "
+        return f"{arrow}{self.reason}"
+
+    def to_dict(self) -> dict:
+        return {"requested": self.requested, "chosen": self.chosen, "reason": self.reason, "cfg": self.cfg,
+                "sequence_devices": {p.device: {"weights": p.weights, "activations": p.activations,
+                                                "prefetch": p.prefetch, "usable": self.usable.get(p.device)}
+                                     for p in self.sequence_devices},
+                "strategies": {name: {"devices": self.devices.get(name, []), "seconds_per_step": c.seconds_per_step, "speedup": c.speedup,
+                                      "fits": self.fits.get(name, False),
+                                      "peak": vars(self.peaks[name]) if name in self.peaks else None}
+                               for name, c in self.costs.items()}}
+
+
+def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, link_gbps) -> StrategyReport:
+    """Strategy rows for a finished `blocks` ``report`` (``simulator.SimulationReport``)."""
+    from .simulator import _block_devices, _plan
+    from .simulator_sequence import run_fake_sequence_forward
+
+    parallel = check_parallel(parallel)
+    inventory = ctx.inventory
+    gpus = [g.device for g in inventory.gpus]
+    usable = {d.device: d.usable for d in report.devices}
+    work = Workload(shape_from_spec(ctx.spec), *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
+    blocks_ranks = list(dict.fromkeys(d.device for d in report.devices if d.blocks))
+    names = _gpu_names(inventory, gpu)
+    peaks, fits, costs = {}, {}, {}
+
+    hw_first = hardware_from_options(names.get(blocks_ranks[0] if blocks_ranks else "", names["*"]), 1,
+                                     link_gbps=link_gbps)
+    costs["one_gpu"] = estimate_one_gpu(work, hw_first)
+    first = gpus[0] if gpus else "cpu"
+    whole = sum(ctx.block_bytes) + ctx.home_bytes
+    act = max((d.peak_activations for d in report.devices), default=0)
+    peaks["one_gpu"] = DevicePeak(whole, act, 0)
+    first_usable = _usable_of(inventory, first, ctx.request.reserve_bytes)
+    fits["one_gpu"] = first_usable is None or whole + act <= first_usable
+    if len(blocks_ranks) == 1:  # the planner put the whole DiT on one device: that run is the one-GPU row
+        only = next(d for d in report.devices if d.blocks)
+        peaks["one_gpu"] = DevicePeak(only.weights, only.peak_activations, 0)
+        fits["one_gpu"] = report.blocks_fit
+
+    if len(blocks_ranks) > 1:
+        hw = hardware_from_options([names.get(d, names["*"]) for d in blocks_ranks], link_gbps=link_gbps)
+        owned = [sum(1 for d in report.devices if d.device == r for _ in d.blocks) for r in blocks_ranks]
+        costs["blocks"] = estimate_blocks(work, hw, owned)
+    worst = max(report.devices, key=lambda d: d.need)
+    peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
+    fits["blocks"] = report.blocks_fit
+
+    seq, seq_reports = [], []
+    if len(gpus) > 1:
+        seq_ctx = replace(ctx, request=replace(ctx.request, devices=",".join(gpus)))
+        # plan as the loader does (two blocks of activation room, before any latent is known); the
+        # measured peaks below decide whether it fits
+        plan, _ = _plan(seq_ctx, prefetch_bytes(ctx.block_bytes))
+        block_devices, home = _block_devices(seq_ctx, plan)
+        ranks = list(dict.fromkeys(block_devices))
+        if len(ranks) > 1:
+            seq = run_fake_sequence_forward(ctx, work.batch, block_devices, home)
+            hw = hardware_from_options([names.get(d, names["*"]) for d in ranks], link_gbps=link_gbps)
+            costs["sequence"] = estimate_sequence(work, hw, [block_devices.count(r) for r in ranks])
+            costs["one_gpu"] = estimate_one_gpu(work, hw)
+            for p in seq:
+                usable.setdefault(p.device, _usable_of(inventory, p.device, ctx.request.reserve_bytes))
+            seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
+            top = max(seq, key=lambda p: p.total)
+            peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
+            fits["sequence"] = all(usable[p.device] is None or p.total <= usable[p.device]
+                                                        for p in seq)
+    costs = _rebase(costs)
+    chosen, reason = _choose(parallel, costs, fits)
+    hw_note = hardware_from_options(names["*"], 1, link_gbps=link_gbps).note
+    if names.get("default"):
+        hw_note = f"{DEFAULT_GPU} assumed (no GPU name in the throughput table; pass --gpu NAME): {hw_note}"
+    devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
+    out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, sequence_devices=seq,
+                         sequence_reports=seq_reports, usable=usable, hardware_note=hw_note,
+                         baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices)
+    log.info("[ShardDiT] %s", out.decision_line())
+    return out
+
+
+def _rebase(costs: dict) -> dict:
+    """Speed-ups against the one-GPU row (estimates made with different device counts)."""
+    base = costs["one_gpu"].seconds_per_step
+    return {k: replace(c, speedup=base / c.seconds_per_step) for k, c in costs.items()}
+
+
+def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
+    if parallel == "auto":
+        try:
+            return choose_strategy(costs, {k: fits.get(k, False) for k in costs})
+        except ValueError as err:
+            return None, f"nothing fits: {err}"
+    if parallel == "blocks" and "blocks" not in costs:  # the planner put the whole DiT on one device
+        return "one_gpu", "blocks: the whole DiT fits on one device, which runs it alone (1 GPU, 1.00×)"
+    if parallel not in costs:
+        return None, f"{parallel}: needs two or more GPUs holding blocks"
+    c = costs[parallel]
+    others = "; ".join(f"{'1 GPU' if k == 'one_gpu' else k} {v.speedup:.2f}×" for k, v in costs.items() if k != parallel)
+    tail = "" if fits.get(parallel) else " (does NOT fit)"
+    return parallel, f"{parallel}: predicted {c.speedup:.2f}× vs 1 GPU{tail}; {others}"
+
+
+def _gpu_names(inventory, gpu: str | None) -> dict:
+    """Device -> table name; ``"*"``: the name for the note and unknown devices."""
+    if gpu:
+        normalize_gpu_name(gpu)  # ValueError names the table
+        return {"*": gpu, **{g.device: gpu for g in inventory.gpus}}
+    names = {}
+    for g in inventory.gpus:
+        try:
+            normalize_gpu_name(g.name)
+            names[g.device] = g.name
+        except ValueError:
+            names[g.device] = DEFAULT_GPU
+            names["default"] = True
+    names["*"] = next((names[g.device] for g in inventory.gpus), DEFAULT_GPU)
+    if not inventory.gpus:
+        names["default"] = True
+    return names
+
+
+def _rank_report(inventory, p, usable, block_devices, home) -> DeviceReport:
+    info = inventory.get(p.device) if p.device in inventory.names else None
+    return DeviceReport(p.device, info.name if info else "CPU", info.total_bytes if info else 0,
+                        info.free_bytes if info else 0, usable, p.weights, p.activations,
+                        [i for i, d in enumerate(block_devices) if d == p.device], p.device == home, p.prefetch)
+
+
+def _usable_of(inventory, device: str, reserve: int):
+    if device not in inventory.names:
+        return None
+    info = inventory.get(device)
+    if device == "cpu":
+        return info.available_bytes if info.total_bytes else None
+    return info.available_bytes - reserve
+

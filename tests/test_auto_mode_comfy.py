@@ -1,0 +1,52 @@
+"""``AutoMode`` (the DiT wrapper's ``parallel=auto``) with ComfyUI's own Wan 2.1 14B config.
+
+The shard state is the part AutoMode reads (memory decision, block ranges); the model config is
+ComfyUI's, detected from the preset's unet config. This machine has no GPU, so the inventory has
+no names and the stated default GPU is used.
+"""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.comfy
+
+
+@pytest.fixture(scope="module")
+def wan14b_config():
+    from sharddit.loaders.comfyui_import import import_comfyui
+
+    import_comfyui()
+    import comfy.model_detection
+
+    from sharddit.loaders.simulator.presets import PRESETS
+
+    return comfy.model_detection.model_config_from_unet_config(dict(PRESETS["wan2.1-t2v-14b"].unet_config))
+
+
+def _state(mode):
+    from sharddit.parallel.parallel_mode import ModeDecision
+    from sharddit.parallel.plan_types import BlockRange
+
+    plan = SimpleNamespace(block_ranges=[BlockRange("cuda:0", 0, 20), BlockRange("cuda:1", 20, 40)])
+    return SimpleNamespace(auto_mode=ModeDecision(mode, f"{mode}: memory rule"), plan=plan)
+
+
+def test_auto_decides_per_latent_shape_and_logs_once(wan14b_config, caplog):
+    from sharddit.loaders.comfy.auto_mode import AutoMode
+
+    auto = AutoMode(_state("sequence"), wan14b_config)
+    x = torch.empty(2, 16, 21, 90, 160, device="meta")
+    with caplog.at_level("INFO", logger="sharddit"):
+        assert auto((x, None, None), {}) == "sequence"
+        assert auto((x, None, None), {}) == "sequence"
+    lines = [r.getMessage() for r in caplog.records if "parallel auto for latent" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("[ShardDiT] parallel auto for latent 2x16x21x90x160 -> sequence: predicted")
+    assert "RTX 4090" in lines[0]  # no GPU names here: the stated default
+
+
+def test_memory_rule_blocks_is_kept(wan14b_config):
+    from sharddit.loaders.comfy.auto_mode import AutoMode
+
+    auto = AutoMode(_state("blocks"), wan14b_config)
+    assert auto((torch.empty(2, 16, 21, 90, 160, device="meta"),), {}) == "blocks"

@@ -1,0 +1,130 @@
+"""The plan's strategy rows: `sequence` peaks simulated with the real engine on fake GPUs, predicted
+speed from the cost model, and `auto` picking the fastest that fits (issue 12).
+
+ComfyUI's Wan 2.1 14B (40 blocks, dim 5120, ffn 13824, 40 heads) on ``meta``, one forward per
+strategy inside FakeTensorMode. Each simulation takes ~10-30 s of CPU here.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+GiB = 1 << 30
+FOUR_12 = "cuda:0=12GiB,cuda:1=12GiB,cuda:2=12GiB,cuda:3=12GiB"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    from sharddit.loaders.comfyui_import import import_comfyui
+
+    import_comfyui()
+    from sharddit.loaders.simulator import simulator
+
+    return simulator
+
+
+def _plan(*args, comfy=True):
+    env = {k: v for k, v in os.environ.items() if k != "COMFYUI_PATH"}
+    if comfy:
+        env["COMFYUI_PATH"] = os.environ["COMFYUI_PATH"]
+    return subprocess.run([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-14b", *args],
+                          capture_output=True, text=True, env=env, cwd=str(REPO), timeout=900)
+
+
+@pytest.mark.comfy
+def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
+    """cfg 1 (batch 1). Formula check of the simulated sequence peaks per device:
+    weights = the blocks it owns (+ the DiT home on cuda:0), prefetch = two of the largest block
+    (``parallel_mode.prefetch_bytes``), activations at least the FFN hidden of its quarter of the
+    tokens (L/4 x 13824 bf16) and at most half of what blocks mode needs for all tokens."""
+    from sharddit.parallel.parallel_mode import prefetch_bytes
+
+    report = sim.simulate("wan2.1-t2v-14b", FOUR_12, 1280, 720, 81, parallel="auto", cfg=1, gpu="RTX 4090")
+    st = report.strategies
+    assert report.batch == 1 and st.cfg == 1
+    assert st.fits["sequence"] and not st.fits["blocks"] and not st.fits["one_gpu"]
+    assert st.chosen == "sequence" and report.fits
+    usable = 12 * GiB - 1 * GiB  # the default 1 GiB reserve
+    seq = st.sequence_devices
+    assert [p.device for p in seq] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    block_bytes = (5120 * 5120 * 8 + 2 * 5120 * 13824) * 2  # weights of one Wan 14B block, bf16
+    blocks_act = max(d.peak_activations for d in report.devices)
+    tokens = 21 * 45 * 80
+    for p in seq:
+        assert p.total <= usable, p
+        assert p.prefetch == prefetch_bytes([block_bytes]) or abs(p.prefetch / prefetch_bytes([block_bytes]) - 1) < 0.01
+        assert abs(p.weights - 10 * block_bytes - (st.peaks["one_gpu"].weights_bytes - 40 * block_bytes
+                                                     if p.device == "cuda:0" else 0)) < 0.01 * p.weights
+        assert tokens // 4 * 13824 * 2 <= p.activations <= blocks_act / 2
+    # blocks: the same quarter of the weights but every token's activations on each device
+    assert any(d.shortfall for d in report.devices) or report.plan is None
+    text = report.to_text()
+    assert "auto → sequence: predicted" in text and "FITS: sequence over 4 GPUs (batch 1, tokens split)." in text
+    from sharddit.loaders.simulator.plan_picture import picture_from_report
+
+    pic = picture_from_report(report)
+    assert pic.fits and pic.title == f"FITS - auto -> sequence on 4 GPUs, {st.costs['sequence'].speedup:.2f}x vs 1 GPU"
+    # the bars show the sequence ranks: their blocks, the two streamed-block buffers, activations
+    assert [b.device for b in pic.bars] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert [b.segments["prefetch"] for b in pic.bars] == [p.prefetch for p in seq]
+    assert pic.bars[1].label == "blocks 10-19" and not any(b.short for b in pic.bars)
+
+
+def _strategies(out):
+    data = json.loads(out.stdout)["parallel"]
+    return data["chosen"], data["strategies"]
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("cfg,least", [("1", 1.8), ("6", 1.9)])
+def test_done_when_two_4090s_720p_auto_picks_sequence(cfg, least):
+    args = ("--devices", "cuda:0=24GiB,cuda:1=24GiB", "--size", "1280x720", "--frames", "81",
+            "--parallel", "auto", "--gpu", "RTX 4090", "--cfg", cfg)
+    out = _plan(*args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("sequence | 13.") for line in lines), out.stdout  # per-device peak GiB
+    assert "Simulated forward (sequence, per device):" in out.stdout
+    decision = next(line for line in lines if line.startswith("auto → "))
+    assert decision.startswith("auto → sequence: predicted"), decision
+    chosen, rows = _strategies(_plan(*args, "--json"))
+    assert chosen == "sequence" and rows["sequence"]["fits"]
+    assert rows["sequence"]["speedup"] >= least
+    assert rows["blocks"]["speedup"] == pytest.approx(1.0, abs=0.02)  # one GPU busy at a time
+    peak = rows["sequence"]["peak"]
+    assert peak["prefetch_bytes"] > 0 and peak["weights_bytes"] + peak["activation_bytes"] + peak["prefetch_bytes"] < 23 * GiB
+
+
+@pytest.mark.comfy
+def test_four_cards_480p_33_frames_on_pcie_says_whether_sequence_pays():
+    """Short video (9 x 30 x 52 = 14040 tokens) on a 12 GB/s link: the pick is the fastest row
+    that fits, and the decision line carries its predicted speed-up."""
+    args = ("--devices", "cuda:0=24GiB,cuda:1=24GiB,cuda:2=24GiB,cuda:3=24GiB", "--size", "832x480",
+            "--frames", "33", "--parallel", "auto", "--gpu", "RTX 4090", "--link-gbps", "12", "--cfg", "1")
+    out = _plan(*args, "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    chosen, rows = _strategies(out)
+    fitting = {k: v for k, v in rows.items() if v["fits"]}
+    assert chosen == min(fitting, key=lambda k: fitting[k]["seconds_per_step"])
+    assert rows["sequence"]["devices"] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    text = _plan(*args).stdout
+    assert f"auto → {chosen}: predicted {rows[chosen]['speedup']:.2f}× vs 1 GPU" in text
+    assert "link 12 GB/s (given)" in text
+
+
+@pytest.mark.parametrize("flag,value,words", [
+    ("--cfg", "0.5", ["cfg '0.5'", "--cfg 6"]),
+    ("--gpu", "GTX 480", ["'GTX 480'", "rtx 4090", "--gpu"]),
+    ("--link-gbps", "-1", ["'-1'", "--link-gbps 12"]),
+    ("--parallel", "fast", ["'fast'", "auto", "sequence"]),
+])
+def test_bad_strategy_flags_exit_2_naming_value_and_fix(flag, value, words):
+    out = _plan("--devices", "cuda:0=24GiB", flag, value, comfy=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    for w in words:
+        assert w in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
