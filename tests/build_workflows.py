@@ -341,16 +341,17 @@ PLAN_NOTE = ("**Will it fit?** Placement Plan (ShardDiT), below, is muted: selec
              "'cuda:0=16GiB,cuda:1=16GiB'.")
 
 
-def plan_node(g: Graph, nid: int, model: str, width: int, height: int, frames: int, dtype: str, batch="auto"):
-    """A muted ShardDiTPlan below the files note, set to this workflow's model and video size."""
-    g.node(nid, "ShardDiTPlan", (LEFT_X, 660), (LEFT_W, 680), title="Placement Plan (ShardDiT) - un-mute to check",
+def plan_node(g: Graph, nid: int, model: str, width: int, height: int, frames: int, dtype: str, cfg: float,
+              batch="auto"):
+    """A muted ShardDiTPlan below the files note, set to this workflow's model, video size and cfg."""
+    g.node(nid, "ShardDiTPlan", (LEFT_X, 580), (LEFT_W, 780), title="Placement Plan (ShardDiT) - un-mute to check",
            mode=2, devices="auto", model=model, width=width, height=height, frames=frames, batch=batch,
-           dtype=dtype, reserve_vram_gb=1.0)
+           dtype=dtype, reserve_vram_gb=1.0, parallel="auto", cfg=cfg, gpu="", link_gbps=0.0)
     g.group("0 - Will it fit? (optional)", [nid])
 
 
 def files_note_node(g: Graph, nid: int, text: str):
-    g.note(nid, (LEFT_X, -60), (LEFT_W, 600), text)
+    g.note(nid, (LEFT_X, -60), (LEFT_W, 520), text)
 
 
 # ----------------------------------------------------------------------------- graphs
@@ -381,7 +382,7 @@ def wan21_t2v(t) -> Graph:
     g.link(4, 0, 8, "latent_image")
     decode_nodes(g, 9, 1250, (8, 0), (3, 0), 16.0, "video/sharddit_wan2.1_t2v_14B")
     files_note_node(g, 12, files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, PLAN_NOTE))
-    plan_node(g, 13, "wan2.1-t2v-14b", 832, 480, 81, "fp8")
+    plan_node(g, 13, "wan2.1-t2v-14b", 832, 480, 81, "fp8", 6.0)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6])
@@ -433,7 +434,7 @@ def wan22_t2v(t) -> Graph:
         "Two experts: the high-noise one denoises steps 0-10, the low-noise one steps 10-20 (ComfyUI's "
         "usual split). Each is sharded over the GPUs when it is loaded; ComfyUI moves one out when the "
         "other needs the room.\n\n" + PLAN_NOTE))
-    plan_node(g, 16, "wan2.2-t2v-a14b", 640, 640, 81, "fp8")
+    plan_node(g, 16, "wan2.2-t2v-a14b", 640, 640, 81, "fp8", 3.5)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3, 4])
     g.group("2 - Video size", [5])
     g.group("3 - Prompt", [6, 7])
@@ -482,7 +483,7 @@ def ltxv_t2v(t) -> Graph:
         "The LTX-Video checkpoint holds the DiT and the VAE: core's Load Checkpoint reads it from "
         "`models/checkpoints/`, **Shard DiT Blocks (ShardDiT)** spreads its blocks over the GPUs. Its "
         "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts.\n\n" + PLAN_NOTE))
-    plan_node(g, 15, "ltxv-13b", 768, 512, 97, "bf16")
+    plan_node(g, 15, "ltxv-13b", 768, 512, 97, "bf16", 3.0)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6, 7])
@@ -529,7 +530,7 @@ def hunyuan_t2v(t) -> Graph:
         "HunyuanVideo T2V 720p model, 848×480, 73 frames", files,
         "HunyuanVideo's two text encoders load through core's DualCLIPLoader (ShardDiT's text encoder "
         "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt.\n\n" + PLAN_NOTE))
-    plan_node(g, 17, "hunyuanvideo-13b", 848, 480, 73, "bf16", batch="1")
+    plan_node(g, 17, "hunyuanvideo-13b", 848, 480, 73, "bf16", 1.0, batch="1")
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
     g.group("3 - Prompt", [5, 6])

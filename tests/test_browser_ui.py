@@ -143,7 +143,7 @@ def test_plan_node_shows_its_picture_and_table(ui, shots):
     (width, height), = node["images"]
     assert width == 600 and 200 < height < 500, node["images"]
     text = next(w["value"] for w in node["widgets"] if w["name"] == "plan_text")
-    assert "Simulated forward:" in text and ("FITS" in text or "DOES NOT FIT" in text)
+    assert "Simulated forward (" in text and "Strategies (" in text and ("FITS" in text or "DOES NOT FIT" in text)
     assert not any(w["name"] == "plan_text" for w in node["widgets"] if w["serialize"]), "the table is saved"
     browser.focus_node(ui, plan["id"])
     box = ui.evaluate("""() => { const e = document.querySelector('[data-sharddit=plan-text]');
