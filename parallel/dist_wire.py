@@ -12,6 +12,7 @@ Two things cross processes in distributed `sequence` mode, both through torch.di
 """
 from __future__ import annotations
 
+import datetime
 import io
 
 import torch
@@ -117,10 +118,18 @@ def send_message(obj, dst: int, group) -> int:
     return payload.numel() + 8
 
 
-def recv_message(src: int, group):
-    """The next object ``src`` (global rank) sent over ``group`` (blocks up to the group's timeout)."""
+def recv_message(src: int, group, timeout_s: float | None = None):
+    """The next object ``src`` (global rank) sent over ``group``; waits up to ``timeout_s`` (None:
+    the group's own timeout), then raises."""
     size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, src, group=group)
+    _wait(dist.irecv(size, src, group=group), timeout_s)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(payload, src, group=group)
+    _wait(dist.irecv(payload, src, group=group), timeout_s)
     return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+
+
+def _wait(work, timeout_s: float | None) -> None:
+    if timeout_s is None:
+        work.wait()
+    else:
+        work.wait(datetime.timedelta(seconds=timeout_s))

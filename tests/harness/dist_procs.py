@@ -53,3 +53,32 @@ def ulysses_rank(rank, world, port, tokens, heads, head_dim, out_path):
         torch.save({"out": out, "bytes": ex.bytes_received[rs.position], "calls": ex.calls[rs.position]}, out_path)
     finally:
         dist.destroy_process_group()
+
+
+def run_worker(port, name, timeout_s):
+    """A worker process serving the lobby at 127.0.0.1:port (until killed)."""
+    import os
+
+    from sharddit.parallel.dist_worker import serve
+    serve("127.0.0.1", port, name, "cpu", timeout_s, {"devices": {"cpu": 0}, "pid": os.getpid()})
+
+
+def start_worker(port, name, timeout_s=10.0):
+    import multiprocessing as mp
+    proc = mp.get_context("spawn").Process(target=run_worker, args=(port, name, timeout_s), daemon=True)
+    proc.start()
+    return proc
+
+
+def wait_joined(lobby, name, proc, timeout_s=60.0):
+    """Wait until a worker named ``name`` registered a fresh offer (its process ``proc``)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.exitcode is not None:
+            raise RuntimeError(f"worker {name} exited with {proc.exitcode}")
+        offer = lobby.workers().get(name)
+        if offer is not None and offer.get("pid") == proc.pid:
+            return offer
+        time.sleep(0.2)
+    raise TimeoutError(f"worker {name} did not join within {timeout_s} s")

@@ -1,0 +1,151 @@
+"""Distributed `sequence` mode on a toy DiT (pure torch, gloo on 127.0.0.1): the host (this test
+process) and one worker process. Rank 1 of ``cpu,cpu`` runs in the worker: the split forward is
+bit-identical to the unsharded one and to the all-local ``cpu,cpu`` run; weights cross once and
+again only for the block that changed; a worker killed mid-forward fails the forward with its
+name within the timeout; a local run still works; the worker re-joins and runs again."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+from harness import dist_procs
+from harness.toy_seq import SeqToyDiT
+
+from sharddit.parallel.dist_host import Lobby
+from sharddit.parallel.dist_ranks import attach_remote_ranks
+from sharddit.parallel.seq_engine import attach_sequence_engine
+from sharddit.parallel.seq_split import TokenSpec
+from sharddit.parallel.seq_workers import WorkerError
+from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+
+WAN = BlockLayout(("blocks",), (("x",),))
+WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
+TIMEOUT_S = 8.0
+
+
+def _engine(model, ranks):
+    handle = attach_block_sharding(model, WAN, ["cpu"] * len(model.blocks), "cpu")
+    proxies = [p for pl in handle.proxies.values() for p in pl]
+    return handle, attach_sequence_engine(handle.router, proxies, WAN_SPEC, ranks, timeout_s=60)
+
+
+def _run(handle, model, *inputs):
+    with torch.no_grad(), handle.router.forward_scope(sequence=True):
+        return model(*inputs)
+
+
+@pytest.fixture
+def lobby():
+    lob = Lobby("127.0.0.1", dist_procs.free_port(), TIMEOUT_S)
+    procs = []
+    lob.procs = procs
+    try:
+        yield lob
+    finally:
+        lob.close()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+
+
+def _worker(lob, name="w1"):
+    proc = dist_procs.start_worker(lob.port, name, TIMEOUT_S)
+    lob.procs.append(proc)
+    dist_procs.wait_joined(lob, name, proc)
+    return proc
+
+
+def _inputs(batch, tokens=24):
+    g = torch.Generator().manual_seed(batch)
+    return torch.randn(batch, tokens, 8, generator=g), torch.rand(batch, generator=g), \
+        torch.randn(batch, 5, 32, generator=g)
+
+
+def _copies(n):
+    torch.manual_seed(0)
+    first = SeqToyDiT(dim=32, heads=4).eval()
+    out = [first]
+    for _ in range(n - 1):
+        m = SeqToyDiT(dim=32, heads=4).eval()
+        m.load_state_dict(first.state_dict())
+        out.append(m)
+    return out
+
+
+def test_worker_rank_bit_identical_and_weights_sent_once(lobby):
+    model, local_model, ref_model = _copies(3)
+    _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    ranks = attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    lhandle, lengine = _engine(local_model, ["cpu", "cpu"])
+    try:
+        for batch in (1, 2):  # cfg = 1: tokens split, Ulysses across processes; cfg > 1: batch split
+            x = _inputs(batch)
+            with torch.no_grad():
+                ref = ref_model(*x)
+            out = _run(handle, model, *x)
+            local = _run(lhandle, local_model, *x)
+            assert torch.equal(out, local) and torch.equal(out, ref), f"batch {batch}: {(out - ref).abs().max()}"
+            assert engine.stats.blocks_run == [4, 4]
+            if batch == 1:
+                assert engine.stats.exchanges[0] == 8
+                assert engine.stats.bytes_exchanged[0] == lengine.stats.bytes_exchanged[0]
+                first = ranks.bytes_sent["w1"]  # per forward: this one carried every block
+        _run(handle, model, *_inputs(2))
+        again = ranks.bytes_sent["w1"]
+        block_bytes = sum(t.numel() * 4 for t in ref_model.blocks[2].parameters())
+        assert again < block_bytes  # the weights stay on the worker
+        with torch.no_grad():
+            for block in (handle.proxies["blocks"][2].real_block, ref_model.blocks[2]):
+                block.o.weight.add_(0.01)  # a LoRA-like change of one block
+            ref = ref_model(*_inputs(2))
+        out = _run(handle, model, *_inputs(2))
+        assert torch.equal(out, ref)
+        assert block_bytes < ranks.bytes_sent["w1"] < block_bytes + again + 16384  # only that block again (+ its pickled structure)
+        assert first > 4 * block_bytes
+    finally:
+        engine.close()
+        lengine.close()
+
+
+def test_worker_killed_mid_forward_names_it_then_local_runs_and_rejoin_works(lobby):
+    model, local_model, ref_model = _copies(3)
+    proc = _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    x = _inputs(1)
+    with torch.no_grad():
+        ref = ref_model(*x)
+    try:
+        assert torch.equal(_run(handle, model, *x), ref)
+        # the host's own rank kills the worker when it reaches block 2 (mid-forward)
+        hook = handle.proxies["blocks"][2].real_block.register_forward_pre_hook(
+            lambda *_: os.kill(proc.pid, signal.SIGKILL))
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            _run(handle, model, *x)
+        took = time.monotonic() - t0
+        hook.remove()
+        assert "'w1'" in str(info.value) and "block" in str(info.value), str(info.value)
+        assert took < 2 * TIMEOUT_S + 5, took
+        assert lobby.session is None  # the broken session was closed
+        lhandle, lengine = _engine(local_model, ["cpu", "cpu"])  # a local run works at once
+        assert torch.equal(_run(lhandle, local_model, *x), ref)
+        lengine.close()
+        _worker(lobby)  # the same name re-joins; the host opens a new session
+        assert torch.equal(_run(handle, model, *x), ref)
+        assert lobby.session.sid == 2
+    finally:
+        engine.close()
+
+
+def test_unknown_worker_name_lists_the_joined_ones(lobby):
+    model, = _copies(1)
+    _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w9"}, {"w9": "cpu"})
+    with pytest.raises(ValueError, match=r"'w9'.*joined: w1.*--name w9"):
+        _run(handle, model, *_inputs(1))
+    engine.close()
