@@ -140,7 +140,7 @@ class HostSession:
         """Send ``message`` to worker ``name`` and wait for its reply (within the timeout)."""
         try:
             sent = send_message(message, self.rank_of(name), self.ctl[name])
-            answer = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s) if reply else None
+            answer = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s).load() if reply else None
         except Exception as e:  # noqa: BLE001 - a dead peer raises, a silent one times out
             self.broken = True
             raise DistWorkerError(f"[ShardDiT] {self.label(name)} did not answer during {what} within "

@@ -42,9 +42,16 @@ def block_version(block: torch.nn.Module) -> tuple:
     tensors = [t for _, t in block.named_parameters()] + [t for _, t in block.named_buffers()]
     if not tensors:
         return ()
-    keys = tuple((t.data_ptr(), t._version, tuple(t.shape), str(t.dtype)) for t in tensors)
+    keys = tuple((t.data_ptr(), _version(t), tuple(t.shape), str(t.dtype)) for t in tensors)
     sums = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]) for t in tensors])
     return keys + tuple(sums.flatten().tolist())
+
+
+def _version(t: torch.Tensor) -> int:
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor has no version counter (the checksums still apply)
+        return -1
 
 
 class DistRanks:
@@ -119,7 +126,7 @@ class DistRanks:
         msg = {"op": "block", "fid": self._fid, "index": index, "module": module,
                "args": [self._encode(name, v) for v in values],
                "kwargs": {k: self._encode(name, v) for k, v in kwvalues.items()},
-               "streams": list(stream_names), "slice": rank.slice, "main": fwd.main,
+               "streams": list(stream_names), "slice": _slice_data(rank.slice), "main": fwd.main,
                "group": [self.dist_rank[r] for r in rank.slice.group.ranks],
                "peers": [self._label(r) for r in rank.slice.group.ranks],
                "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled()}
@@ -154,6 +161,14 @@ class DistRanks:
         key = len(sent)
         sent[id(value)] = (key, value)  # holds the value: its id cannot be reused in this forward
         return ("def", key, value)
+
+
+def _slice_data(rs) -> dict:
+    """A ``RankSlice`` as builtins: messages carry no class of this pack (the host imports it under
+    ComfyUI's module name for custom nodes, the worker under another)."""
+    g = rs.group
+    return {"rank": rs.rank, "position": rs.position, "tokens": tuple(rs.tokens),
+            "group": {"index": g.index, "batch": tuple(g.batch), "ranks": tuple(g.ranks)}}
 
 
 def _has_tensor(v) -> bool:

@@ -18,7 +18,7 @@ import io
 import torch
 import torch.distributed as dist
 
-__all__ = ["HEADER", "pack_parts", "recv_message", "send_message", "unpack_parts"]
+__all__ = ["HEADER", "RawMessage", "pack_parts", "recv_message", "send_message", "unpack_parts"]
 
 HEADER = 96
 """int64 words of one part's header: item count, then per item dtype code (-1: None), ndim,
@@ -118,14 +118,22 @@ def send_message(obj, dst: int, group) -> int:
     return payload.numel() + 8
 
 
-def recv_message(src: int, group, timeout_s: float | None = None):
-    """The next object ``src`` (global rank) sent over ``group``; waits up to ``timeout_s`` (None:
-    the group's own timeout), then raises."""
+def recv_message(src: int, group, timeout_s: float | None = None) -> RawMessage:
+    """The next message ``src`` (global rank) sent over ``group`` (``.load()`` rebuilds it); waits up
+    to ``timeout_s`` (None: the group's own timeout), then raises."""
     size = torch.zeros(1, dtype=torch.int64)
     _wait(dist.irecv(size, src, group=group), timeout_s)
     payload = torch.empty(int(size.item()), dtype=torch.uint8)
     _wait(dist.irecv(payload, src, group=group), timeout_s)
-    return torch.load(io.BytesIO(payload.numpy().tobytes()), weights_only=False)
+    return RawMessage(payload.numpy().tobytes())
+
+
+class RawMessage(bytes):
+    """A received message not yet rebuilt: ``load()`` unpickles it (may raise ImportError when the
+    sender's classes are missing here, which the caller reports back instead of dying)."""
+
+    def load(self):
+        return torch.load(io.BytesIO(self), weights_only=False)
 
 
 def _wait(work, timeout_s: float | None) -> None:

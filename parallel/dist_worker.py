@@ -29,6 +29,7 @@ import torch.distributed as dist
 from .dist_exchange import DistExchange
 from .dist_host import IDLE_TIMEOUT_S
 from .dist_wire import recv_message, send_message
+from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 
 __all__ = ["Worker", "connect", "serve"]
@@ -92,9 +93,16 @@ class Worker:
         state = _ForwardState(-1)
         while True:
             try:
-                msg = recv_message(0, ctl)
+                raw = recv_message(0, ctl)
             except Exception as e:  # noqa: BLE001 - the host closed the session or went away
                 return f"host gone ({type(e).__name__})"
+            try:
+                msg = raw.load()
+            except Exception as e:  # noqa: BLE001 - e.g. a block class this worker's ComfyUI lacks
+                err = (f"cannot rebuild the host's command: {type(e).__name__}: {e} (install the same ComfyUI "
+                       "version and custom nodes on the worker as on the host)")
+                send_message({"error": err}, 0, ctl)
+                return err
             op = msg.get("op")
             if op == "leave":
                 return "host closed the session"
@@ -121,7 +129,8 @@ class Worker:
         module = self.modules[index]
         args = [state.decode(a, self.device) for a in msg["args"]]
         kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"].items()}
-        rs, main = msg["slice"], msg["main"]
+        d = msg["slice"]
+        rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
             ex = DistExchange(groups[tuple(sorted(msg["group"]))], msg["group"], self.device, msg["peers"], timeout_s)
             calls = [0]
