@@ -56,7 +56,7 @@ class DistExchange:
             data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.device)
             dist.all_to_all_single(data_in, data, output_split_sizes=in_sizes, input_split_sizes=sizes,
                                    group=self.group)
-        except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError/DistBackendError
+        except Exception as e:
             others = [p for i, p in enumerate(self.peers) if i != pos]
             raise DistPeerError(f"[ShardDiT] attention exchange {call} with {', '.join(others)} failed "
                                 f"(dead, or silent for {self.timeout_s:.0f} s): {type(e).__name__}: "

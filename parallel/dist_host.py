@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from .dist_wire import recv_message, send_message
 
-__all__ = ["DistWorkerError", "HostSession", "Lobby", "IDLE_TIMEOUT_S"]
+__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby"]
 
 log = logging.getLogger("sharddit")
 
@@ -119,7 +119,7 @@ class HostSession:
         try:
             dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{self.sid}/", store), rank=0,
                                     world_size=world, timeout=datetime.timedelta(seconds=self.timeout_s))
-        except Exception as e:  # noqa: BLE001 - gloo raises DistStoreError/RuntimeError on timeout
+        except Exception as e:
             raise DistWorkerError(
                 f"[ShardDiT] worker(s) {', '.join(self.names)} did not join session {self.sid} within "
                 f"{self.timeout_s:.0f} s ({type(e).__name__}); is `python <pack-dir> worker --join "
@@ -141,7 +141,7 @@ class HostSession:
         try:
             sent = send_message(message, self.rank_of(name), self.ctl[name])
             answer = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s).load() if reply else None
-        except Exception as e:  # noqa: BLE001 - a dead peer raises, a silent one times out
+        except Exception as e:
             self.broken = True
             raise DistWorkerError(f"[ShardDiT] {self.label(name)} did not answer during {what} within "
                                   f"{self.timeout_s:.0f} s (dead, hung or unreachable): {type(e).__name__}: "
@@ -156,8 +156,8 @@ class HostSession:
             for name in self.names:
                 try:
                     send_message({"op": "leave"}, self.rank_of(name), self.ctl[name])
-                except Exception:  # noqa: BLE001 - best effort: it is leaving anyway
-                    pass
+                except Exception as e:  # noqa: BLE001 - best effort: it is leaving anyway
+                    log.debug("[ShardDiT] %s did not get 'leave': %s", self.label(name), e)
         try:
             dist.destroy_process_group()
         except Exception as e:  # noqa: BLE001

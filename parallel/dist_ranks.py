@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from .dist_exchange import DistExchange
-from .dist_host import DistWorkerError, Lobby
+from .dist_host import Lobby
 from .seq_split import plan_groups
 
 __all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "block_version"]

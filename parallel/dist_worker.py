@@ -44,7 +44,7 @@ def connect(host: str, port: int, timeout_s: float, wait_s: float = 1e9, say=pri
     while True:
         try:
             return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s), use_libuv=False)
-        except Exception as e:  # noqa: BLE001 - the host is not up yet
+        except Exception as e:
             if time.monotonic() > deadline:
                 raise ConnectionError(f"[ShardDiT] no ShardDiT host at {host}:{port} ({e})") from e
             if not said:

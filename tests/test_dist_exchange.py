@@ -5,7 +5,6 @@ import multiprocessing as mp
 import pytest
 import torch
 from harness import dist_procs
-
 from sharddit.parallel.seq_split import plan_groups, rank_slices
 from sharddit.parallel.seq_ulysses import ulysses_attention
 from sharddit.parallel.seq_workers import ThreadExchange, WorkerPool

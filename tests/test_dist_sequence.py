@@ -11,7 +11,6 @@ import pytest
 import torch
 from harness import dist_procs
 from harness.toy_seq import SeqToyDiT
-
 from sharddit.parallel.dist_host import Lobby
 from sharddit.parallel.dist_ranks import attach_remote_ranks
 from sharddit.parallel.seq_engine import attach_sequence_engine
@@ -149,3 +148,25 @@ def test_unknown_worker_name_lists_the_joined_ones(lobby):
     with pytest.raises(ValueError, match=r"'w9'.*joined: w1.*--name w9"):
         _run(handle, model, *_inputs(1))
     engine.close()
+
+
+def test_hung_worker_fails_the_forward_within_the_timeout(lobby):
+    model, ref_model = _copies(2)
+    proc = _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    x = _inputs(1)
+    try:
+        _run(handle, model, *x)
+        hook = handle.proxies["blocks"][1].real_block.register_forward_pre_hook(
+            lambda *_: os.kill(proc.pid, signal.SIGSTOP))  # the worker freezes mid-forward
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"worker 'w1' \(rank 1, cpu\).*within 8 s"):
+            _run(handle, model, *x)
+        took = time.monotonic() - t0
+        hook.remove()
+        assert TIMEOUT_S - 1 < took < 2 * TIMEOUT_S + 5, took
+        assert lobby.session is None
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        engine.close()

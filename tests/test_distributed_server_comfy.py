@@ -17,7 +17,6 @@ import time
 
 import pytest
 import torch
-
 from harness.server import REPO, ComfyServer, free_port
 
 pytestmark = pytest.mark.comfy

@@ -15,9 +15,9 @@ from harness.pack import import_pack
 
 import_pack()
 
-from sharddit.parallel.dist_exchange import DistExchange  # noqa: E402
-from sharddit.parallel.seq_split import plan_groups, rank_slices  # noqa: E402
-from sharddit.parallel.seq_ulysses import ulysses_attention  # noqa: E402
+from sharddit.parallel.dist_exchange import DistExchange
+from sharddit.parallel.seq_split import plan_groups, rank_slices
+from sharddit.parallel.seq_ulysses import ulysses_attention
 
 
 def free_port() -> int:
@@ -32,7 +32,7 @@ def attention_inputs(batch, tokens, heads, head_dim, tail=0):
 
 
 def sdpa(q, k, v, heads, **kwargs):
-    b, length, c = q.shape
+    b, _, c = q.shape
     d = c // heads
     q, k, v = (t.view(b, -1, heads, d).transpose(1, 2) for t in (q, k, v))
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
