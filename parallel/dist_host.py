@@ -106,6 +106,8 @@ class HostSession:
         self.timeout_s = lobby.timeout_s
         self.devices = devices
         self.broken = False
+        self.bytes_received: dict[str, int] = {}
+        """Per worker: bytes of its replies (the rows it returns at a gather, acknowledgements)."""
         self.versions: dict[str, dict[int, tuple]] = {n: {} for n in self.names}
         """Per worker: block index -> version of the weights it holds (``dist_ranks.block_version``)."""
         store = lobby.store
@@ -140,7 +142,9 @@ class HostSession:
         """Send ``message`` to worker ``name`` and wait for its reply (within the timeout)."""
         try:
             sent = send_message(message, self.rank_of(name), self.ctl[name])
-            answer = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s).load() if reply else None
+            raw = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s) if reply else b""
+            answer = raw.load() if reply else None
+            self.bytes_received[name] = self.bytes_received.get(name, 0) + len(raw) + 8 * reply
         except Exception as e:
             self.broken = True
             raise DistWorkerError(f"[ShardDiT] {self.label(name)} did not answer during {what} within "

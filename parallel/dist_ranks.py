@@ -154,13 +154,14 @@ class DistRanks:
             return ("val", {k: v for k, v in value.items() if k not in _NOT_SENT and _plain(v)})
         if not _has_tensor(value):
             return ("val", value)
+        value_out = _compact(value)
         sent = self._sent[name]
         hit = sent.get(id(value))
         if hit is not None and hit[1] is value:
             return ("ref", hit[0])
         key = len(sent)
         sent[id(value)] = (key, value)  # holds the value: its id cannot be reused in this forward
-        return ("def", key, value)
+        return ("def", key, value_out)
 
 
 def _slice_data(rs) -> dict:
@@ -169,6 +170,18 @@ def _slice_data(rs) -> dict:
     g = rs.group
     return {"rank": rs.rank, "position": rs.position, "tokens": tuple(rs.tokens),
             "group": {"index": g.index, "batch": tuple(g.batch), "ranks": tuple(g.ranks)}}
+
+
+def _compact(v):
+    """``v`` with every tensor view copied to its own storage: pickling a view (a rank's token
+    range) would send the whole storage it looks into."""
+    if isinstance(v, torch.Tensor):
+        whole = v.untyped_storage().nbytes()
+        return v.clone() if whole > v.numel() * v.element_size() else v
+    if isinstance(v, (tuple, list)):
+        items = [_compact(x) for x in v]
+        return type(v)(items) if not hasattr(v, "_fields") else type(v)(*items)
+    return v
 
 
 def _has_tensor(v) -> bool:

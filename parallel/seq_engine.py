@@ -55,6 +55,8 @@ class SequenceStats:
     blocks_run: list[int] = field(default_factory=list)
     bytes_exchanged: list[int] = field(default_factory=list)
     """Bytes each rank received from other ranks in attention exchanges."""
+    bytes_sent: list[int] = field(default_factory=list)
+    """Bytes each host rank sent to worker processes in attention exchanges (distributed mode)."""
     exchanges: list[int] = field(default_factory=list)
     """All-to-all calls per rank."""
     bytes_streamed: list[int] = field(default_factory=list)
@@ -194,12 +196,13 @@ class SequenceEngine:
         st = self.stats
         st.groups = [(g.batch, g.ranks) for g in fwd.groups]
         st.blocks_run = [r.blocks_run for r in fwd.ranks]
-        st.bytes_exchanged, st.exchanges = [0] * n, [0] * n
+        st.bytes_exchanged, st.exchanges, st.bytes_sent = [0] * n, [0] * n, [0] * n
         for g in fwd.groups:
             ex = fwd.exchanges.get(g.index)
             for pos, r in enumerate(g.ranks):
                 if ex is not None:
                     st.bytes_exchanged[r], st.exchanges[r] = ex.bytes_received[pos], ex.calls[pos]
+                    st.bytes_sent[r] = ex.bytes_sent[pos] if hasattr(ex, "bytes_sent") else 0
         st.bytes_streamed = [s.bytes_copied - b for s, b in zip(self.streams, self._stream_base, strict=True)]
 
     # ---- main thread: block calls ------------------------------------------------------------
