@@ -75,7 +75,6 @@ def main(argv=None) -> int:
     import_pack()
     from harness import dist_procs
     from harness.toy_seq import SeqToyDiT
-
     from sharddit.parallel.dist_host import Lobby
     from sharddit.parallel.dist_ranks import attach_remote_ranks
     from sharddit.parallel.seq_engine import attach_sequence_engine
