@@ -170,3 +170,31 @@ def test_worker_killed_mid_sampling_then_local_then_rejoin(dist_server, tiny_mod
     _worker(server)  # the same name joins again; ComfyUI was not restarted
     again = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 2, "dist/after_rejoin"))
     assert torch.equal(again, local)
+
+
+def test_worker_devices_without_dist_addr_are_refused_with_the_fix(comfy_env, monkeypatch):
+    """In-process ComfyUI: no SHARDDIT_DIST_ADDR, so nothing listens and a worker device is a
+    validation error that says what to set (before anything loads)."""
+    from harness.comfy_env import pack_module
+
+    monkeypatch.delenv("SHARDDIT_DIST_ADDR", raising=False)
+    dist = pack_module(comfy_env, "loaders.comfy.distributed")
+    monkeypatch.setattr(dist, "_LOBBY", [])
+    msg = pack_module(comfy_env, "loaders.comfy.sampling").validate_devices("cpu,w1/cpu")
+    assert isinstance(msg, str) and "SHARDDIT_DIST_ADDR" in msg and "--join" in msg, msg
+    msg = pack_module(comfy_env, "loaders.comfy.sampling").validate_devices("cpu,w1/gpu")
+    assert isinstance(msg, str) and "'gpu' is not a device" in msg, msg
+
+
+def test_unknown_worker_is_refused_and_ctrl_c_stops_a_worker(dist_server, tiny_models):
+    server, names = dist_server, tiny_models.names
+    w2 = _Worker(server.workdir, server.dist_port, name="w2")
+    server.workers.append(w2)
+    w2.wait_joined()
+    from harness.server import ComfyServerError
+    with pytest.raises(ComfyServerError) as info:  # refused at validation, before anything loads
+        server.queue_prompt(_graph(names, "ours", "cpu,w9/cpu", 1.0, 2, "dist/unknown"))
+    assert "no worker named 'w9'" in str(info.value) and "w2" in str(info.value), str(info.value)
+    w2.proc.send_signal(signal.SIGINT)  # Ctrl+C
+    assert w2.proc.wait(30) == 0, w2.text()
+    assert "stopped" in w2.text()
