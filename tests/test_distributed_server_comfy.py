@@ -198,3 +198,23 @@ def test_unknown_worker_is_refused_and_ctrl_c_stops_a_worker(dist_server, tiny_m
     w2.proc.send_signal(signal.SIGINT)  # Ctrl+C
     assert w2.proc.wait(30) == 0, w2.text()
     assert "stopped" in w2.text()
+
+
+def test_interrupt_a_distributed_prompt_then_it_runs_again(dist_server, tiny_models):
+    server, names = dist_server, tiny_models.names
+    if not any(w.proc.poll() is None and w.log.name.startswith("worker_w1") for w in server.workers):
+        _worker(server)
+    long_id = server.queue_prompt(_graph(names, "ours", "cpu,w1/cpu", 1.0, 10000, "dist/long_interrupt"))
+    deadline = time.monotonic() + 120
+    while "/10000 " not in server.log_tail(5):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.2)
+    started = time.monotonic()
+    server.interrupt()
+    status = _status(server, long_id)
+    stopped_after = time.monotonic() - started
+    assert any(m[0] == "execution_interrupted" for m in status["messages"]), status
+    assert stopped_after < TIMEOUT_S + 15, f"interrupt took {stopped_after:.1f}s"
+    local = _run(server, _graph(names, "ours", "cpu,cpu", 1.0, 2, "dist/after_interrupt_local"))
+    again = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 2, "dist/after_interrupt_dist"))
+    assert torch.equal(again, local)
