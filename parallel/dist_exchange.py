@@ -31,9 +31,12 @@ class DistExchange:
     (``"worker w1 (rank 1, cpu)"``).
     """
 
-    def __init__(self, group, group_ranks: list[int], device, peers: list[str], timeout_s: float):
+    def __init__(self, group, group_ranks: list[int], device, peers: list[str], timeout_s: float, backend: str = "gloo"):
         self.group = group
         self.device = torch.device(device)
+        self.wire = torch.device("cpu") if backend == "gloo" else self.device
+        """Where the bytes travel from: gloo sends host memory (a GPU rank stages through it), NCCL
+        sends from the GPU."""
         self.peers = list(peers)
         self.timeout_s = timeout_s
         ordered = sorted(group_ranks)  # torch numbers a group's ranks in ascending global order
@@ -49,11 +52,11 @@ class DistExchange:
         call = self._seq
         self._seq += 1
         try:
-            header, data, sizes = pack_parts(parts, self.order, self.device)
-            header_in = torch.empty(n, HEADER, dtype=torch.int64, device=self.device)
+            header, data, sizes = pack_parts(parts, self.order, self.wire)
+            header_in = torch.empty(n, HEADER, dtype=torch.int64, device=self.wire)
             dist.all_to_all_single(header_in, header, group=self.group)
             in_sizes = part_sizes(header_in)
-            data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.device)
+            data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.wire)
             dist.all_to_all_single(data_in, data, output_split_sizes=in_sizes, input_split_sizes=sizes,
                                    group=self.group)
         except Exception as e:

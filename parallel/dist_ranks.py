@@ -111,7 +111,7 @@ class DistRanks:
         key = tuple(sorted(self.dist_rank[r] for r in group.ranks))
         peers = [self._label(r) for r in group.ranks]
         return DistExchange(self.session.groups[key], [self.dist_rank[r] for r in group.ranks], device, peers,
-                            self.session.timeout_s)
+                            self.session.timeout_s, self.backend)
 
     def _label(self, rank: int) -> str:
         name = self.remote.get(rank)

@@ -84,12 +84,12 @@ class Worker:
                    for r in range(1, world)}
             groups = {tuple(g): dist.new_group(g, backend=invite["backend"], timeout=timeout) for g in invite["groups"]}
             self.say(f"[ShardDiT] worker {self.name!r}: in session {sid} as rank {rank} of {world}")
-            return self._serve(rank, ctl[rank], groups, invite["timeout_s"])
+            return self._serve(rank, ctl[rank], groups, invite["timeout_s"], invite["backend"])
         finally:
             self.modules.clear()
             dist.destroy_process_group()
 
-    def _serve(self, rank, ctl, groups, timeout_s) -> str:
+    def _serve(self, rank, ctl, groups, timeout_s, backend) -> str:
         state = _ForwardState(-1)
         while True:
             try:
@@ -110,7 +110,7 @@ class Worker:
                 if op == "block":
                     if msg["fid"] != state.fid:
                         state = _ForwardState(msg["fid"])
-                    self._block(state, msg, groups, timeout_s)
+                    self._block(state, msg, groups, timeout_s, backend)
                     reply = {"ok": True}
                 elif op == "fetch":
                     reply = {"tensor": state.streams[msg["name"]].cpu()}
@@ -122,7 +122,7 @@ class Worker:
                 return f"failed: {e}"
             send_message(reply, 0, ctl)
 
-    def _block(self, state, msg, groups, timeout_s) -> None:
+    def _block(self, state, msg, groups, timeout_s, backend) -> None:
         index = msg["index"]
         if msg["module"] is not None:
             self.modules[index] = msg["module"].to(self.device)
@@ -132,7 +132,8 @@ class Worker:
         d = msg["slice"]
         rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
-            ex = DistExchange(groups[tuple(sorted(msg["group"]))], msg["group"], self.device, msg["peers"], timeout_s)
+            ex = DistExchange(groups[tuple(sorted(msg["group"]))], msg["group"], self.device, msg["peers"], timeout_s,
+                              backend)
             calls = [0]
             kwargs["transformer_options"] = {**kwargs["transformer_options"],
                                              _OVERRIDE: functools.partial(_attention, ex, rs, main, calls)}

@@ -151,7 +151,7 @@ def test_unknown_worker_name_lists_the_joined_ones(lobby):
 
 
 def test_hung_worker_fails_the_forward_within_the_timeout(lobby):
-    model, ref_model = _copies(2)
+    model, = _copies(1)
     proc = _worker(lobby)
     handle, engine = _engine(model, ["cpu", "cpu"])
     attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})

@@ -86,7 +86,7 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     ``sequence`` (``parallel_mode``); the shards are the same for every mode.
     """
     check_parallel(parallel)
-    local, remote = split_worker_devices(devices)
+    _, remote = split_worker_devices(devices)
     if remote:
         if parallel == "blocks":
             raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices: they run parallel=sequence "
