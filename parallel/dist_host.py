@@ -69,6 +69,18 @@ class Lobby:
             out[name] = json.loads(self.store.get(f"offer/{name}").decode())
         return out
 
+    def describe(self) -> str:
+        """Lines for the Plan node / ``plan``: the joined workers and their devices' free memory."""
+        joined = self.workers()
+        head = f"Workers at {self.host}:{self.port} (devices NAME/DEVICE, parallel=sequence):"
+        if not joined:
+            return head + " none joined yet"
+        lines = [head]
+        for name, offer in sorted(joined.items()):
+            devs = ", ".join(f"{name}/{d} {free / 2**30:.1f} GiB free" for d, free in offer.get("devices", {}).items())
+            lines.append(f"  {name}" + (f" on {offer['host']}" if offer.get("host") else "") + f": {devs}")
+        return "\n".join(lines)
+
     def check_names(self, names) -> None:
         joined = self.workers()
         for name in names:

@@ -142,7 +142,9 @@ def test_worker_killed_mid_forward_names_it_then_local_runs_and_rejoin_works(lob
 
 def test_unknown_worker_name_lists_the_joined_ones(lobby):
     model, = _copies(1)
+    assert lobby.describe().endswith("none joined yet")
     _worker(lobby)
+    assert "  w1 on " not in lobby.describe() and "w1: w1/cpu 0.0 GiB free" in lobby.describe()
     handle, engine = _engine(model, ["cpu", "cpu"])
     attach_remote_ranks(engine, lobby, {1: "w9"}, {"w9": "cpu"})
     with pytest.raises(ValueError, match=r"'w9'.*joined: w1.*--name w9"):

@@ -13,7 +13,7 @@ from ...parallel.dist_config import ADDR_ENV, dist_addr, dist_timeout
 from ...parallel.dist_host import Lobby
 from ...parallel.dist_ranks import attach_remote_ranks
 
-__all__ = ["attach_workers", "check_workers", "get_lobby", "start_lobby_if_configured"]
+__all__ = ["attach_workers", "check_workers", "describe_workers", "get_lobby", "start_lobby_if_configured"]
 
 log = logging.getLogger("sharddit")
 _LOBBY: list[Lobby] = []
@@ -37,6 +37,11 @@ def start_lobby_if_configured() -> None:
         get_lobby()
     except (OSError, ValueError) as e:
         log.error("%s", e)
+
+
+def describe_workers() -> str:
+    """The joined workers for the Plan node ('' when this host accepts none)."""
+    return _LOBBY[0].describe() if _LOBBY else ""
 
 
 def check_workers(devices: str, remote) -> None:
