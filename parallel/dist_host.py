@@ -120,8 +120,9 @@ class HostSession:
         self.broken = False
         self.bytes_received: dict[str, int] = {}
         """Per worker: bytes of its replies (the rows it returns at a gather, acknowledgements)."""
-        self.versions: dict[str, dict[int, tuple]] = {n: {} for n in self.names}
-        """Per worker: block index -> version of the weights it holds (``dist_ranks.block_version``)."""
+        self.versions: dict[str, dict[tuple, tuple]] = {n: {} for n in self.names}
+        """Per worker: (model key, block index) -> version of the weights it holds
+        (``dist_ranks.block_version``)."""
         store = lobby.store
         self.sid = store.add("sessions", 1)
         world = len(self.names) + 1

@@ -14,6 +14,9 @@ session from the host, so the host must fit the whole DiT).
 """
 from __future__ import annotations
 
+import itertools
+import uuid
+
 import torch
 
 from .dist_exchange import DistExchange
@@ -24,6 +27,8 @@ __all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "block_version"]
 
 _OVERRIDE = "optimized_attention_override"
 _NOT_SENT = ("patches", "patches_replace", "wrappers", "callbacks", _OVERRIDE)
+_FORWARDS = itertools.count(1)
+"""Forward ids, unique in this process: two models (Wan 2.2's two experts) share one session."""
 
 
 class RemoteStream:
@@ -69,6 +74,8 @@ class DistRanks:
         self.session = None
         self._sent: dict[str, dict[int, tuple]] = {}
         self._fid = 0
+        self.key = uuid.uuid4().hex[:12]
+        """This engine's blocks on the workers (``(key, index)``), apart from another model's."""
         self.bytes_sent: dict[str, int] = {}
 
     def _groups(self, n):
@@ -95,7 +102,7 @@ class DistRanks:
                 raise ValueError(f"[ShardDiT] sequence ranks {g.ranks} mix two host devices with workers in one "
                                  "batch group (not supported yet): list one host device per group, e.g. 'cpu,w1/cpu'")
         self.session = self.lobby.session_for(self.names, self.group_keys, self.backend, self.devices)
-        self._fid += 1
+        self._fid = next(_FORWARDS)
         self._sent = {n: {} for n in self.names}
         self.bytes_sent = {n: 0 for n in self.names}
 
@@ -122,8 +129,8 @@ class DistRanks:
         name = self.remote[rank.slice.rank]
         s = self.session
         version = block_version(block)
-        module = block if s.versions[name].get(index) != version else None
-        msg = {"op": "block", "fid": self._fid, "index": index, "module": module,
+        module = block if s.versions[name].get((self.key, index)) != version else None
+        msg = {"op": "block", "fid": self._fid, "index": (self.key, index), "module": module,
                "args": [self._encode(name, v) for v in values],
                "kwargs": {k: self._encode(name, v) for k, v in kwvalues.items()},
                "streams": list(stream_names), "slice": _slice_data(rank.slice), "main": fwd.main,
@@ -134,7 +141,7 @@ class DistRanks:
         sent, _ = s.request(name, msg, what)
         self.bytes_sent[name] += sent
         if module is not None:
-            s.versions[name][index] = version
+            s.versions[name][(self.key, index)] = version
         for n in stream_names:
             rank.streams[n] = RemoteStream(n)
         rank.blocks_run += 1

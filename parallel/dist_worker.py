@@ -57,7 +57,7 @@ def connect(host: str, port: int, timeout_s: float, wait_s: float = 1e9, say=pri
 class Worker:
     def __init__(self, store, name: str, device, offer: dict, say=print):
         self.store, self.name, self.device, self.say = store, name, torch.device(device), say
-        self.modules: dict[int, torch.nn.Module] = {}
+        self.modules: dict[tuple, torch.nn.Module] = {}  # (model key, block index) -> block
         store.set(f"offer/{name}", json.dumps(offer))
         self.seen = store.add("sessions", 0)  # invitations up to this one are stale (an earlier run)
         i = store.add("workers", 1) - 1

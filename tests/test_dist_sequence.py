@@ -172,3 +172,29 @@ def test_hung_worker_fails_the_forward_within_the_timeout(lobby):
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         engine.close()
+
+
+def test_two_models_share_one_worker_session(lobby):
+    """Wan 2.2's two experts: two engines, one session; blocks and per-forward constants of one
+    model never stand in for the other's."""
+    a, ref_a = _copies(2)
+    torch.manual_seed(1)
+    b = SeqToyDiT(dim=32, heads=4).eval()
+    ref_b = SeqToyDiT(dim=32, heads=4).eval()
+    ref_b.load_state_dict(b.state_dict())
+    _worker(lobby)
+    engines = []
+    for model in (a, b):
+        handle, engine = _engine(model, ["cpu", "cpu"])
+        attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+        engines.append((handle, engine, model))
+    try:
+        for x in (_inputs(1), _inputs(2), _inputs(1)):
+            with torch.no_grad():
+                want = [ref_a(*x), ref_b(*x)]
+            for (handle, _, model), ref in zip(engines, want, strict=True):
+                assert torch.equal(_run(handle, model, *x), ref)
+        assert lobby.session.sid == 1
+    finally:
+        for _, engine, _ in engines:
+            engine.close()
