@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from .dist_wire import recv_message, send_message
 
-__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby"]
+__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers"]
 
 log = logging.getLogger("sharddit")
 
@@ -34,6 +34,31 @@ IDLE_TIMEOUT_S = 7 * 24 * 3600.0
 
 class DistWorkerError(RuntimeError):
     """A worker failed, died or stayed silent; the message names it and what it was doing."""
+
+
+def read_workers(store) -> dict[str, dict]:
+    """Offers registered in a lobby store (name -> offer), latest registration per name."""
+    out = {}
+    for i in range(store.add("workers", 0)):
+        key = f"reg/{i}"
+        if not store.check([key]):
+            continue
+        name = store.get(key).decode()
+        out[name] = json.loads(store.get(f"offer/{name}").decode())
+    return out
+
+
+def describe_workers(store, host: str, port: int) -> str:
+    """Lines for the Plan node and ``plan --workers``: the joined workers and their free memory."""
+    joined = read_workers(store)
+    head = f"Workers at {host}:{port} (devices NAME/DEVICE, parallel=sequence):"
+    if not joined:
+        return head + " none joined yet"
+    lines = [head]
+    for name, offer in sorted(joined.items()):
+        devs = ", ".join(f"{name}/{d} {free / 2**30:.1f} GiB free" for d, free in offer.get("devices", {}).items())
+        lines.append(f"  {name}" + (f" on {offer['host']}" if offer.get("host") else "") + f": {devs}")
+    return "\n".join(lines)
 
 
 class Lobby:
@@ -60,26 +85,10 @@ class Lobby:
 
     def workers(self) -> dict[str, dict]:
         """Offers of the workers that registered (name -> offer), latest registration per name."""
-        out = {}
-        for i in range(self.store.add("workers", 0)):
-            key = f"reg/{i}"
-            if not self.store.check([key]):
-                continue
-            name = self.store.get(key).decode()
-            out[name] = json.loads(self.store.get(f"offer/{name}").decode())
-        return out
+        return read_workers(self.store)
 
     def describe(self) -> str:
-        """Lines for the Plan node / ``plan``: the joined workers and their devices' free memory."""
-        joined = self.workers()
-        head = f"Workers at {self.host}:{self.port} (devices NAME/DEVICE, parallel=sequence):"
-        if not joined:
-            return head + " none joined yet"
-        lines = [head]
-        for name, offer in sorted(joined.items()):
-            devs = ", ".join(f"{name}/{d} {free / 2**30:.1f} GiB free" for d, free in offer.get("devices", {}).items())
-            lines.append(f"  {name}" + (f" on {offer['host']}" if offer.get("host") else "") + f": {devs}")
-        return "\n".join(lines)
+        return describe_workers(self.store, self.host, self.port)
 
     def check_names(self, names) -> None:
         joined = self.workers()

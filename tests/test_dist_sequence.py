@@ -11,8 +11,9 @@ import pytest
 import torch
 from harness import dist_procs
 from harness.toy_seq import SeqToyDiT
-from sharddit.parallel.dist_host import Lobby
+from sharddit.parallel.dist_host import Lobby, describe_workers
 from sharddit.parallel.dist_ranks import attach_remote_ranks
+from sharddit.parallel.dist_worker import connect
 from sharddit.parallel.seq_engine import attach_sequence_engine
 from sharddit.parallel.seq_split import TokenSpec
 from sharddit.parallel.seq_workers import WorkerError
@@ -145,6 +146,8 @@ def test_unknown_worker_name_lists_the_joined_ones(lobby):
     assert lobby.describe().endswith("none joined yet")
     _worker(lobby)
     assert "  w1 on " not in lobby.describe() and "w1: w1/cpu 0.0 GiB free" in lobby.describe()
+    client = connect("127.0.0.1", lobby.port, 5.0, wait_s=0)  # what `plan --workers` reads
+    assert describe_workers(client, "127.0.0.1", lobby.port) == lobby.describe()
     handle, engine = _engine(model, ["cpu", "cpu"])
     attach_remote_ranks(engine, lobby, {1: "w9"}, {"w9": "cpu"})
     with pytest.raises(ValueError, match=r"'w9'.*joined: w1.*--name w9"):
