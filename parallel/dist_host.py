@@ -24,12 +24,29 @@ import torch.distributed as dist
 
 from .dist_wire import recv_message, send_message
 
-__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers"]
+__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers",
+           "reset_after_failed_init"]
 
 log = logging.getLogger("sharddit")
 
 IDLE_TIMEOUT_S = 7 * 24 * 3600.0
 """Timeout of the command groups: a worker waits this long for the host's next command."""
+
+
+def reset_after_failed_init() -> None:
+    """Undo what a failed ``init_process_group`` left behind. It has already counted the default
+    group, so the next session would name its groups differently from a fresh worker's and the two
+    would wait for each other's keys (found by the server test: a worker killed while joining,
+    then no session could open). ``destroy_process_group`` resets the count, but only once a
+    group exists; torch keeps the counter in ``distributed_c10d._world`` (private)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+        return
+    from torch.distributed import distributed_c10d
+
+    world = getattr(distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
 
 
 class DistWorkerError(RuntimeError):
@@ -143,9 +160,11 @@ class HostSession:
         try:
             dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{self.sid}/", store), rank=0,
                                     world_size=world, timeout=datetime.timedelta(seconds=self.timeout_s))
-        except Exception as e:
+        except Exception as e:  # gloo raises DistStoreError / RuntimeError on a timeout
+            reset_after_failed_init()
             raise DistWorkerError(
-                f"[ShardDiT] worker(s) {', '.join(self.names)} did not join session {self.sid} within "
+                f"[ShardDiT] worker(s) {', '.join(repr(n) for n in self.names)} did not join session {self.sid} "
+                f"within "
                 f"{self.timeout_s:.0f} s ({type(e).__name__}); is `python <pack-dir> worker --join "
                 f"{lobby.host}:{lobby.port} --name NAME` running there?") from e
         self.ctl = {name: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .dist_exchange import DistExchange
-from .dist_host import IDLE_TIMEOUT_S
+from .dist_host import IDLE_TIMEOUT_S, reset_after_failed_init
 from .dist_wire import recv_message, send_message
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
@@ -77,8 +77,12 @@ class Worker:
         """Join the session, serve it; returns why it ended."""
         sid, rank, world = invite["sid"], invite["rank"], invite["world"]
         timeout = datetime.timedelta(seconds=invite["timeout_s"])
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{sid}/", self.store), rank=rank,
-                                world_size=world, timeout=timeout)
+        try:
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{sid}/", self.store), rank=rank,
+                                    world_size=world, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - the host gave up on this session meanwhile
+            reset_after_failed_init()
+            return f"could not join session {sid} ({type(e).__name__})"
         try:
             ctl = {r: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
                    for r in range(1, world)}

@@ -201,3 +201,23 @@ def test_two_models_share_one_worker_session(lobby):
     finally:
         for _, engine, _ in engines:
             engine.close()
+
+
+def test_a_session_that_failed_to_open_does_not_block_the_next(lobby):
+    """A registered worker that is gone (killed while joining): the session fails, naming it; a
+    worker that joins afterwards gets a session (a failed init_process_group must not leave
+    torch's group count behind, or host and fresh worker wait for each other's keys)."""
+    lobby.store.set("offer/w1", '{"devices": {}}')  # a registration whose process is gone
+    lobby.store.set(f"reg/{lobby.store.add('workers', 1) - 1}", "w1")
+    model, ref_model = _copies(2)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    x = _inputs(1)
+    try:
+        with pytest.raises(Exception, match=r"worker\(s\) 'w1' did not join session 1 within 8 s"):
+            _run(handle, model, *x)
+        _worker(lobby)
+        with torch.no_grad():
+            assert torch.equal(_run(handle, model, *x), ref_model(*x))
+    finally:
+        engine.close()

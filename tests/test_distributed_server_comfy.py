@@ -10,6 +10,7 @@
 Latent 80x80, 5 frames -> 2x10x10 -> 50 tokens: 25 rows per rank (> 10, see test_sequence_comfy).
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -118,6 +119,15 @@ def _status(server, prompt_id, timeout=300.0):
     raise AssertionError(f"prompt {prompt_id} not finished after {timeout}s\n{server.log_tail()}")
 
 
+def _wait_steps(server, timeout=120.0):
+    """Until the sampler has finished a step (the bar shows 0/N before the first forward, while
+    the session may still be opening)."""
+    deadline = time.monotonic() + timeout
+    while not re.search(r"\b[1-9]\d*/10000\b", server.log_tail(5)):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.2)
+
+
 def _run(server, graph):
     pid = server.queue_prompt(graph)
     status = _status(server, pid)
@@ -152,10 +162,7 @@ def test_worker_killed_mid_sampling_then_local_then_rejoin(dist_server, tiny_mod
     live = [w for w in server.workers if w.proc.poll() is None]
     worker = live[0] if live else _worker(server)
     long_id = server.queue_prompt(_graph(names, "ours", "cpu,w1/cpu", 1.0, 10000, "dist/long"))
-    deadline = time.monotonic() + 120
-    while "/10000 " not in server.log_tail(5):  # steps are running
-        assert time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.2)
+    _wait_steps(server)
     killed = time.monotonic()
     os.kill(worker.proc.pid, signal.SIGKILL)
     status = _status(server, long_id)
@@ -205,10 +212,7 @@ def test_interrupt_a_distributed_prompt_then_it_runs_again(dist_server, tiny_mod
     if not any(w.proc.poll() is None and w.log.name.startswith("worker_w1") for w in server.workers):
         _worker(server)
     long_id = server.queue_prompt(_graph(names, "ours", "cpu,w1/cpu", 1.0, 10000, "dist/long_interrupt"))
-    deadline = time.monotonic() + 120
-    while "/10000 " not in server.log_tail(5):
-        assert time.monotonic() < deadline, server.log_tail()
-        time.sleep(0.2)
+    _wait_steps(server)
     started = time.monotonic()
     server.interrupt()
     status = _status(server, long_id)
