@@ -10,4 +10,7 @@ class ShardDiTExtension(ComfyExtension):
 
 
 async def comfy_entrypoint() -> ShardDiTExtension:
+    from ..loaders.comfy.distributed import start_lobby_if_configured
+
+    start_lobby_if_configured()  # workers may join from now on (only when SHARDDIT_DIST_ADDR is set)
     return ShardDiTExtension()

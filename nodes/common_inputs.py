@@ -16,7 +16,9 @@ __all__ = ["DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DE
 DEVICES_TOOLTIP = (
     "Where the DiT blocks run. 'auto' plans from the free VRAM of every GPU (fewest GPUs that fit). "
     "Or a list such as 'cuda:0,cuda:1', optionally weighted 'cuda:0:3,cuda:1:1' (3/4 of the blocks on "
-    "cuda:0); 'cpu' is allowed and may repeat ('cpu,cpu' = two shards on the CPU, for testing)."
+    "cuda:0); 'cpu' is allowed and may repeat ('cpu,cpu' = two shards on the CPU, for testing). "
+    "A device of a ShardDiT worker on another machine is 'NAME/cuda:0' (parallel=sequence; README: "
+    "Several machines)."
 )
 
 

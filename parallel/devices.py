@@ -10,6 +10,10 @@ Accepted forms (whitespace around parts is ignored, case-insensitive):
   weight or none has.
 
 A single component device (text encoder, VAE) is ``auto``, ``cpu`` or ``cuda:N``.
+
+Devices of ShardDiT workers on other machines (distributed `sequence` mode) are written
+``NAME/cpu`` or ``NAME/cuda:N`` (``cuda:0,cuda:1,box2/cuda:0``); ``split_worker_devices`` takes
+them out of the list before the host's own devices are planned.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ __all__ = [
     "parse_component_device",
     "parse_device",
     "parse_devices",
+    "split_worker_devices",
 ]
 
 DEVICES_FORM = "'auto', or a list like 'cuda:0,cuda:1' or 'cpu,cpu', optionally weighted like 'cuda:0:3,cuda:1:1'"
@@ -140,3 +145,29 @@ def check_devices_exist(devices: Iterable[str], available: Iterable[str]) -> Non
                 else "no GPU is visible to torch here: use 'cpu' or 'auto' (check the driver and CUDA_VISIBLE_DEVICES)"
             )
             raise ValueError(f"device {device!r} does not exist; this machine has {has}; {fix}")
+
+
+def split_worker_devices(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``"cpu,w1/cpu"`` -> (``"cpu"``, ((``"w1"``, ``"cpu"``),)): the host's own devices (as a device
+    string) and the workers' (name, device), in order. No worker entry: (text, ())."""
+    if not isinstance(text, str) or "/" not in text:
+        return text, ()
+    local, remote = [], []
+    for part in (p.strip() for p in text.split(",")):
+        if "/" not in part:
+            local.append(part)
+            continue
+        name, _, dev = part.partition("/")
+        name = name.strip()
+        if not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise ValueError(f"devices {text.strip()!r}: {part!r} is not NAME/DEVICE (a worker name of letters, "
+                             f"digits, '-', '_' or '.', e.g. 'box2/cuda:0')")
+        device, weight = _parse_entry(dev, context=text)
+        if weight is not None:
+            raise ValueError(f"devices {text.strip()!r}: {part!r}: worker devices take no weight (every rank "
+                             "computes every block in sequence mode)")
+        remote.append((name, device))
+    if not local:
+        raise ValueError(f"devices {text.strip()!r} lists only worker devices; add at least one device of this "
+                         "machine (the host is rank 0), e.g. 'cpu," + text.strip() + "'")
+    return ",".join(local), tuple(remote)

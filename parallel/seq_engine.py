@@ -55,6 +55,8 @@ class SequenceStats:
     blocks_run: list[int] = field(default_factory=list)
     bytes_exchanged: list[int] = field(default_factory=list)
     """Bytes each rank received from other ranks in attention exchanges."""
+    bytes_sent: list[int] = field(default_factory=list)
+    """Bytes each host rank sent to worker processes in attention exchanges (distributed mode)."""
     exchanges: list[int] = field(default_factory=list)
     """All-to-all calls per rank."""
     bytes_streamed: list[int] = field(default_factory=list)
@@ -83,8 +85,17 @@ class _Forward:
         self.groups: list[Group] = plan_groups(batch, n)
         self.ranks = [_Rank(rs, engine.devices[rs.rank], engine.streams[rs.rank])
                       for rs in rank_slices(self.groups, main)]
-        self.exchanges = {g.index: ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
-                          for g in self.groups if len(g.ranks) > 1}
+        if engine.dist is not None:  # ranks in worker processes (dist_ranks): open or reuse the session
+            engine.dist.begin_forward(self.groups)
+        self.exchanges = {}
+        for g in self.groups:
+            if len(g.ranks) > 1:
+                local = [r for r in g.ranks if engine.dist is None or not engine.dist.is_remote(r)]
+                if engine.dist is None:
+                    self.exchanges[g.index] = ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
+                elif local:  # a host rank with worker ranks (at most one host rank per group)
+                    self.exchanges[g.index] = engine.dist.exchange(g, engine.devices[local[0]]) \
+                        or ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
         self.placeholders: dict[int, tuple[torch.Tensor, str]] = {}
         self.pending: list = [None] * n
 
@@ -110,6 +121,8 @@ class SequenceEngine:
         """Exception types ``should_stop`` raises: re-raised as they are, not as a worker error."""
         self.streams = [BlockStream(d) for d in self.devices]
         self.pool: WorkerPool | None = None
+        self.dist = None
+        """``dist_ranks.DistRanks`` when some ranks run in worker processes; None: all local."""
         self.stats = SequenceStats()
         self._fwd: _Forward | None = None
         self._scoped = False
@@ -153,6 +166,13 @@ class SequenceEngine:
     def _finish(self, ok: bool) -> None:
         fwd, self._fwd, self._scoped = self._fwd, None, False
         try:
+            self._finish_ranks(ok, fwd)
+        finally:
+            if self.dist is not None and fwd is not None:
+                self.dist.end_forward(ok and self.pool is not None)
+
+    def _finish_ranks(self, ok: bool, fwd) -> None:
+        try:
             if ok and fwd is not None:
                 self._wait_all(fwd)
         except BaseException:
@@ -176,12 +196,13 @@ class SequenceEngine:
         st = self.stats
         st.groups = [(g.batch, g.ranks) for g in fwd.groups]
         st.blocks_run = [r.blocks_run for r in fwd.ranks]
-        st.bytes_exchanged, st.exchanges = [0] * n, [0] * n
+        st.bytes_exchanged, st.exchanges, st.bytes_sent = [0] * n, [0] * n, [0] * n
         for g in fwd.groups:
             ex = fwd.exchanges.get(g.index)
             for pos, r in enumerate(g.ranks):
                 if ex is not None:
                     st.bytes_exchanged[r], st.exchanges[r] = ex.bytes_received[pos], ex.calls[pos]
+                    st.bytes_sent[r] = ex.bytes_sent[pos] if hasattr(ex, "bytes_sent") else 0
         st.bytes_streamed = [s.bytes_copied - b for s, b in zip(self.streams, self._stream_base, strict=True)]
 
     # ---- main thread: block calls ------------------------------------------------------------
@@ -276,7 +297,7 @@ class SequenceEngine:
         for g in fwd.groups:
             b0, b1 = g.batch
             for pos, r in enumerate(g.ranks):
-                local = fwd.ranks[r].streams[name]
+                local = self._rank_stream(fwd, r, name)
                 replicated = name in self._replicated(fwd)
                 if replicated or len(g.ranks) == 1:
                     if pos == 0:
@@ -287,6 +308,13 @@ class SequenceEngine:
                 if pos == 0 and local.shape[1] > t1 - t0:  # the replicated tail, once per group
                     full[b0:b1, fwd.main:].copy_(local[:, t1 - t0:])
         return full
+
+    def _rank_stream(self, fwd: _Forward, r: int, name: str) -> torch.Tensor:
+        local = fwd.ranks[r].streams[name]
+        if self.dist is None or not self.dist.is_remote(r):
+            return local
+        task = self.pool.submit(r, functools.partial(self.dist.fetch, r, name), f"returning {name!r}")
+        return self.pool.wait(task, r)
 
     def _replicated(self, fwd) -> set[str]:
         return {n for s in self.token_specs for n in s.replicated_streams}
@@ -329,6 +357,9 @@ class SequenceEngine:
         values_args = [self._local(fwd, rank, spec, stream_names, names[i] if i < len(names) else None, a)
                        for i, a in enumerate(args)]
         values_kwargs = {k: self._local(fwd, rank, spec, stream_names, k, v) for k, v in kwargs.items()}
+        if self.dist is not None and self.dist.is_remote(rank.slice.rank):
+            self.dist.run_block(fwd, rank, index, block, values_args, values_kwargs, stream_names)
+            return
         module = rank.stream.module_for(index, block)
         if nxt is not None:
             rank.stream.prefetch(*nxt)

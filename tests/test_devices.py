@@ -97,3 +97,18 @@ def test_check_devices_exist():
         "(check the driver and CUDA_VISIBLE_DEVICES)"
     )):
         check_devices_exist(["cuda:0"], ("cpu",))
+
+
+def test_split_worker_devices():
+    from sharddit.parallel.devices import split_worker_devices
+    assert split_worker_devices("cpu,cpu") == ("cpu,cpu", ())
+    assert split_worker_devices("cpu, w1/CPU") == ("cpu", (("w1", "cpu"),))
+    assert split_worker_devices("cuda:0,cuda:1,box-2/cuda:1") == ("cuda:0,cuda:1", (("box-2", "cuda:1"),))
+    with pytest.raises(ValueError, match="only worker devices"):
+        split_worker_devices("w1/cpu")
+    with pytest.raises(ValueError, match="NAME/DEVICE"):
+        split_worker_devices("cpu,/cpu")
+    with pytest.raises(ValueError, match="not a device"):
+        split_worker_devices("cpu,w1/gpu0")
+    with pytest.raises(ValueError, match="no weight"):
+        split_worker_devices("cpu,w1/cuda:0:2")

@@ -49,6 +49,8 @@ def add_arguments(p) -> None:
                         "through host memory; ~25 with P2P; NVLink in the hundreds)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--png", metavar="FILE", help="also write the plan as a picture (the one the Plan node shows)")
+    p.add_argument("--workers", metavar="HOST:PORT",
+                   help="also list the ShardDiT workers joined to the host at HOST:PORT (its SHARDDIT_DIST_ADDR)")
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -95,4 +97,19 @@ def run(args) -> int:
 
         draw_plan_picture(picture_from_report(report)).save(args.png)
         print(f"[ShardDiT] plan picture written to {args.png}")
+    if args.workers:
+        print(_workers_text(args.workers))
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
+
+
+def _workers_text(addr: str) -> str:
+    from ...parallel.dist_config import parse_addr
+    from ...parallel.dist_host import describe_workers
+    from ...parallel.dist_worker import connect
+
+    host, port = parse_addr(addr, "--workers")
+    try:
+        store = connect(host, port, 5.0, wait_s=0, say=lambda _: None)
+    except ConnectionError as e:
+        raise ValueError(f"{e}: is ComfyUI running there with SHARDDIT_DIST_ADDR={host}:{port}?") from e
+    return describe_workers(store, host, port)

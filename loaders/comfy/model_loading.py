@@ -7,10 +7,11 @@ import torch
 import comfy.sd
 import folder_paths
 
-from ...parallel.devices import check_devices_exist, parse_component_device, parse_devices
+from ...parallel.devices import check_devices_exist, parse_component_device, parse_devices, split_worker_devices
 from ...parallel.inventory import read_inventory
 from ...parallel.parallel_mode import check_parallel
 from .checks import check_diffusion_model_file
+from .distributed import check_workers
 from .sharded_model import shard_model
 
 log = logging.getLogger("sharddit")
@@ -35,9 +36,11 @@ def check_file_name(folder: str, name: str) -> str:
 
 def check_devices(devices: str) -> None:
     """Cheap checks of a ``devices`` input (syntax, existence) before anything is loaded."""
-    parsed = parse_devices(devices)
+    local, remote = split_worker_devices(devices)
+    parsed = parse_devices(local)
     if not parsed.auto:
         check_devices_exist(parsed.unique_devices, read_inventory().names)
+    check_workers(devices, remote)
 
 
 RESERVE_MAX_GB = 1024.0

@@ -60,6 +60,7 @@ class ShardState:
     runtime: ShardRuntime = field(default_factory=ShardRuntime, compare=False)
     auto_mode: ModeDecision | None = None  # what parallel=auto means for this plan (decided with it)
     arch_name: str = ""  # architecture family, for messages
+    remote: tuple = ()  # ((worker name, device), ...): ranks in worker processes (distributed sequence mode)
 
 
 def is_sharded(model) -> bool:

@@ -35,6 +35,7 @@ import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
+from ...parallel.devices import split_worker_devices
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
 from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
@@ -44,6 +45,7 @@ from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
+from .distributed import attach_workers, check_workers
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardState, get_shard_patchers,
                           get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
@@ -85,6 +87,12 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     ``sequence`` (``parallel_mode``); the shards are the same for every mode.
     """
     check_parallel(parallel)
+    _, remote = split_worker_devices(devices)
+    if remote:
+        if parallel == "blocks":
+            raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices: they run parallel=sequence "
+                             "only (set parallel to 'sequence' or 'auto')")
+        check_workers(devices, remote)
     request_key = (str(devices).strip(), float(reserve_vram_gb))
     existing = get_shard_state(model)
     if existing is not None and existing.request_key == request_key:
@@ -126,6 +134,8 @@ def get_parallel_mode(model) -> ModeDecision | None:
 
 def _decide(state: ShardState, parallel: str) -> ModeDecision:
     parallel = check_parallel(parallel)
+    if state.remote and state.router.engine is not None and parallel in ("auto", "sequence"):
+        return ModeDecision("sequence", f"sequence: ranks on workers {', '.join(n for n, _ in state.remote)}")
     if state.router.engine is None and parallel != "blocks":
         return ModeDecision("blocks", f"blocks: {state.arch_name} runs in blocks mode only (sequence mode does "
                                       "not split this architecture yet)")
@@ -176,6 +186,7 @@ def _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key) 
 
 
 def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> ShardState:
+    devices, remote = split_worker_devices(devices)
     dit = base.get_model_object("diffusion_model")
     layout = get_arch_spec(dit)
     block_bytes = compute_block_bytes(dit, layout)
@@ -203,13 +214,19 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                                 global_indices=idx, block_list=path))
     roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device, base))
     arch = find_arch_spec(type(dit).__name__)
+    if remote and arch.token_specs is None:
+        raise ValueError(f"[ShardDiT] {arch.name} runs in blocks mode only; worker devices in {request_key[0]!r} "
+                         "need sequence mode: use this machine's devices only")
     if arch.token_specs is not None:
+        ranks = [r.device for r in plan.block_ranges]
         engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], arch.token_specs,
-                                        [r.device for r in plan.block_ranges])
+                                        ranks + ["cpu"] * len(remote))  # a worker rank's host side is a proxy
         engine.should_stop = mm.throw_exception_if_processing_interrupted
         engine.interrupt_exceptions = (mm.InterruptProcessingException,)
+        if remote:
+            attach_workers(engine, request_key[0], remote, len(ranks))
     return ShardState(plan=plan, layout=layout, router=router, proxies=proxies, roots=roots,
-                      request_key=request_key, auto_mode=auto_mode, arch_name=arch.name)
+                      request_key=request_key, auto_mode=auto_mode, arch_name=arch.name, remote=remote)
 
 
 def _activation_headroom(block_bytes) -> int:

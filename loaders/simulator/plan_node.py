@@ -3,6 +3,7 @@ simulated plan for the chosen preset, as one text and as a picture (``plan_pictu
 from __future__ import annotations
 
 from ...parallel.inventory import read_inventory
+from ..comfy.distributed import describe_workers
 from ..comfy.placement import read_loaded
 from ..comfy.shard_hooks import get_shard_state
 from . import simulator
@@ -61,8 +62,8 @@ def run_plan(model: str, devices: str, width: int, height: int, frames: int, bat
                                 reserve_vram_gb=reserve_vram_gb, inventory=inventory, parallel=parallel, cfg=cfg,
                                 gpu=str(gpu or "").strip() or None, link_gbps=link_gbps or None)
     text = report.to_text(holdings if inventory is not None else None)
-    current = describe_current_placements(inventory)
-    return (text + "\n\n" + current if current else text), report
+    extra = [part for part in (describe_current_placements(inventory), describe_workers()) if part]
+    return "\n\n".join([text, *extra]), report
 
 
 def picture_tensor(report):

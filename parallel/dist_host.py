@@ -1,0 +1,210 @@
+"""The host side of distributed `sequence` mode: the lobby workers join, and sessions (pure PyTorch).
+
+- ``Lobby``: a ``torch.distributed.TCPStore`` served on the one address the user chose
+  (``SHARDDIT_DIST_ADDR``; the listening socket is bound here, so nothing listens on other
+  interfaces). Workers register their offer (name, devices, free memory) in it and wait there for
+  an invitation.
+- ``HostSession``: a process group over the host (rank 0) and the invited workers, made with
+  ``init_process_group(store=PrefixStore(session, lobby store))``: one gloo pair group per worker
+  for commands (``dist_wire`` messages), and one group per batch group that mixes host and
+  worker ranks for the Ulysses exchanges (gloo on CPU, NCCL when every rank is a GPU). A session
+  lives across prompts (the workers keep the blocks they were sent); any failure closes it, and
+  the next prompt opens a fresh one (new store prefix), so a worker can leave and re-join while
+  ComfyUI keeps running.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import socket
+import time
+
+import torch.distributed as dist
+
+from .dist_wire import recv_message, send_message
+
+__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers",
+           "reset_after_failed_init"]
+
+log = logging.getLogger("sharddit")
+
+IDLE_TIMEOUT_S = 7 * 24 * 3600.0
+"""Timeout of the command groups: a worker waits this long for the host's next command."""
+
+
+def reset_after_failed_init() -> None:
+    """Undo what a failed ``init_process_group`` left behind. It has already counted the default
+    group, so the next session would name its groups differently from a fresh worker's and the two
+    would wait for each other's keys (found by the server test: a worker killed while joining,
+    then no session could open). ``destroy_process_group`` resets the count, but only once a
+    group exists; torch keeps the counter in ``distributed_c10d._world`` (private)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+        return
+    from torch.distributed import distributed_c10d
+
+    world = getattr(distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
+
+
+class DistWorkerError(RuntimeError):
+    """A worker failed, died or stayed silent; the message names it and what it was doing."""
+
+
+def read_workers(store) -> dict[str, dict]:
+    """Offers registered in a lobby store (name -> offer), latest registration per name."""
+    out = {}
+    for i in range(store.add("workers", 0)):
+        key = f"reg/{i}"
+        if not store.check([key]):
+            continue
+        name = store.get(key).decode()
+        out[name] = json.loads(store.get(f"offer/{name}").decode())
+    return out
+
+
+def describe_workers(store, host: str, port: int) -> str:
+    """Lines for the Plan node and ``plan --workers``: the joined workers and their free memory."""
+    joined = read_workers(store)
+    head = f"Workers at {host}:{port} (devices NAME/DEVICE, parallel=sequence):"
+    if not joined:
+        return head + " none joined yet"
+    lines = [head]
+    for name, offer in sorted(joined.items()):
+        devs = ", ".join(f"{name}/{d} {free / 2**30:.1f} GiB free" for d, free in offer.get("devices", {}).items())
+        lines.append(f"  {name}" + (f" on {offer['host']}" if offer.get("host") else "") + f": {devs}")
+    return "\n".join(lines)
+
+
+class Lobby:
+    """Where workers join (one per ComfyUI process, made on first use)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float):
+        self.host, self.port, self.timeout_s = host, port, float(timeout_s)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            sock.close()
+            raise OSError(f"[ShardDiT] cannot listen for workers on {host}:{port} ({e}); choose another "
+                          f"SHARDDIT_DIST_ADDR") from e
+        sock.listen(128)
+        self._fd = sock.detach()  # the store's daemon owns the socket from now on
+        self.store = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=self.timeout_s),
+                                   wait_for_workers=False, master_listen_fd=self._fd, use_libuv=False)
+        self.session: HostSession | None = None
+        log.info("[ShardDiT] workers can join at %s:%d (python <pack-dir> worker --join %s:%d --name NAME)",
+                 host, port, host, port)
+
+    def workers(self) -> dict[str, dict]:
+        """Offers of the workers that registered (name -> offer), latest registration per name."""
+        return read_workers(self.store)
+
+    def describe(self) -> str:
+        return describe_workers(self.store, self.host, self.port)
+
+    def check_names(self, names) -> None:
+        joined = self.workers()
+        for name in names:
+            if name not in joined:
+                have = ", ".join(sorted(joined)) or "none yet"
+                raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {self.host}:{self.port} "
+                                 f"(joined: {have}); start it with: python <pack-dir> worker --join "
+                                 f"{self.host}:{self.port} --name {name}")
+
+    def session_for(self, names: tuple[str, ...], groups: tuple[tuple[int, ...], ...], backend: str,
+                    devices: dict[str, str]) -> HostSession:
+        """The open session with exactly these workers and groups, or a fresh one."""
+        s = self.session
+        if s is not None and (s.broken or s.names != names or s.group_keys != groups or s.backend != backend):
+            self.close_session()
+        if self.session is None:
+            self.check_names(names)
+            self.session = HostSession(self, names, groups, backend, devices)
+        return self.session
+
+    def close_session(self) -> None:
+        s, self.session = self.session, None
+        if s is not None:
+            s.close()
+
+    def close(self) -> None:
+        self.close_session()
+
+
+class HostSession:
+    """One process group: the host is rank 0, ``names[i]`` is rank ``i + 1``."""
+
+    def __init__(self, lobby: Lobby, names, groups, backend: str, devices: dict[str, str]):
+        self.lobby, self.names, self.group_keys, self.backend = lobby, tuple(names), tuple(groups), backend
+        self.timeout_s = lobby.timeout_s
+        self.devices = devices
+        self.broken = False
+        self.bytes_received: dict[str, int] = {}
+        """Per worker: bytes of its replies (the rows it returns at a gather, acknowledgements)."""
+        self.versions: dict[str, dict[tuple, tuple]] = {n: {} for n in self.names}
+        """Per worker: (model key, block index) -> version of the weights it holds
+        (``dist_ranks.block_version``)."""
+        store = lobby.store
+        self.sid = store.add("sessions", 1)
+        world = len(self.names) + 1
+        for rank, name in enumerate(self.names, start=1):
+            store.set(f"invite/{name}", json.dumps({"sid": self.sid, "rank": rank, "world": world,
+                                                     "groups": [list(g) for g in self.group_keys],
+                                                     "backend": backend, "timeout_s": self.timeout_s}))
+        t0 = time.monotonic()
+        try:
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{self.sid}/", store), rank=0,
+                                    world_size=world, timeout=datetime.timedelta(seconds=self.timeout_s))
+        except Exception as e:  # gloo raises DistStoreError / RuntimeError on a timeout
+            reset_after_failed_init()
+            raise DistWorkerError(
+                f"[ShardDiT] worker(s) {', '.join(repr(n) for n in self.names)} did not join session {self.sid} "
+                f"within "
+                f"{self.timeout_s:.0f} s ({type(e).__name__}); is `python <pack-dir> worker --join "
+                f"{lobby.host}:{lobby.port} --name NAME` running there?") from e
+        self.ctl = {name: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
+                    for r, name in enumerate(self.names, start=1)}
+        self.groups = {g: dist.new_group(list(g), backend=backend, timeout=datetime.timedelta(seconds=self.timeout_s))
+                       for g in self.group_keys}
+        log.info("[ShardDiT] session %d open with %s in %.1f s", self.sid, ", ".join(self.names), time.monotonic() - t0)
+
+    def rank_of(self, name: str) -> int:
+        return self.names.index(name) + 1
+
+    def label(self, name: str) -> str:
+        return f"worker {name!r} (rank {self.rank_of(name)}, {self.devices.get(name, '?')})"
+
+    def request(self, name: str, message: dict, what: str, reply: bool = True):
+        """Send ``message`` to worker ``name`` and wait for its reply (within the timeout)."""
+        try:
+            sent = send_message(message, self.rank_of(name), self.ctl[name])
+            raw = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s) if reply else b""
+            answer = raw.load() if reply else None
+            self.bytes_received[name] = self.bytes_received.get(name, 0) + len(raw) + 8 * reply
+        except Exception as e:
+            self.broken = True
+            raise DistWorkerError(f"[ShardDiT] {self.label(name)} did not answer during {what} within "
+                                  f"{self.timeout_s:.0f} s (dead, hung or unreachable): {type(e).__name__}: "
+                                  f"{(str(e).splitlines() or [''])[0]}") from e
+        if reply and answer.get("error"):
+            self.broken = True
+            raise DistWorkerError(f"[ShardDiT] {self.label(name)} failed during {what}: {answer['error']}")
+        return sent, answer
+
+    def close(self) -> None:
+        if not self.broken:
+            for name in self.names:
+                try:
+                    send_message({"op": "leave"}, self.rank_of(name), self.ctl[name])
+                except Exception as e:  # noqa: BLE001 - best effort: it is leaving anyway
+                    log.debug("[ShardDiT] %s did not get 'leave': %s", self.label(name), e)
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001
+            log.warning("[ShardDiT] closing session %d: %s", self.sid, e)
+        log.info("[ShardDiT] session %d closed%s", self.sid, " (after a failure)" if self.broken else "")

@@ -1,0 +1,198 @@
+"""A ShardDiT worker process: joins a host's lobby and serves sessions (pure PyTorch).
+
+``serve(host, port, name, device)`` connects to the host's ``TCPStore`` (retrying until the host
+listens), registers its offer, then loops: wait for an invitation, join the session's process
+group, run the host's commands until it says ``leave`` or the session breaks, back to waiting.
+Commands (``dist_wire`` messages on the worker's command group, one reply each):
+
+- ``block``: store the block's weights if sent (``module``), rebuild the rank's arguments (the
+  hidden state it kept, constants defined once per forward), run the block with a Ulysses
+  attention override over ``DistExchange``, keep the output rows;
+- ``fetch``: send back the rows of one hidden state;
+- ``leave``: leave the session (the weights go with it).
+
+The block classes come from the pickled modules the host sends: their defining package (ComfyUI
+for real models) must be importable here. No model file is read.
+"""
+from __future__ import annotations
+
+import datetime
+import functools
+import json
+import logging
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from .dist_exchange import DistExchange
+from .dist_host import IDLE_TIMEOUT_S, reset_after_failed_init
+from .dist_wire import recv_message, send_message
+from .seq_split import Group, RankSlice
+from .seq_ulysses import ulysses_attention
+
+__all__ = ["Worker", "connect", "serve"]
+
+log = logging.getLogger("sharddit")
+_OVERRIDE = "optimized_attention_override"
+
+
+def connect(host: str, port: int, timeout_s: float, wait_s: float = 1e9, say=print):
+    """A client of the host's lobby store, retrying every 2 s for up to ``wait_s``."""
+    deadline, said = time.monotonic() + wait_s, False
+    while True:
+        try:
+            return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s), use_libuv=False)
+        except Exception as e:
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"[ShardDiT] no ShardDiT host at {host}:{port} ({e})") from e
+            if not said:
+                say(f"[ShardDiT] waiting for the host at {host}:{port} (set SHARDDIT_DIST_ADDR={host}:{port} "
+                    "where ComfyUI runs)")
+                said = True
+            time.sleep(2)
+
+
+class Worker:
+    def __init__(self, store, name: str, device, offer: dict, say=print):
+        self.store, self.name, self.device, self.say = store, name, torch.device(device), say
+        self.modules: dict[tuple, torch.nn.Module] = {}  # (model key, block index) -> block
+        store.set(f"offer/{name}", json.dumps(offer))
+        self.seen = store.add("sessions", 0)  # invitations up to this one are stale (an earlier run)
+        i = store.add("workers", 1) - 1
+        store.set(f"reg/{i}", name)
+
+    def wait_invite(self, poll_s: float = 0.2) -> dict:
+        key = f"invite/{self.name}"
+        while True:
+            if self.store.check([key]):
+                invite = json.loads(self.store.get(key).decode())
+                if invite["sid"] > self.seen:
+                    self.seen = invite["sid"]
+                    return invite
+            time.sleep(poll_s)
+
+    def run_session(self, invite: dict) -> str:
+        """Join the session, serve it; returns why it ended."""
+        sid, rank, world = invite["sid"], invite["rank"], invite["world"]
+        timeout = datetime.timedelta(seconds=invite["timeout_s"])
+        try:
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{sid}/", self.store), rank=rank,
+                                    world_size=world, timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - the host gave up on this session meanwhile
+            reset_after_failed_init()
+            return f"could not join session {sid} ({type(e).__name__})"
+        try:
+            ctl = {r: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
+                   for r in range(1, world)}
+            groups = {tuple(g): dist.new_group(g, backend=invite["backend"], timeout=timeout) for g in invite["groups"]}
+            self.say(f"[ShardDiT] worker {self.name!r}: in session {sid} as rank {rank} of {world}")
+            return self._serve(rank, ctl[rank], groups, invite["timeout_s"], invite["backend"])
+        finally:
+            self.modules.clear()
+            dist.destroy_process_group()
+
+    def _serve(self, rank, ctl, groups, timeout_s, backend) -> str:
+        state = _ForwardState(-1)
+        while True:
+            try:
+                raw = recv_message(0, ctl)
+            except Exception as e:  # noqa: BLE001 - the host closed the session or went away
+                return f"host gone ({type(e).__name__})"
+            try:
+                msg = raw.load()
+            except Exception as e:  # noqa: BLE001 - e.g. a block class this worker's ComfyUI lacks
+                err = (f"cannot rebuild the host's command: {type(e).__name__}: {e} (install the same ComfyUI "
+                       "version and custom nodes on the worker as on the host)")
+                send_message({"error": err}, 0, ctl)
+                return err
+            op = msg.get("op")
+            if op == "leave":
+                return "host closed the session"
+            try:
+                if op == "block":
+                    if msg["fid"] != state.fid:
+                        state = _ForwardState(msg["fid"])
+                    self._block(state, msg, groups, timeout_s, backend)
+                    reply = {"ok": True}
+                elif op == "fetch":
+                    reply = {"tensor": state.streams[msg["name"]].cpu()}
+                else:
+                    reply = {"error": f"unknown command {op!r}"}
+            except Exception as e:  # noqa: BLE001 - report, then leave: the ranks are out of step now
+                log.error("[ShardDiT] worker %r: %s", self.name, traceback.format_exc())
+                send_message({"error": f"{type(e).__name__}: {e}"}, 0, ctl)
+                return f"failed: {e}"
+            send_message(reply, 0, ctl)
+
+    def _block(self, state, msg, groups, timeout_s, backend) -> None:
+        index = msg["index"]
+        if msg["module"] is not None:
+            self.modules[index] = msg["module"].to(self.device)
+        module = self.modules[index]
+        args = [state.decode(a, self.device) for a in msg["args"]]
+        kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"].items()}
+        d = msg["slice"]
+        rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
+        if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
+            ex = DistExchange(groups[tuple(sorted(msg["group"]))], msg["group"], self.device, msg["peers"], timeout_s,
+                              backend)
+            calls = [0]
+            kwargs["transformer_options"] = {**kwargs["transformer_options"],
+                                             _OVERRIDE: functools.partial(_attention, ex, rs, main, calls)}
+        with torch.inference_mode(msg["inference"]), torch.set_grad_enabled(msg["grad"]):
+            out = module(*args, **kwargs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for name, t in zip(msg["streams"], outs, strict=True):
+            state.streams[name] = t
+
+
+class _ForwardState:
+    def __init__(self, fid: int):
+        self.fid = fid
+        self.consts: dict[int, object] = {}
+        self.streams: dict[str, torch.Tensor] = {}
+
+    def decode(self, item, device):
+        kind = item[0]
+        if kind == "stream":
+            return self.streams[item[1]]
+        if kind == "ref":
+            return self.consts[item[1]]
+        value = _to(item[-1], device)
+        if kind == "def":
+            self.consts[item[1]] = value
+        return value
+
+
+def _to(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        items = [_to(v, device) for v in obj]
+        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
+
+
+def _attention(exchange, rs, main, calls, func, *args, **kwargs):
+    """The first attention call of a block is its self-attention (as in ``seq_engine``)."""
+    calls[0] += 1
+    if calls[0] != 1:
+        return func(*args, **kwargs)
+    return ulysses_attention(exchange, rs, main, func, args, kwargs)
+
+
+def serve(host: str, port: int, name: str, device: str, timeout_s: float, offer: dict, say=print,
+          sessions: int | None = None) -> None:
+    """Join ``host:port`` as ``name`` and serve until interrupted (or ``sessions`` sessions ended)."""
+    store = connect(host, port, timeout_s, say=say)
+    worker = Worker(store, name, device, offer, say)
+    say(f"[ShardDiT] worker {name!r} joined {host}:{port}, offering {json.dumps(offer)}")
+    done = 0
+    while sessions is None or done < sessions:
+        why = worker.run_session(worker.wait_invite())
+        say(f"[ShardDiT] worker {name!r}: session ended: {why}")
+        done += 1

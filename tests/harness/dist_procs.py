@@ -1,0 +1,84 @@
+"""Child processes for the distributed tests (pure torch, gloo on 127.0.0.1).
+
+Run with ``multiprocessing`` spawn: the child re-imports this module (sys.path comes from the
+parent), which imports the pack as ``sharddit``.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+from harness.pack import import_pack
+
+import_pack()
+
+from sharddit.parallel.dist_exchange import DistExchange
+from sharddit.parallel.seq_split import plan_groups, rank_slices
+from sharddit.parallel.seq_ulysses import ulysses_attention
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def attention_inputs(batch, tokens, heads, head_dim, tail=0):
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(batch, tokens + tail, heads * head_dim, generator=g) for _ in range(3)]
+
+
+def sdpa(q, k, v, heads, **kwargs):
+    b, _, c = q.shape
+    d = c // heads
+    q, k, v = (t.view(b, -1, heads, d).transpose(1, 2) for t in (q, k, v))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return out.transpose(1, 2).reshape(b, -1, heads * d)
+
+
+def ulysses_rank(rank, world, port, tokens, heads, head_dim, out_path):
+    """One rank of a gloo group: Ulysses attention on its token rows through ``DistExchange``."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        q, k, v = attention_inputs(1, tokens, heads, head_dim)
+        rs = rank_slices(plan_groups(1, world), tokens)[rank]
+        t0, t1 = rs.tokens
+        group = dist.new_group(list(range(world)))
+        ex = DistExchange(group, list(range(world)), "cpu", [f"rank {r}" for r in range(world)], 30)
+        out = ulysses_attention(ex, rs, tokens, sdpa, (q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], heads), {})
+        torch.save({"out": out, "bytes": ex.bytes_received[rs.position], "calls": ex.calls[rs.position]}, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_worker(port, name, timeout_s):
+    """A worker process serving the lobby at 127.0.0.1:port (until killed)."""
+    import os
+
+    from sharddit.parallel.dist_worker import serve
+    serve("127.0.0.1", port, name, "cpu", timeout_s, {"devices": {"cpu": 0}, "pid": os.getpid()})
+
+
+def start_worker(port, name, timeout_s=10.0):
+    import multiprocessing as mp
+    proc = mp.get_context("spawn").Process(target=run_worker, args=(port, name, timeout_s), daemon=True)
+    proc.start()
+    return proc
+
+
+def wait_joined(lobby, name, proc, timeout_s=60.0):
+    """Wait until a worker named ``name`` registered a fresh offer (its process ``proc``)."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.exitcode is not None:
+            raise RuntimeError(f"worker {name} exited with {proc.exitcode}")
+        offer = lobby.workers().get(name)
+        if offer is not None and offer.get("pid") == proc.pid:
+            return offer
+        time.sleep(0.2)
+    raise TimeoutError(f"worker {name} did not join within {timeout_s} s")

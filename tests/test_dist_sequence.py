@@ -1,0 +1,223 @@
+"""Distributed `sequence` mode on a toy DiT (pure torch, gloo on 127.0.0.1): the host (this test
+process) and one worker process. Rank 1 of ``cpu,cpu`` runs in the worker: the split forward is
+bit-identical to the unsharded one and to the all-local ``cpu,cpu`` run; weights cross once and
+again only for the block that changed; a worker killed mid-forward fails the forward with its
+name within the timeout; a local run still works; the worker re-joins and runs again."""
+import os
+import signal
+import time
+
+import pytest
+import torch
+from harness import dist_procs
+from harness.toy_seq import SeqToyDiT
+from sharddit.parallel.dist_host import Lobby, describe_workers
+from sharddit.parallel.dist_ranks import attach_remote_ranks
+from sharddit.parallel.dist_worker import connect
+from sharddit.parallel.seq_engine import attach_sequence_engine
+from sharddit.parallel.seq_split import TokenSpec
+from sharddit.parallel.seq_workers import WorkerError
+from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+
+WAN = BlockLayout(("blocks",), (("x",),))
+WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
+TIMEOUT_S = 8.0
+
+
+def _engine(model, ranks):
+    handle = attach_block_sharding(model, WAN, ["cpu"] * len(model.blocks), "cpu")
+    proxies = [p for pl in handle.proxies.values() for p in pl]
+    return handle, attach_sequence_engine(handle.router, proxies, WAN_SPEC, ranks, timeout_s=60)
+
+
+def _run(handle, model, *inputs):
+    with torch.no_grad(), handle.router.forward_scope(sequence=True):
+        return model(*inputs)
+
+
+@pytest.fixture
+def lobby():
+    lob = Lobby("127.0.0.1", dist_procs.free_port(), TIMEOUT_S)
+    procs = []
+    lob.procs = procs
+    try:
+        yield lob
+    finally:
+        lob.close()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(10)
+
+
+def _worker(lob, name="w1"):
+    proc = dist_procs.start_worker(lob.port, name, TIMEOUT_S)
+    lob.procs.append(proc)
+    dist_procs.wait_joined(lob, name, proc)
+    return proc
+
+
+def _inputs(batch, tokens=24):
+    g = torch.Generator().manual_seed(batch)
+    return torch.randn(batch, tokens, 8, generator=g), torch.rand(batch, generator=g), \
+        torch.randn(batch, 5, 32, generator=g)
+
+
+def _copies(n):
+    torch.manual_seed(0)
+    first = SeqToyDiT(dim=32, heads=4).eval()
+    out = [first]
+    for _ in range(n - 1):
+        m = SeqToyDiT(dim=32, heads=4).eval()
+        m.load_state_dict(first.state_dict())
+        out.append(m)
+    return out
+
+
+def test_worker_rank_bit_identical_and_weights_sent_once(lobby):
+    model, local_model, ref_model = _copies(3)
+    _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    ranks = attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    lhandle, lengine = _engine(local_model, ["cpu", "cpu"])
+    try:
+        for batch in (1, 2):  # cfg = 1: tokens split, Ulysses across processes; cfg > 1: batch split
+            x = _inputs(batch)
+            with torch.no_grad():
+                ref = ref_model(*x)
+            out = _run(handle, model, *x)
+            local = _run(lhandle, local_model, *x)
+            assert torch.equal(out, local) and torch.equal(out, ref), f"batch {batch}: {(out - ref).abs().max()}"
+            assert engine.stats.blocks_run == [4, 4]
+            if batch == 1:
+                assert engine.stats.exchanges[0] == 8
+                assert engine.stats.bytes_exchanged[0] == lengine.stats.bytes_exchanged[0]
+                first = ranks.bytes_sent["w1"]  # per forward: this one carried every block
+        _run(handle, model, *_inputs(2))
+        again = ranks.bytes_sent["w1"]
+        block_bytes = sum(t.numel() * 4 for t in ref_model.blocks[2].parameters())
+        assert again < block_bytes  # the weights stay on the worker
+        with torch.no_grad():
+            for block in (handle.proxies["blocks"][2].real_block, ref_model.blocks[2]):
+                block.o.weight.add_(0.01)  # a LoRA-like change of one block
+            ref = ref_model(*_inputs(2))
+        out = _run(handle, model, *_inputs(2))
+        assert torch.equal(out, ref)
+        assert block_bytes < ranks.bytes_sent["w1"] < block_bytes + again + 16384  # only that block again (+ its pickled structure)
+        assert first > 4 * block_bytes
+    finally:
+        engine.close()
+        lengine.close()
+
+
+def test_worker_killed_mid_forward_names_it_then_local_runs_and_rejoin_works(lobby):
+    model, local_model, ref_model = _copies(3)
+    proc = _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    x = _inputs(1)
+    with torch.no_grad():
+        ref = ref_model(*x)
+    try:
+        assert torch.equal(_run(handle, model, *x), ref)
+        # the host's own rank kills the worker when it reaches block 2 (mid-forward)
+        hook = handle.proxies["blocks"][2].real_block.register_forward_pre_hook(
+            lambda *_: os.kill(proc.pid, signal.SIGKILL))
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            _run(handle, model, *x)
+        took = time.monotonic() - t0
+        hook.remove()
+        assert "'w1'" in str(info.value) and "block" in str(info.value), str(info.value)
+        assert took < 2 * TIMEOUT_S + 5, took
+        assert lobby.session is None  # the broken session was closed
+        lhandle, lengine = _engine(local_model, ["cpu", "cpu"])  # a local run works at once
+        assert torch.equal(_run(lhandle, local_model, *x), ref)
+        lengine.close()
+        _worker(lobby)  # the same name re-joins; the host opens a new session
+        assert torch.equal(_run(handle, model, *x), ref)
+        assert lobby.session.sid == 2
+    finally:
+        engine.close()
+
+
+def test_unknown_worker_name_lists_the_joined_ones(lobby):
+    model, = _copies(1)
+    assert lobby.describe().endswith("none joined yet")
+    _worker(lobby)
+    assert "  w1 on " not in lobby.describe() and "w1: w1/cpu 0.0 GiB free" in lobby.describe()
+    client = connect("127.0.0.1", lobby.port, 5.0, wait_s=0)  # what `plan --workers` reads
+    assert describe_workers(client, "127.0.0.1", lobby.port) == lobby.describe()
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w9"}, {"w9": "cpu"})
+    with pytest.raises(ValueError, match=r"'w9'.*joined: w1.*--name w9"):
+        _run(handle, model, *_inputs(1))
+    engine.close()
+
+
+def test_hung_worker_fails_the_forward_within_the_timeout(lobby):
+    model, = _copies(1)
+    proc = _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    x = _inputs(1)
+    try:
+        _run(handle, model, *x)
+        hook = handle.proxies["blocks"][1].real_block.register_forward_pre_hook(
+            lambda *_: os.kill(proc.pid, signal.SIGSTOP))  # the worker freezes mid-forward
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError, match=r"worker 'w1' \(rank 1, cpu\).*within 8 s"):
+            _run(handle, model, *x)
+        took = time.monotonic() - t0
+        hook.remove()
+        assert TIMEOUT_S - 1 < took < 2 * TIMEOUT_S + 5, took
+        assert lobby.session is None
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        engine.close()
+
+
+def test_two_models_share_one_worker_session(lobby):
+    """Wan 2.2's two experts: two engines, one session; blocks and per-forward constants of one
+    model never stand in for the other's."""
+    a, ref_a = _copies(2)
+    torch.manual_seed(1)
+    b = SeqToyDiT(dim=32, heads=4).eval()
+    ref_b = SeqToyDiT(dim=32, heads=4).eval()
+    ref_b.load_state_dict(b.state_dict())
+    _worker(lobby)
+    engines = []
+    for model in (a, b):
+        handle, engine = _engine(model, ["cpu", "cpu"])
+        attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+        engines.append((handle, engine, model))
+    try:
+        for x in (_inputs(1), _inputs(2), _inputs(1)):
+            with torch.no_grad():
+                want = [ref_a(*x), ref_b(*x)]
+            for (handle, _, model), ref in zip(engines, want, strict=True):
+                assert torch.equal(_run(handle, model, *x), ref)
+        assert lobby.session.sid == 1
+    finally:
+        for _, engine, _ in engines:
+            engine.close()
+
+
+def test_a_session_that_failed_to_open_does_not_block_the_next(lobby):
+    """A registered worker that is gone (killed while joining): the session fails, naming it; a
+    worker that joins afterwards gets a session (a failed init_process_group must not leave
+    torch's group count behind, or host and fresh worker wait for each other's keys)."""
+    lobby.store.set("offer/w1", '{"devices": {}}')  # a registration whose process is gone
+    lobby.store.set(f"reg/{lobby.store.add('workers', 1) - 1}", "w1")
+    model, ref_model = _copies(2)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    x = _inputs(1)
+    try:
+        with pytest.raises(Exception, match=r"worker\(s\) 'w1' did not join session 1 within 8 s"):
+            _run(handle, model, *x)
+        _worker(lobby)
+        with torch.no_grad():
+            assert torch.equal(_run(handle, model, *x), ref_model(*x))
+    finally:
+        engine.close()

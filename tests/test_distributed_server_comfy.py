@@ -1,0 +1,224 @@
+"""Distributed `sequence` mode through ComfyUI's real server: the server is rank 0 and one
+``python <pack-dir> worker`` process on 127.0.0.1 joins it over gloo (issue 14).
+
+- ``devices=cpu,w1/cpu``, ``parallel=sequence``, Wan 2.1 tiny with a LoRA: latents bit-identical
+  to core's KSampler and to the local ``cpu,cpu`` run, at cfg > 1 (batch split: the worker runs
+  the uncond half) and cfg = 1 (token split: Ulysses exchanges cross the processes).
+- Killing the worker mid-sampling fails the prompt within the timeout with the worker named; the
+  next local prompt succeeds; the worker re-joins (same name) and a distributed prompt succeeds.
+
+Latent 80x80, 5 frames -> 2x10x10 -> 50 tokens: 25 rows per rank (> 10, see test_sequence_comfy).
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from harness.server import REPO, ComfyServer, free_port
+
+pytestmark = pytest.mark.comfy
+TIMEOUT_S = 10
+
+
+def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: str) -> dict:
+    g = {
+        "1": {"class_type": "UNETLoader", "inputs": {"unet_name": names["wan21_t2v"], "weight_dtype": "default"}},
+        "2": {"class_type": "LoraLoaderModelOnly",
+              "inputs": {"model": ["1", 0], "lora_name": names["wan21_lora"], "strength_model": 1.0}},
+        "3": {"class_type": "CLIPLoader", "inputs": {"clip_name": names["umt5"], "type": "wan", "device": "default"}},
+        "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox in the rain", "clip": ["3", 0]}},
+        "5": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["3", 0]}},
+        "6": {"class_type": "EmptyHunyuanLatentVideo", "inputs": {"width": 80, "height": 80, "length": 5, "batch_size": 1}},
+        "8": {"class_type": "SaveLatent", "inputs": {"samples": ["7", 0], "filename_prefix": prefix}},
+    }
+    common = {"model": ["2", 0], "seed": 5, "steps": steps, "cfg": cfg, "sampler_name": "euler",
+              "scheduler": "simple", "positive": ["4", 0], "negative": ["5", 0], "latent_image": ["6", 0],
+              "denoise": 1.0}
+    if sampler == "core":
+        g["7"] = {"class_type": "KSampler", "inputs": common}
+    else:
+        g["7"] = {"class_type": "ShardDiTKSampler", "inputs": {**common, "devices": devices, "parallel": "sequence"}}
+    return g
+
+
+def _latent(server, prompt_id):
+    from safetensors.torch import load_file
+    (path,) = [p for p in server.output_files(prompt_id) if str(p).endswith(".latent")]
+    return load_file(str(path))["latent_tensor"]
+
+
+class _Worker:
+    def __init__(self, workdir, port, name="w1"):
+        from harness.comfy_env import comfy_path
+        self.log = workdir / f"worker_{name}_{time.monotonic_ns()}.log"
+        env = {**os.environ, "COMFYUI_PATH": str(comfy_path()), "SHARDDIT_DIST_TIMEOUT": str(TIMEOUT_S),
+               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env.pop("PYTHONPATH", None)
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, str(REPO), "worker", "--join", f"127.0.0.1:{port}",
+                                          "--name", name, "--devices", "cpu"], stdout=out, stderr=subprocess.STDOUT,
+                                         env=env, start_new_session=True)
+
+    def text(self):
+        return self.log.read_text(errors="replace")
+
+    def wait_joined(self, timeout=120):
+        deadline = time.monotonic() + timeout
+        while "joined" not in self.text():
+            assert self.proc.poll() is None, self.text()
+            assert time.monotonic() < deadline, self.text()
+            time.sleep(0.2)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(15)
+
+
+@pytest.fixture(scope="module")
+def dist_server(tiny_models, tmp_path_factory):
+    from harness.comfy_env import comfy_path
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("dist_server")
+    old = {k: os.environ.get(k) for k in ("SHARDDIT_DIST_ADDR", "SHARDDIT_DIST_TIMEOUT")}
+    os.environ.update(SHARDDIT_DIST_ADDR=f"127.0.0.1:{port}", SHARDDIT_DIST_TIMEOUT=str(TIMEOUT_S))
+    server = ComfyServer(comfy_path(), workdir, tiny_models.root)
+    workers = []
+    try:
+        server.start()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    server.dist_port, server.workers = port, workers
+    try:
+        yield server
+    finally:
+        for w in workers:
+            w.kill()
+        server.stop()
+
+
+def _worker(server):
+    w = _Worker(server.workdir, server.dist_port)
+    server.workers.append(w)
+    w.wait_joined()
+    return w
+
+
+def _status(server, prompt_id, timeout=300.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        entry = server.history(prompt_id).get(prompt_id)
+        if entry and entry.get("status", {}).get("completed") is not None:
+            return entry["status"]
+        time.sleep(0.1)
+    raise AssertionError(f"prompt {prompt_id} not finished after {timeout}s\n{server.log_tail()}")
+
+
+def _wait_steps(server, timeout=120.0):
+    """Until the sampler has finished a step (the bar shows 0/N before the first forward, while
+    the session may still be opening)."""
+    deadline = time.monotonic() + timeout
+    while not re.search(r"\b[1-9]\d*/10000\b", server.log_tail(5)):
+        assert time.monotonic() < deadline, server.log_tail()
+        time.sleep(0.2)
+
+
+def _run(server, graph):
+    pid = server.queue_prompt(graph)
+    status = _status(server, pid)
+    assert status["status_str"] == "success", f"{status}\n{server.log_tail()}"
+    return _latent(server, pid)
+
+
+@pytest.fixture(scope="module")
+def core_latents(dist_server, tiny_models):
+    """Core's KSampler first, before any ShardDiT prompt on this server: a core run on the same
+    LoRA'd MODEL after a ShardDiT run differs today (also with cpu,cpu only; see the report of
+    issue 14), which is not what this test is about."""
+    return {cfg: _run(dist_server, _graph(tiny_models.names, "core", "", cfg, 2, f"dist/core_{cfg}"))
+            for cfg in (3.0, 1.0)}
+
+
+@pytest.mark.parametrize("cfg", [3.0, 1.0])
+def test_worker_rank_bit_identical_to_core_and_local(dist_server, tiny_models, core_latents, cfg):
+    server, names = dist_server, tiny_models.names
+    if not any(w.proc.poll() is None for w in server.workers):
+        _worker(server)
+    core = core_latents[cfg]
+    local = _run(server, _graph(names, "ours", "cpu,cpu", cfg, 2, f"dist/local_{cfg}"))
+    dist = _run(server, _graph(names, "ours", "cpu,w1/cpu", cfg, 2, f"dist/dist_{cfg}"))
+    assert torch.equal(dist, local), f"max diff {(dist - local).abs().max()}"
+    assert torch.equal(dist, core), f"max diff {(dist - core).abs().max()}"
+    assert any("in session" in w.text() for w in server.workers)  # the worker did take part
+
+
+def test_worker_killed_mid_sampling_then_local_then_rejoin(dist_server, tiny_models):
+    server, names = dist_server, tiny_models.names
+    live = [w for w in server.workers if w.proc.poll() is None]
+    worker = live[0] if live else _worker(server)
+    long_id = server.queue_prompt(_graph(names, "ours", "cpu,w1/cpu", 1.0, 10000, "dist/long"))
+    _wait_steps(server)
+    killed = time.monotonic()
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    status = _status(server, long_id)
+    took = time.monotonic() - killed
+    assert status["status_str"] == "error"
+    errors = [m[1] for m in status["messages"] if m[0] == "execution_error"]
+    assert errors and "'w1'" in errors[0]["exception_message"], status
+    assert took < TIMEOUT_S * 2 + 10, f"the failure took {took:.1f} s"
+    worker.kill()
+
+    local = _run(server, _graph(names, "ours", "cpu,cpu", 1.0, 2, "dist/after_kill_local"))
+    _worker(server)  # the same name joins again; ComfyUI was not restarted
+    again = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 2, "dist/after_rejoin"))
+    assert torch.equal(again, local)
+
+
+def test_worker_devices_without_dist_addr_are_refused_with_the_fix(comfy_env, monkeypatch):
+    """In-process ComfyUI: no SHARDDIT_DIST_ADDR, so nothing listens and a worker device is a
+    validation error that says what to set (before anything loads)."""
+    from harness.comfy_env import pack_module
+
+    monkeypatch.delenv("SHARDDIT_DIST_ADDR", raising=False)
+    dist = pack_module(comfy_env, "loaders.comfy.distributed")
+    monkeypatch.setattr(dist, "_LOBBY", [])
+    msg = pack_module(comfy_env, "loaders.comfy.sampling").validate_devices("cpu,w1/cpu")
+    assert isinstance(msg, str) and "SHARDDIT_DIST_ADDR" in msg and "--join" in msg, msg
+    msg = pack_module(comfy_env, "loaders.comfy.sampling").validate_devices("cpu,w1/gpu")
+    assert isinstance(msg, str) and "'gpu' is not a device" in msg, msg
+
+
+def test_unknown_worker_is_refused_and_ctrl_c_stops_a_worker(dist_server, tiny_models):
+    server, names = dist_server, tiny_models.names
+    w2 = _Worker(server.workdir, server.dist_port, name="w2")
+    server.workers.append(w2)
+    w2.wait_joined()
+    from harness.server import ComfyServerError
+    with pytest.raises(ComfyServerError) as info:  # refused at validation, before anything loads
+        server.queue_prompt(_graph(names, "ours", "cpu,w9/cpu", 1.0, 2, "dist/unknown"))
+    assert "no worker named 'w9'" in str(info.value) and "w2" in str(info.value), str(info.value)
+    w2.proc.send_signal(signal.SIGINT)  # Ctrl+C
+    assert w2.proc.wait(30) == 0, w2.text()
+    assert "stopped" in w2.text()
+
+
+def test_interrupt_a_distributed_prompt_then_it_runs_again(dist_server, tiny_models):
+    server, names = dist_server, tiny_models.names
+    if not any(w.proc.poll() is None and w.log.name.startswith("worker_w1") for w in server.workers):
+        _worker(server)
+    long_id = server.queue_prompt(_graph(names, "ours", "cpu,w1/cpu", 1.0, 10000, "dist/long_interrupt"))
+    _wait_steps(server)
+    started = time.monotonic()
+    server.interrupt()
+    status = _status(server, long_id)
+    stopped_after = time.monotonic() - started
+    assert any(m[0] == "execution_interrupted" for m in status["messages"]), status
+    assert stopped_after < TIMEOUT_S + 15, f"interrupt took {stopped_after:.1f}s"
+    local = _run(server, _graph(names, "ours", "cpu,cpu", 1.0, 2, "dist/after_interrupt_local"))
+    again = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 2, "dist/after_interrupt_dist"))
+    assert torch.equal(again, local)
