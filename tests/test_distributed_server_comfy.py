@@ -110,13 +110,7 @@ def _worker(server):
 
 
 def _status(server, prompt_id, timeout=300.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        entry = server.history(prompt_id).get(prompt_id)
-        if entry and entry.get("status", {}).get("completed") is not None:
-            return entry["status"]
-        time.sleep(0.1)
-    raise AssertionError(f"prompt {prompt_id} not finished after {timeout}s\n{server.log_tail()}")
+    return server.status(prompt_id, timeout)
 
 
 def _wait_steps(server, timeout=120.0):

@@ -27,13 +27,7 @@ def _graph(tiny_models, steps: int, seed: int, prefix: str, parallel: str = "aut
 
 
 def _status(server, prompt_id, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        entry = server.history(prompt_id).get(prompt_id)
-        if entry and entry.get("status", {}).get("completed") is not None:
-            return entry["status"]
-        time.sleep(0.1)
-    raise AssertionError(f"prompt {prompt_id} not finished after {timeout}s\n{server.log_tail()}")
+    return server.status(prompt_id, timeout)
 
 
 @pytest.mark.parametrize("parallel", ["blocks", "sequence"])

@@ -219,22 +219,26 @@ class ComfyServer:
     def history(self, prompt_id: str | None = None) -> dict:
         return self._get(f"/history/{prompt_id}" if prompt_id else "/history")
 
-    def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.25) -> dict:
-        """Poll /history until the prompt finishes; returns its history entry, raises on error."""
+    def status(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.1) -> dict:
+        """Poll /history until the prompt finishes, successfully or not; returns its ``status``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             entry = self.history(prompt_id).get(prompt_id)
             if entry and entry.get("status", {}).get("completed") is not None:
-                status = entry["status"]
-                if status.get("status_str") != "success":
-                    msgs = [m for m in status.get("messages", []) if m[0] == "execution_error"]
-                    detail = json.dumps(msgs, indent=1)[:4000]
-                    raise ComfyServerError(f"prompt {prompt_id} failed: {detail}\n{self.log_tail()}")
-                return entry
+                return entry["status"]
             if self.proc is not None and self.proc.poll() is not None:
                 raise ComfyServerError(f"ComfyUI died while running {prompt_id}\n{self.log_tail()}")
             time.sleep(poll)
         raise ComfyServerError(f"prompt {prompt_id} not done after {timeout:.0f}s\n{self.log_tail()}")
+
+    def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.25) -> dict:
+        """Poll /history until the prompt finishes; returns its history entry, raises on error."""
+        status = self.status(prompt_id, timeout, poll)
+        if status.get("status_str") != "success":
+            msgs = [m for m in status.get("messages", []) if m[0] == "execution_error"]
+            detail = json.dumps(msgs, indent=1)[:4000]
+            raise ComfyServerError(f"prompt {prompt_id} failed: {detail}\n{self.log_tail()}")
+        return self.history(prompt_id)[prompt_id]
 
     def outputs(self, prompt_id: str) -> dict:
         """``{node_id: ui_output}`` of a finished prompt (e.g. ``{"9": {"images": [...]}}``)."""
