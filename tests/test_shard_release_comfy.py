@@ -159,3 +159,21 @@ def test_ksampler_on_unsharded_model_twice_does_not_reload(env, tiny):
     assert torch.equal(_ours(env, base, latent, {}, "cpu,cpu"), first)
     assert loads == [], "the second prompt must not reload the shards"
     env.mm.unload_all_models()
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+@pytest.mark.parametrize("parallel", ["blocks", "sequence"])
+def test_stock_sampler_after_sharded_lora_run_per_mode(env, tiny, tmp_path, parallel, cfg):
+    """Core KSampler on the LoRA'd MODEL after a ShardDiT run on it in either mode: bit-identical to
+    the core-only reference (nothing of the sharded run stays attached to the shared weights), and
+    the next sharded run is right again."""
+    sd = tiny.wan21_t2v_state_dict()
+    apply_lora = _lora_loader(env, tiny, tmp_path, sd)
+    latent = torch.zeros(1, 16, 2, 8, 8)
+    with_lora = apply_lora(_load(env, sd))
+    ref = _stock(env, with_lora, latent, {}, cfg=cfg)
+    first = _ours(env, with_lora, latent, {}, "cpu,cpu", cfg=cfg, parallel=parallel)
+    after = _stock(env, with_lora, latent, {}, cfg=cfg)
+    assert (after - ref).abs().max().item() == 0.0, f"core after ShardDiT {parallel} differs"
+    assert torch.equal(_ours(env, with_lora, latent, {}, "cpu,cpu", cfg=cfg, parallel=parallel), first)
+    env.mm.unload_all_models()

@@ -188,12 +188,29 @@ def release_shards_on_detach(main, unpatch_all: bool) -> None:
       model to itself): the shards stay loaded, nothing reloads;
     - the main ShardDiT loaded last, detached outside that load: a different clone took over (core's
       sampler on the unsharded MODEL, a re-sharded one): the blocks get their original weights back
-      and leave the GPUs, so that clone loads them itself;
+      and leave the GPUs, and the main is unpatched as a full unload would (``_unpatch_main``), so
+      that clone loads and patches them itself;
     - any other clone (e.g. a copy of the MODEL being garbage collected): nothing was loaded by it.
     """
     state = get_shard_state(main)
     if state is None:
         return
     runtime = state.runtime
-    if unpatch_all or (not runtime.loading and runtime.is_loaded_main(main)):
+    if unpatch_all:
         release_roots(state)
+    elif not runtime.loading and runtime.is_loaded_main(main):
+        release_roots(state)
+        _unpatch_main(main)
+
+
+def _unpatch_main(main) -> None:
+    """Undo the main patcher's load on the shared BaseModel, as ``detach(unpatch_all=True)`` does.
+
+    ComfyUI's switch to another clone detaches the main with ``unpatch_all=False`` and the new clone
+    then trusts the BaseModel's marks: with the same ``patches_uuid`` (core's sampler on the very
+    MODEL ShardDiT sharded: its sharded clone copied the uuid) and weight memory still counted, it
+    takes the model as loaded and patched and skips patching, although the shards just gave the
+    blocks their original weights back (the LoRA would be lost). Unpatching the main restores its
+    own weight backups and the real block lists, and clears those marks, so the new clone loads and
+    patches everything itself."""
+    main.unpatch_model(main.offload_device, unpatch_weights=True)
