@@ -180,7 +180,9 @@ class MemoryTracker(TorchDispatchMode):
             self._weights[dev] = self._weights.get(dev, 0) + t.untyped_storage().nbytes()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        return self._track_outputs(func(*args, **(kwargs or {})))
+
+    def _track_outputs(self, out):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self._track(t)
@@ -230,11 +232,7 @@ class _TrackerView(TorchDispatchMode):
         self._tracker = tracker
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._tracker._track(t)
-        return out
+        return self._tracker._track_outputs(func(*args, **(kwargs or {})))
 
 
 def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,
