@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ...parallel.cost_inputs import shape_from_config
+from ...parallel.model_geometry import family_of, geometry_of
 from ...parallel.parallel_mode import ModeDecision, decide_auto_for_latent
 from .placement import current_inventory
 
@@ -47,20 +48,13 @@ class AutoMode:
                                       weight_bytes=self.weight_bytes)
 
 
-# family: (pixels per latent cell, frames per latent frame, text tokens as ComfyUI's encoders pad);
-# the same numbers as the simulator's presets (the latent -> pixels -> tokens round trip is exact).
-_GEOMETRY = {"wan2.1": ("wan", 8, 4, 512), "ltxv": ("ltxv", 32, 8, 128), "hunyuan_video": ("hunyuan_video", 8, 4, 256)}
-
-
 def _model_shape(model_config):
     unet = dict(getattr(model_config, "unet_config", {}) or {})
+    name = type(model_config).__name__
     try:
-        family, spatial, temporal, text = _GEOMETRY[unet.get("image_model")]
-        if family == "wan" and unet.get("out_dim") == 48:
-            spatial = 16  # Wan 2.2 5B's VAE
-        clip = 257 if family == "wan" and unet.get("model_type") == "i2v" else 0
-        return shape_from_config(type(model_config).__name__, family, unet, spatial, temporal, text, clip)
+        family = family_of(unet, name)
+        g = geometry_of(family, unet)
+        return shape_from_config(name, family, unet, g.spatial, g.temporal, g.context_tokens, g.clip_tokens)
     except (ValueError, KeyError, TypeError) as err:
-        log.info("[ShardDiT] parallel auto: no cost shape for %s (%r); the memory rule decides",
-                 type(model_config).__name__, err)
+        log.info("[ShardDiT] parallel auto: no cost shape for %s (%r); the memory rule decides", name, err)
         return None

@@ -19,34 +19,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...parallel.model_geometry import (
+    LTXV_CTX,
+    WAN_CTX,
+    Geometry,
+    family_of,
+    geometry_of,
+)
 from ..comfy import checks
 
 __all__ = ["Geometry", "ModelSpec", "PRESETS", "preset_names", "resolve_model",
            "read_safetensors_header", "meta_state_dict", "build_meta_model", "spec_from_model_config"]
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Latent and conditioning shapes of a model family (what the sampler feeds the DiT)."""
-
-    in_channels: int
-    """Channels of the DiT input (latent channels, plus concatenated image channels for i2v)."""
-    spatial: int
-    """Pixels per latent cell along width and height."""
-    temporal: int
-    """Frames per latent frame after the first: latent frames = (frames - 1) // temporal + 1."""
-    context_tokens: int
-    """Text tokens the text encoder produces (ComfyUI pads to at least this many)."""
-    context_dim: int
-    """Width of each text token."""
-    pooled_dim: int = 0
-    """Width of the pooled text vector (HunyuanVideo's CLIP-L ``y``), 0 when none."""
-    clip_tokens: int = 0
-    """Image-encoder tokens (Wan 2.1 i2v ``clip_fea``), 0 when none."""
-
-    def latent_shape(self, width: int, height: int, frames: int, batch: int) -> tuple:
-        t = (frames - 1) // self.temporal + 1
-        return (batch, self.in_channels, t, height // self.spatial, width // self.spatial)
 
 
 @dataclass(frozen=True)
@@ -69,29 +52,27 @@ class ModelSpec:
 _WAN = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), freq_dim=256,
             window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6)
 _WAN_14B = dict(_WAN, dim=5120, num_heads=40, ffn_dim=13824, num_layers=40, in_dim=16, out_dim=16)
-_WAN_CTX = dict(context_tokens=512, context_dim=4096)
-_LTXV_CTX = dict(context_tokens=128, context_dim=4096)
 _HUNYUAN = dict(image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2], out_channels=16,
                 vec_in_dim=768, axes_dim=[16, 56, 56], meanflow=False, context_in_dim=4096,
                 hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=20, depth_single_blocks=40,
                 theta=256, qkv_bias=True, byt5=False, guidance_embed=True)
 
 PRESETS: dict[str, ModelSpec] = {
-    "wan2.1-t2v-14b": ModelSpec("wan2.1-t2v-14b", "wan", _WAN_14B, Geometry(16, 8, 4, **_WAN_CTX)),
+    "wan2.1-t2v-14b": ModelSpec("wan2.1-t2v-14b", "wan", _WAN_14B, Geometry(16, 8, 4, **WAN_CTX)),
     "wan2.1-t2v-1.3b": ModelSpec("wan2.1-t2v-1.3b", "wan", dict(
         _WAN, dim=1536, num_heads=12, ffn_dim=8960, num_layers=30, in_dim=16, out_dim=16),
-        Geometry(16, 8, 4, **_WAN_CTX)),
-    "wan2.2-t2v-a14b": ModelSpec("wan2.2-t2v-a14b", "wan", _WAN_14B, Geometry(16, 8, 4, **_WAN_CTX),
+        Geometry(16, 8, 4, **WAN_CTX)),
+    "wan2.2-t2v-a14b": ModelSpec("wan2.2-t2v-a14b", "wan", _WAN_14B, Geometry(16, 8, 4, **WAN_CTX),
                                  experts=2),
     "wan2.2-ti2v-5b": ModelSpec("wan2.2-ti2v-5b", "wan", dict(
         _WAN, dim=3072, num_heads=24, ffn_dim=14336, num_layers=30, in_dim=48, out_dim=48),
-        Geometry(48, 16, 4, **_WAN_CTX)),
+        Geometry(48, 16, 4, **WAN_CTX)),
     "ltxv-13b": ModelSpec("ltxv-13b", "ltxv", dict(
         image_model="ltxv", num_layers=48, attention_head_dim=128, cross_attention_dim=4096),
-        Geometry(128, 32, 8, **_LTXV_CTX)),
+        Geometry(128, 32, 8, **LTXV_CTX)),
     "ltxv-2b": ModelSpec("ltxv-2b", "ltxv", dict(
         image_model="ltxv", num_layers=28, attention_head_dim=64, cross_attention_dim=2048),
-        Geometry(128, 32, 8, **_LTXV_CTX)),
+        Geometry(128, 32, 8, **LTXV_CTX)),
     "hunyuanvideo-13b": ModelSpec("hunyuanvideo-13b", "hunyuan_video", _HUNYUAN,
                                   Geometry(16, 8, 4, context_tokens=256, context_dim=4096, pooled_dim=768)),
 }
@@ -155,37 +136,17 @@ def spec_from_safetensors(path: str) -> ModelSpec:
         raise ValueError(f"[ShardDiT] ComfyUI does not recognise {path!r} as a diffusion model "
                          "(model_detection found no config): pass a DiT file or a preset")
     unet = {k: v for k, v in config.unet_config.items() if k not in ("dtype", "device", "operations")}
-    family = _family(unet, path)
+    family = family_of(unet, path)
     dtype = _DTYPE_NAMES.get(comfy.utils.weight_dtype(sd))
-    return ModelSpec(os.path.basename(path), family, unet, _geometry(family, unet), 1, dtype, sd)
+    return ModelSpec(os.path.basename(path), family, unet, geometry_of(family, unet), 1, dtype, sd)
 
 
 def spec_from_model_config(model_config) -> ModelSpec:
     """The spec of a model ComfyUI already loaded (``BaseModel.model_config``): config only."""
     unet = {k: v for k, v in model_config.unet_config.items() if k not in ("dtype", "device", "operations")}
     name = type(model_config).__name__
-    family = _family(unet, name)
-    return ModelSpec(name, family, unet, _geometry(family, unet))
-
-
-def _family(unet: dict, path: str) -> str:
-    image_model = unet.get("image_model")
-    if image_model in ("wan2.1", "ltxv", "hunyuan_video"):
-        return {"wan2.1": "wan"}.get(image_model, image_model)
-    raise ValueError(f"[ShardDiT] {path!r} is a {image_model!r} model; the simulator knows Wan, "
-                     "LTX-Video and HunyuanVideo")
-
-
-def _geometry(family: str, unet: dict) -> Geometry:
-    if family == "wan":
-        spatial = 16 if unet.get("out_dim") == 48 else 8
-        clip = 257 if unet.get("model_type") == "i2v" else 0
-        return Geometry(unet.get("in_dim", 16), spatial, 4, clip_tokens=clip, **_WAN_CTX)
-    if family == "ltxv":
-        return Geometry(unet.get("in_channels", 128), 32, 8, **_LTXV_CTX)
-    pooled = 768 if unet.get("vec_in_dim") else 0
-    return Geometry(unet.get("in_channels", 16), 8, 4, context_tokens=256,
-                    context_dim=unet.get("context_in_dim", 4096), pooled_dim=pooled)
+    family = family_of(unet, name)
+    return ModelSpec(name, family, unet, geometry_of(family, unet))
 
 
 def build_meta_model(spec: ModelSpec, weight_dtype: torch.dtype, manual_cast_dtype: torch.dtype | None):
