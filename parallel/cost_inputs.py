@@ -32,6 +32,7 @@ __all__ = [
     "parse_link_gbps",
     "shape_from_config",
     "shape_from_spec",
+    "table_gpu_name",
 ]
 
 EFFICIENCY = 0.6
@@ -153,6 +154,15 @@ def shape_from_spec(spec) -> ModelShape:
     g = spec.geometry
     return shape_from_config(spec.name, spec.family, spec.unet_config, g.spatial, g.temporal,
                              g.context_tokens, getattr(g, "clip_tokens", 0))
+
+
+def table_gpu_name(name) -> str | None:
+    """``name`` when the throughput table knows it (``normalize_gpu_name`` matches), else None."""
+    try:
+        normalize_gpu_name(name)
+    except ValueError:
+        return None
+    return name
 
 
 def normalize_gpu_name(name: str) -> str:

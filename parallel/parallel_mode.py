@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost_inputs import DEFAULT_GPU, ModelShape, normalize_gpu_name
+from .cost_inputs import DEFAULT_GPU, ModelShape, table_gpu_name
 from .cost_model import Workload, estimate_costs, hardware_from_options
 from .cost_report import choose_strategy
 from .inventory import GiB
@@ -92,13 +92,7 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     """
     if memory.mode != "sequence" or len(ranks) < 2:
         return memory
-    names = []
-    for d in ranks:
-        try:
-            normalize_gpu_name(gpu_names.get(d, ""))
-            names.append(gpu_names[d])
-        except ValueError:
-            names.append(DEFAULT_GPU)
+    names = [table_gpu_name(gpu_names.get(d, "")) or DEFAULT_GPU for d in ranks]
     hw = hardware_from_options(names, link_gbps=link_gbps)
     costs = estimate_costs(workload_from_latent(shape, latent_shape, weight_bytes), hw, owned)
     costs = {k: costs[k] for k in ("blocks", "sequence")}

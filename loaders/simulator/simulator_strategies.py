@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from ...parallel.cost_inputs import DEFAULT_GPU, normalize_gpu_name, shape_from_spec
+from ...parallel.cost_inputs import DEFAULT_GPU, normalize_gpu_name, shape_from_spec, table_gpu_name
 from ...parallel.cost_model import Workload, estimate_blocks, estimate_one_gpu, estimate_sequence, hardware_from_options
 from ...parallel.cost_report import DevicePeak, choose_strategy, format_strategy_rows
 from ...parallel.parallel_mode import check_parallel, prefetch_bytes
@@ -197,11 +197,8 @@ def _gpu_names(inventory, gpu: str | None) -> dict:
         return {"*": gpu, **{g.device: gpu for g in inventory.gpus}}
     names = {}
     for g in inventory.gpus:
-        try:
-            normalize_gpu_name(g.name)
-            names[g.device] = g.name
-        except ValueError:
-            names[g.device] = DEFAULT_GPU
+        names[g.device] = table_gpu_name(g.name) or DEFAULT_GPU
+        if names[g.device] != g.name:
             names["default"] = True
     names["*"] = next((names[g.device] for g in inventory.gpus), DEFAULT_GPU)
     if not inventory.gpus:
