@@ -25,7 +25,7 @@ import torch.distributed as dist
 from .dist_wire import recv_message, send_message
 
 __all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers",
-           "reset_after_failed_init"]
+           "reset_after_failed_init", "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
@@ -47,6 +47,17 @@ def reset_after_failed_init() -> None:
     world = getattr(distributed_c10d, "_world", None)
     if world is not None and hasattr(world, "group_count"):
         world.group_count = 0
+
+
+def weight_groups(world: int, backend: str, timeout_s: float) -> dict:
+    """The groups block weights travel on, made in this order on every process: ``all`` (the host
+    sends a block it owns to every worker) and, with two workers or more, ``workers`` (a worker
+    sends a block it owns to the others)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    groups = {"all": dist.new_group(list(range(world)), backend=backend, timeout=timeout)}
+    if world > 2:
+        groups["workers"] = dist.new_group(list(range(1, world)), backend=backend, timeout=timeout)
+    return groups
 
 
 class DistWorkerError(RuntimeError):
@@ -146,9 +157,11 @@ class HostSession:
         self.broken = False
         self.bytes_received: dict[str, int] = {}
         """Per worker: bytes of its replies (the rows it returns at a gather, acknowledgements)."""
-        self.versions: dict[str, dict[tuple, tuple]] = {n: {} for n in self.names}
-        """Per worker: (model key, block index) -> version of the weights it holds
-        (``dist_ranks.block_version``)."""
+        self.versions: dict[str, dict[tuple, object]] = {n: {} for n in self.names}
+        """Per worker: (model key, block index) -> version of the weights of a block it owns
+        (``dist_blocks.same_version`` compares them)."""
+        self.skeletons: dict[str, set] = {n: set() for n in self.names}
+        """Per worker: (model key, block index) of the block skeletons it holds."""
         store = lobby.store
         self.sid = store.add("sessions", 1)
         world = len(self.names) + 1
@@ -171,6 +184,7 @@ class HostSession:
                     for r, name in enumerate(self.names, start=1)}
         self.groups = {g: dist.new_group(list(g), backend=backend, timeout=datetime.timedelta(seconds=self.timeout_s))
                        for g in self.group_keys}
+        self.weight_groups = weight_groups(world, backend, self.timeout_s)
         log.info("[ShardDiT] session %d open with %s in %.1f s", self.sid, ", ".join(self.names), time.monotonic() - t0)
 
     def rank_of(self, name: str) -> int:
@@ -179,22 +193,42 @@ class HostSession:
     def label(self, name: str) -> str:
         return f"worker {name!r} (rank {self.rank_of(name)}, {self.devices.get(name, '?')})"
 
-    def request(self, name: str, message: dict, what: str, reply: bool = True):
+    def request(self, name: str, message: dict, what: str):
         """Send ``message`` to worker ``name`` and wait for its reply (within the timeout)."""
+        sent = self.send(name, message, what)
+        return sent, self.receive(name, what)[1]
+
+    def send(self, name: str, message: dict, what: str) -> int:
         try:
-            sent = send_message(message, self.rank_of(name), self.ctl[name])
-            raw = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s) if reply else b""
-            answer = raw.load() if reply else None
-            self.bytes_received[name] = self.bytes_received.get(name, 0) + len(raw) + 8 * reply
+            return send_message(message, self.rank_of(name), self.ctl[name])
         except Exception as e:
-            self.broken = True
-            raise DistWorkerError(f"[ShardDiT] {self.label(name)} did not answer during {what} within "
-                                  f"{self.timeout_s:.0f} s (dead, hung or unreachable): {type(e).__name__}: "
-                                  f"{(str(e).splitlines() or [''])[0]}") from e
-        if reply and answer.get("error"):
+            raise self._failed(name, what, e) from e
+
+    def receive(self, name: str, what: str):
+        """(bytes, answer): worker ``name``'s reply to the last command (within the timeout)."""
+        try:
+            raw = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s)
+            answer = raw.load()
+            self.bytes_received[name] = self.bytes_received.get(name, 0) + len(raw) + 8
+        except Exception as e:
+            raise self._failed(name, what, e) from e
+        if answer.get("error"):
             self.broken = True
             raise DistWorkerError(f"[ShardDiT] {self.label(name)} failed during {what}: {answer['error']}")
-        return sent, answer
+        return len(raw) + 8, answer
+
+    def _failed(self, name: str, what: str, e: Exception) -> DistWorkerError:
+        self.broken = True
+        return DistWorkerError(f"[ShardDiT] {self.label(name)} did not answer during {what} within "
+                               f"{self.timeout_s:.0f} s (dead, hung or unreachable): {type(e).__name__}: "
+                               f"{(str(e).splitlines() or [''])[0]}")
+
+    def broadcast(self, flat, src: int, group: str):
+        """Post a broadcast of ``flat`` from process ``src`` on weight group ``group``; the work."""
+        return dist.broadcast(flat, src, group=self.weight_groups[group], async_op=True)
+
+    def wait(self, work) -> None:
+        work.wait(datetime.timedelta(seconds=self.timeout_s))
 
     def close(self) -> None:
         if not self.broken:

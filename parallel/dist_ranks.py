@@ -1,16 +1,26 @@
 """Engine ranks that live in worker processes (host side of distributed `sequence` mode; pure).
 
-``attach_remote_ranks(engine, lobby, {engine_rank: worker_name})`` makes those ranks of a
-``SequenceEngine`` remote. Their pool thread on the host becomes a proxy: for each block it sends
-the worker the block's weights when the worker does not hold this version yet (after ComfyUI's
-patching: LoRA, casts), the rank's share of the arguments (constants once per forward, later by
-reference; the hidden state stays on the worker between blocks), and waits for "done". Ulysses
-exchanges between a host rank and worker ranks go through ``DistExchange``; the host fetches a
-worker's rows only where the engine gathers.
+``attach_remote_ranks(engine, lobby, {engine_rank: worker}, devices, owners=...)`` makes those ranks
+of a ``SequenceEngine`` remote. Their pool thread on the host becomes a proxy: for each block it
+sends the worker a command with the rank's share of the arguments (constants once per forward,
+later by reference; the hidden state stays on the worker between blocks) and waits for "done".
 
-Limits of this first version: each worker serves one rank (one device); a batch group may hold
-at most one host rank besides worker ranks; every worker holds every block (streamed once per
-session from the host, so the host must fit the whole DiT).
+**Weights.** Every engine rank owns a share of the blocks (``owners``: block index -> engine rank;
+by default contiguous, equal shares). A worker keeps only the blocks its rank owns: the host sends
+them (after ComfyUI's patching: LoRA, casts) the first time and again only when their version
+changes (``version_of``: ComfyUI's patch state per block from ``loaders/comfy``; by default the
+tensors and their in-place counters, ``dist_blocks.weights_version``). Every other block reaches
+the worker once per forward from its *owner*, with one ``broadcast`` per block over
+torch.distributed: from the host (group of all processes) when a host device owns it, from the
+owning worker (group of the workers) otherwise; the block after the current one is posted early,
+so it arrives while the current one computes. The host's own ranks run worker-owned blocks from
+the host's copy (ComfyUI keeps it in RAM: the shard of a worker's blocks lives on ``cpu``).
+
+Ulysses exchanges between a host rank and worker ranks go through ``DistExchange``; the host
+fetches a worker's rows only where the engine gathers.
+
+Limits of this version: each worker process serves one rank (one device); a batch group may hold
+at most one host rank besides worker ranks.
 """
 from __future__ import annotations
 
@@ -19,16 +29,19 @@ import uuid
 
 import torch
 
+from .dist_blocks import WeightLayout, pack_block, same_version, skeleton, weights_version
 from .dist_exchange import DistExchange
-from .dist_host import Lobby
-from .seq_split import plan_groups
+from .dist_host import DistWorkerError, Lobby
+from .seq_split import even_ranges, plan_groups
 
-__all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "block_version"]
+__all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "even_owners", "transfer_group"]
 
 _OVERRIDE = "optimized_attention_override"
 _NOT_SENT = ("patches", "patches_replace", "wrappers", "callbacks", _OVERRIDE)
 _FORWARDS = itertools.count(1)
 """Forward ids, unique in this process: two models (Wan 2.2's two experts) share one session."""
+_IN_FLIGHT = 3
+"""Host broadcasts in flight at most (the current block, the next one, one finishing)."""
 
 
 class RemoteStream:
@@ -40,29 +53,29 @@ class RemoteStream:
         self.name = name
 
 
-def block_version(block: torch.nn.Module) -> tuple:
-    """What identifies a block's weights: per tensor its storage, in-place version and content
-    checksums (a LoRA patch replaces or rewrites tensors; sums catch a new tensor at a reused
-    address). One device sync per block."""
-    tensors = [t for _, t in block.named_parameters()] + [t for _, t in block.named_buffers()]
-    if not tensors:
-        return ()
-    keys = tuple((t.data_ptr(), _version(t), tuple(t.shape), str(t.dtype)) for t in tensors)
-    sums = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]) for t in tensors])
-    return keys + tuple(sums.flatten().tolist())
+def even_owners(order: list[int], n_ranks: int) -> dict[int, int]:
+    """Block index -> engine rank: contiguous, equal shares of ``order`` (the execution order)."""
+    out = {}
+    for r, (a, b) in enumerate(even_ranges(len(order), n_ranks)):
+        for idx in order[a:b]:
+            out[idx] = r
+    return out
 
 
-def _version(t: torch.Tensor) -> int:
-    try:
-        return t._version
-    except RuntimeError:  # an inference tensor has no version counter (the checksums still apply)
-        return -1
+def transfer_group(owner_proc: int, n_workers: int):
+    """How a block owned by process ``owner_proc`` reaches the workers that do not own it:
+    ``("all", 0)`` (the host sends to every worker), ``("workers", owner_proc)`` (a worker sends to
+    the others), or None (no other worker needs it)."""
+    if owner_proc == 0:
+        return ("all", 0)
+    return ("workers", owner_proc) if n_workers > 1 else None
 
 
 class DistRanks:
     """The remote ranks of one engine and the session they run in."""
 
-    def __init__(self, engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str], backend: str = "gloo"):
+    def __init__(self, engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str], backend: str = "gloo",
+                 owners: dict[int, int] | None = None, version_of=None):
         self.engine, self.lobby, self.remote = engine, lobby, dict(remote)
         self.devices, self.backend = devices, backend
         if len(set(self.remote.values())) != len(self.remote):
@@ -71,12 +84,31 @@ class DistRanks:
         self.dist_rank = {r: (self.names.index(n) + 1 if (n := self.remote.get(r)) else 0)
                           for r in range(len(engine.devices))}
         self.group_keys, self.bad_groups = self._groups(len(engine.devices))
+        order = list(engine.order)
+        self.owners = dict(owners) if owners is not None else even_owners(order, len(engine.devices))
+        missing = [i for i in order if i not in self.owners]
+        if missing:
+            raise ValueError(f"[ShardDiT] blocks {missing} have no owner rank")
+        self.version_of = version_of or (lambda index, block: weights_version(block))
+        """``(block index, block) -> version``: compared with ``dist_blocks.same_version``."""
+        local = [d for r, d in enumerate(engine.devices) if r not in self.remote]
+        self.wire = torch.device("cpu") if backend == "gloo" else local[0]
+        """Where the host's weight bytes travel from (gloo: host memory; NCCL: the host's first GPU)."""
+        self.designated = min(self.remote)
+        """The engine rank whose proxy thread makes the host's weight broadcasts (one per block)."""
         self.session = None
         self._sent: dict[str, dict[int, tuple]] = {}
         self._fid = 0
         self.key = uuid.uuid4().hex[:12]
         """This engine's blocks on the workers (``(key, index)``), apart from another model's."""
         self.bytes_sent: dict[str, int] = {}
+        """Per worker, this forward: every byte the host sent it (commands, arguments, weights)."""
+        self.weight_bytes: dict[str, int] = {}
+        """Per worker, this forward: block weight bytes it received (from the host or other workers)."""
+        self._layouts: dict[int, WeightLayout] = {}
+        self._mentioned: dict[str, set] = {}
+        self._host_sent: set = set()
+        self._host_works: list = []
 
     def _groups(self, n):
         keys, bad = [], set()
@@ -95,6 +127,15 @@ class DistRanks:
     def is_remote(self, rank: int) -> bool:
         return rank in self.remote
 
+    def owner_proc(self, index: int) -> int:
+        return self.dist_rank[self.owners[index]]
+
+    def layout(self, index: int, block) -> WeightLayout:
+        lay = self._layouts.get(index)
+        if lay is None:
+            lay = self._layouts[index] = WeightLayout(block)
+        return lay
+
     # ---- main thread ---------------------------------------------------------------------------
     def begin_forward(self, groups) -> None:
         for g in groups:
@@ -105,11 +146,24 @@ class DistRanks:
         self._fid = next(_FORWARDS)
         self._sent = {n: {} for n in self.names}
         self.bytes_sent = {n: 0 for n in self.names}
+        self.weight_bytes = {n: 0 for n in self.names}
+        self._mentioned = {n: set() for n in self.names}
+        self._host_sent = set()
+        self._host_works = []
 
     def end_forward(self, ok: bool) -> None:
-        if self.session is not None and (not ok or self.session.broken):
-            self.lobby.close_session()
-        self.session = None
+        s = self.session
+        try:
+            if ok and s is not None and not s.broken:
+                self._wait_host_works(0)
+        except DistWorkerError:
+            ok = False
+            raise
+        finally:
+            self._host_works = []
+            if s is not None and (not ok or s.broken):
+                self.lobby.close_session()
+            self.session = None
 
     def exchange(self, group, device):
         """The host rank's exchange for a batch group that includes worker ranks; None otherwise."""
@@ -125,31 +179,91 @@ class DistRanks:
         return self.session.label(name) if name else f"the host (rank 0, {self.engine.devices[rank]})"
 
     # ---- the proxy thread of a remote rank -------------------------------------------------------
-    def run_block(self, fwd, rank, index: int, block, values: list, kwvalues: dict, stream_names) -> None:
+    def run_block(self, fwd, rank, index: int, block, values: list, kwvalues: dict, stream_names, nxt=None) -> None:
         name = self.remote[rank.slice.rank]
         s = self.session
-        version = block_version(block)
-        module = block if s.versions[name].get((self.key, index)) != version else None
-        msg = {"op": "block", "fid": self._fid, "index": (self.key, index), "module": module,
+        blocks = [(index, block)] + ([tuple(nxt)] if nxt is not None else [])
+        skeletons, owned, plan, updated = {}, {}, {}, []
+        for idx, blk in blocks:
+            if idx in self._mentioned[name]:
+                continue
+            self._mentioned[name].add(idx)
+            key = (self.key, idx)
+            if key not in s.skeletons[name]:
+                skeletons[idx] = skeleton(blk)
+            plan[idx] = transfer_group(self.owner_proc(idx), len(self.names))  # it sends what it owns
+            if self.owners[idx] == rank.slice.rank:
+                version = self.version_of(idx, blk)
+                if not same_version(s.versions[name].get(key), version):
+                    owned[idx] = pack_block(blk, self.layout(idx, blk))
+                    self.weight_bytes[name] += owned[idx].numel()
+                    updated.append((key, version))
+            elif plan[idx] is not None:
+                self.weight_bytes[name] += self.layout(idx, blk).nbytes
+        msg = {"op": "block", "fid": self._fid, "key": self.key, "index": index,
+               "skeletons": skeletons, "owned": owned, "transfers": plan,
                "args": [self._encode(name, v) for v in values],
                "kwargs": {k: self._encode(name, v) for k, v in kwvalues.items()},
                "streams": list(stream_names), "slice": _slice_data(rank.slice), "main": fwd.main,
                "group": [self.dist_rank[r] for r in rank.slice.group.ranks],
                "peers": [self._label(r) for r in rank.slice.group.ranks],
                "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled()}
-        what = f"block {index}" + (" (receiving its weights)" if module is not None else "")
-        sent, _ = s.request(name, msg, what)
+        what = f"block {index}" + (" (receiving the weights of the blocks it owns)" if owned else "")
+        sent = s.send(name, msg, what)
+        if rank.slice.rank == self.designated:
+            self._host_broadcasts(blocks)
+        _, answer = s.receive(name, what)
         self.bytes_sent[name] += sent
-        if module is not None:
-            s.versions[name][(self.key, index)] = version
+        for key, version in updated:
+            s.versions[name][key] = version
+        s.skeletons[name].update((self.key, i) for i in skeletons)
         for n in stream_names:
             rank.streams[n] = RemoteStream(n)
         rank.blocks_run += 1
+
+    def _host_broadcasts(self, blocks) -> None:
+        """The host's side of the weight broadcasts of host-owned blocks (same rule as the workers':
+        each block once per forward, at its first mention)."""
+        s = self.session
+        for idx, blk in blocks:
+            if idx in self._host_sent:
+                continue
+            self._host_sent.add(idx)
+            if transfer_group(self.owner_proc(idx), len(self.names)) != ("all", 0):
+                continue
+            flat = pack_block(blk, self.layout(idx, blk), self.wire)
+            try:
+                work = s.broadcast(flat, 0, "all")
+            except Exception as e:
+                raise self._weights_error(idx, e) from e
+            self._host_works.append((idx, flat, work))
+            self._wait_host_works(_IN_FLIGHT)
+
+    def _wait_host_works(self, keep: int) -> None:
+        while len(self._host_works) > keep:
+            idx, _, work = self._host_works.pop(0)
+            try:
+                self.session.wait(work)
+            except Exception as e:
+                raise self._weights_error(idx, e) from e
+
+    def _weights_error(self, idx: int, e: Exception) -> DistWorkerError:
+        s = self.session
+        s.broken = True
+        return DistWorkerError(f"[ShardDiT] sending block {idx}'s weights to {', '.join(map(s.label, self.names))} "
+                               f"failed (a worker is dead, hung or unreachable; timeout {s.timeout_s:.0f} s): "
+                               f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
 
     def fetch(self, rank: int, stream: str) -> torch.Tensor:
         name = self.remote[rank]
         _, answer = self.session.request(name, {"op": "fetch", "name": stream}, f"returning {stream!r}")
         return answer["tensor"]
+
+    def held_bytes(self, rank: int) -> dict:
+        """What the worker of ``rank`` holds now (between forwards, in the open session): bytes of
+        the blocks it owns and of its receive ring."""
+        _, answer = (self.session or self.lobby.session).request(self.remote[rank], {"op": "held"}, "reporting its memory")
+        return answer
 
     def _encode(self, name: str, value):
         if isinstance(value, RemoteStream):
@@ -206,8 +320,9 @@ def _plain(v, depth: int = 2) -> bool:
 
 
 def attach_remote_ranks(engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str],
-                        backend: str = "gloo") -> DistRanks:
-    """Make ``remote`` (engine rank -> worker name) ranks of ``engine`` run in those workers."""
-    engine.dist = DistRanks(engine, lobby, remote, devices, backend)
+                        backend: str = "gloo", owners: dict[int, int] | None = None, version_of=None) -> DistRanks:
+    """Make ``remote`` (engine rank -> worker name) ranks of ``engine`` run in those workers;
+    ``owners``: block index -> the engine rank that owns it (default: equal contiguous shares)."""
+    engine.dist = DistRanks(engine, lobby, remote, devices, backend, owners, version_of)
     engine.timeout_s = max(engine.timeout_s, lobby.timeout_s * 2 + 30)  # the worker's own timeout fires first
     return engine.dist

@@ -5,9 +5,13 @@ listens), registers its offer, then loops: wait for an invitation, join the sess
 group, run the host's commands until it says ``leave`` or the session breaks, back to waiting.
 Commands (``dist_wire`` messages on the worker's command group, one reply each):
 
-- ``block``: store the block's weights if sent (``module``), rebuild the rank's arguments (the
-  hidden state it kept, constants defined once per forward), run the block with a Ulysses
-  attention override over ``DistExchange``, keep the output rows;
+- ``block``: keep the skeletons and the weights of the blocks this worker owns that came with it,
+  post this worker's part of the weight broadcasts of the blocks it mentions first (the current
+  one and the next: sent from here for a block it owns, received into a ``WeightRing`` slot
+  otherwise), rebuild the rank's arguments (the hidden state it kept, constants defined once per
+  forward), run the block with a Ulysses attention override over ``DistExchange``, keep the
+  output rows;
+- ``held``: report the bytes of the blocks it owns and of its receive ring;
 - ``fetch``: send back the rows of one hidden state;
 - ``leave``: leave the session (the weights go with it).
 
@@ -26,8 +30,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize, unpack_into
 from .dist_exchange import DistExchange
-from .dist_host import IDLE_TIMEOUT_S, reset_after_failed_init
+from .dist_host import IDLE_TIMEOUT_S, reset_after_failed_init, weight_groups
 from .dist_wire import recv_message, send_message
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
@@ -83,17 +88,26 @@ class Worker:
         except Exception as e:  # noqa: BLE001 - the host gave up on this session meanwhile
             reset_after_failed_init()
             return f"could not join session {sid} ({type(e).__name__})"
+        backend = invite["backend"]
+        self.wire = torch.device("cpu") if backend == "gloo" else self.device
+        self.skeletons: dict[tuple, torch.nn.Module] = {}  # (model key, block index) -> skeleton
+        self.owned: dict[tuple, tuple] = {}  # (model key, block index) -> (module, flat bytes on device, layout)
+        self.layouts: dict[tuple, WeightLayout] = {}
+        self.ring = WeightRing(self.device, self.wire, timeout_s=invite["timeout_s"])
         try:
             ctl = {r: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
                    for r in range(1, world)}
-            groups = {tuple(g): dist.new_group(g, backend=invite["backend"], timeout=timeout) for g in invite["groups"]}
+            groups = {tuple(g): dist.new_group(g, backend=backend, timeout=timeout) for g in invite["groups"]}
+            wgroups = weight_groups(world, backend, invite["timeout_s"])
             self.say(f"[ShardDiT] worker {self.name!r}: in session {sid} as rank {rank} of {world}")
-            return self._serve(rank, ctl[rank], groups, invite["timeout_s"], invite["backend"])
+            return self._serve(rank, ctl[rank], groups, wgroups, invite["timeout_s"], backend)
         finally:
-            self.modules.clear()
+            self.skeletons.clear()
+            self.owned.clear()
+            self.ring.release()
             dist.destroy_process_group()
 
-    def _serve(self, rank, ctl, groups, timeout_s, backend) -> str:
+    def _serve(self, rank, ctl, groups, wgroups, timeout_s, backend) -> str:
         state = _ForwardState(-1)
         while True:
             try:
@@ -113,11 +127,15 @@ class Worker:
             try:
                 if op == "block":
                     if msg["fid"] != state.fid:
+                        state.finish(timeout_s)
                         state = _ForwardState(msg["fid"])
-                    self._block(state, msg, groups, timeout_s, backend)
+                    self._block(state, msg, rank, groups, wgroups, timeout_s, backend)
                     reply = {"ok": True}
                 elif op == "fetch":
                     reply = {"tensor": state.streams[msg["name"]].cpu()}
+                elif op == "held":
+                    reply = {"owned": sum(f.numel() for _, f, _ in self.owned.values()), "ring": self.ring.nbytes,
+                             "blocks": sorted(i for _, i in self.owned)}
                 else:
                     reply = {"error": f"unknown command {op!r}"}
             except Exception as e:  # noqa: BLE001 - report, then leave: the ranks are out of step now
@@ -126,11 +144,49 @@ class Worker:
                 return f"failed: {e}"
             send_message(reply, 0, ctl)
 
-    def _block(self, state, msg, groups, timeout_s, backend) -> None:
-        index = msg["index"]
-        if msg["module"] is not None:
-            self.modules[index] = msg["module"].to(self.device)
-        module = self.modules[index]
+    def _weights(self, state, msg, rank, wgroups, timeout_s) -> None:
+        """Take the skeletons and owned blocks the host sent, then post this rank's part of the
+        weight broadcasts of the blocks first mentioned here (the current one and the next)."""
+        key = msg["key"]
+        for idx, skel in msg["skeletons"].items():
+            self.skeletons[(key, idx)] = skel
+            self.layouts[(key, idx)] = WeightLayout(skel)
+        for idx, flat in msg["owned"].items():
+            k = (key, idx)
+            module = materialize(self.skeletons[k], self.device)
+            flat = flat.to(self.device)
+            bind_flat(module, flat, self.layouts[k])
+            self.owned[k] = (module, flat, self.layouts[k])
+        for idx, plan in msg["transfers"].items():
+            k = (key, idx)
+            if plan is None:
+                continue
+            group, src = plan
+            if src == rank:  # this worker owns the block: it sends it to the other workers
+                flat = self.owned[k][1]
+                flat = flat if flat.device == self.wire else flat.to(self.wire)
+                state.works.append((dist.broadcast(flat, src, group=wgroups[group], async_op=True), flat))
+                continue
+            slot = self.ring.slot_for(k, self.skeletons[k], self.layouts[k])
+            slot.work = dist.broadcast(slot.flat, src, group=wgroups[group], async_op=True)
+            state.incoming[k] = slot
+
+    def _module(self, state, key, timeout_s) -> torch.nn.Module:
+        if key in self.owned:
+            return self.owned[key][0]
+        slot = state.incoming.pop(key, None)
+        if slot is None or slot.index != key:
+            raise RuntimeError(f"block {key[1]}: its weights were not sent to this worker")
+        if slot.work is not None:
+            slot.work.wait(datetime.timedelta(seconds=timeout_s))
+            slot.work = None
+            if slot.flat.device != self.device:
+                unpack_into(slot.flat, self.layouts[key], slot.module)
+        return slot.module
+
+    def _block(self, state, msg, rank, groups, wgroups, timeout_s, backend) -> None:
+        self._weights(state, msg, rank, wgroups, timeout_s)
+        module = self._module(state, (msg["key"], msg["index"]), timeout_s)
         args = [state.decode(a, self.device) for a in msg["args"]]
         kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"].items()}
         d = msg["slice"]
@@ -153,6 +209,20 @@ class _ForwardState:
         self.fid = fid
         self.consts: dict[int, object] = {}
         self.streams: dict[str, torch.Tensor] = {}
+        self.incoming: dict[tuple, object] = {}
+        """(model key, block index) -> the ring slot its weights arrive in (posted, maybe unused)."""
+        self.works: list = []
+        """Broadcasts this worker sends (blocks it owns), kept with their bytes until done."""
+
+    def finish(self, timeout_s: float) -> None:
+        """Wait for the broadcasts of the forward that ended (every process posted them)."""
+        for work, _ in self.works:
+            work.wait(datetime.timedelta(seconds=timeout_s))
+        for slot in self.incoming.values():
+            if slot.work is not None:
+                slot.work.wait(datetime.timedelta(seconds=timeout_s))
+                slot.work = None
+        self.works, self.incoming = [], {}
 
     def decode(self, item, device):
         kind = item[0]

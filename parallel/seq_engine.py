@@ -128,12 +128,14 @@ class SequenceEngine:
         self._scoped = False
         self._names: dict[type, list[str]] = {}
         self._next: dict[int, tuple] = {}
+        self.order: tuple[int, ...] = ()
         self._warned: set[str] = set()
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def register_order(self, order: list[tuple[int, torch.nn.Module]]) -> None:
         """The blocks in execution order, so a rank can prefetch the one after the current."""
         self._next = {order[i][0]: order[i + 1] for i in range(len(order) - 1)}
+        self.order = tuple(i for i, _ in order)
 
     @contextlib.contextmanager
     def forward_scope(self):
@@ -358,7 +360,7 @@ class SequenceEngine:
                        for i, a in enumerate(args)]
         values_kwargs = {k: self._local(fwd, rank, spec, stream_names, k, v) for k, v in kwargs.items()}
         if self.dist is not None and self.dist.is_remote(rank.slice.rank):
-            self.dist.run_block(fwd, rank, index, block, values_args, values_kwargs, stream_names)
+            self.dist.run_block(fwd, rank, index, block, values_args, values_kwargs, stream_names, nxt)
             return
         module = rank.stream.module_for(index, block)
         if nxt is not None:

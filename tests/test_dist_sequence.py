@@ -11,6 +11,7 @@ import pytest
 import torch
 from harness import dist_procs
 from harness.toy_seq import SeqToyDiT
+from sharddit.parallel.dist_blocks import WeightLayout
 from sharddit.parallel.dist_host import Lobby, describe_workers
 from sharddit.parallel.dist_ranks import attach_remote_ranks
 from sharddit.parallel.dist_worker import connect
@@ -74,12 +75,16 @@ def _copies(n):
     return out
 
 
-def test_worker_rank_bit_identical_and_weights_sent_once(lobby):
+def test_worker_rank_bit_identical_and_owns_only_its_share(lobby):
+    """cpu,w1/cpu: the worker's rank owns blocks 2 and 3 and keeps only those (sent once, again only
+    when one changes); blocks 0 and 1 reach it from the host every forward (broadcast)."""
     model, local_model, ref_model = _copies(3)
     _worker(lobby)
     handle, engine = _engine(model, ["cpu", "cpu"])
     ranks = attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    assert ranks.owners == {0: 0, 1: 0, 2: 1, 3: 1}
     lhandle, lengine = _engine(local_model, ["cpu", "cpu"])
+    block = WeightLayout(ref_model.blocks[0]).nbytes
     try:
         for batch in (1, 2):  # cfg = 1: tokens split, Ulysses across processes; cfg > 1: batch split
             x = _inputs(batch)
@@ -92,22 +97,53 @@ def test_worker_rank_bit_identical_and_weights_sent_once(lobby):
             if batch == 1:
                 assert engine.stats.exchanges[0] == 8
                 assert engine.stats.bytes_exchanged[0] == lengine.stats.bytes_exchanged[0]
-                first = ranks.bytes_sent["w1"]  # per forward: this one carried every block
-        _run(handle, model, *_inputs(2))
-        again = ranks.bytes_sent["w1"]
-        block_bytes = sum(t.numel() * 4 for t in ref_model.blocks[2].parameters())
-        assert again < block_bytes  # the weights stay on the worker
-        with torch.no_grad():
-            for block in (handle.proxies["blocks"][2].real_block, ref_model.blocks[2]):
-                block.o.weight.add_(0.01)  # a LoRA-like change of one block
-            ref = ref_model(*_inputs(2))
-        out = _run(handle, model, *_inputs(2))
-        assert torch.equal(out, ref)
-        assert block_bytes < ranks.bytes_sent["w1"] < block_bytes + again + 16384  # only that block again (+ its pickled structure)
-        assert first > 4 * block_bytes
+                assert ranks.weight_bytes["w1"] == 4 * block  # its two blocks, and the host's two streamed
+            else:
+                assert ranks.weight_bytes["w1"] == 2 * block  # only the host's two: its own stay
+        assert ranks.bytes_sent["w1"] - ranks.weight_bytes["w1"] < block  # commands and arguments are small
+        held = ranks.held_bytes(1)
+        assert held["blocks"] == [2, 3] and held["owned"] == 2 * block, held  # its share, nothing more
+        assert held["ring"] == 2 * block, held  # the block computing and the one arriving
+        for changed, resent in ((2, 3), (0, 2)):  # a LoRA-like change of a worker block, then a host block
+            with torch.no_grad():
+                for b in (handle.proxies["blocks"][changed].real_block, ref_model.blocks[changed]):
+                    b.o.weight.add_(0.01)
+                ref = ref_model(*_inputs(2))
+            assert torch.equal(_run(handle, model, *_inputs(2)), ref)
+            assert ranks.weight_bytes["w1"] == resent * block, changed  # only the changed block again
     finally:
         engine.close()
         lengine.close()
+
+
+def test_two_workers_stream_their_blocks_to_each_other(lobby):
+    """cpu,w1/cpu,w2/cpu: a block w2 owns reaches w1 from w2 (not from the host), a host block
+    reaches both; every forward bit-identical to the unsharded one."""
+    model, ref_model = _copies(2)
+    _worker(lobby, "w1")
+    _worker(lobby, "w2")
+    handle, engine = _engine(model, ["cpu", "cpu", "cpu"])
+    ranks = attach_remote_ranks(engine, lobby, {1: "w1", 2: "w2"}, {"w1": "cpu", "w2": "cpu"},
+                                owners={0: 0, 1: 1, 2: 2, 3: 0})
+    block = WeightLayout(ref_model.blocks[0]).nbytes
+    try:
+        for batch in (1, 2, 1):
+            x = _inputs(batch)
+            with torch.no_grad():
+                ref = ref_model(*x)
+            assert torch.equal(_run(handle, model, *x), ref), batch
+            assert engine.stats.blocks_run == [4, 4, 4]
+        # last forward: each worker received the three blocks it does not own, its own stayed put
+        assert ranks.weight_bytes == {"w1": 3 * block, "w2": 3 * block}
+        assert ranks.held_bytes(1)["blocks"] == [1] and ranks.held_bytes(2)["blocks"] == [2]
+        with torch.no_grad():  # a change of w2's block: sent to w2 once, from w2 on to w1
+            for b in (handle.proxies["blocks"][2].real_block, ref_model.blocks[2]):
+                b.o.weight.add_(0.01)
+            ref = ref_model(*_inputs(1))
+        assert torch.equal(_run(handle, model, *_inputs(1)), ref)
+        assert ranks.weight_bytes == {"w1": 3 * block, "w2": 4 * block}
+    finally:
+        engine.close()
 
 
 def test_worker_killed_mid_forward_names_it_then_local_runs_and_rejoin_works(lobby):
