@@ -39,7 +39,7 @@ def block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
 class WeightLayout:
     """Where each tensor of a block lies in its flat byte form."""
 
-    __slots__ = ("items", "nbytes", "key")
+    __slots__ = ("items", "key", "nbytes")
 
     def __init__(self, block: torch.nn.Module):
         items, offset = [], 0
@@ -123,7 +123,7 @@ def bind_flat(module: torch.nn.Module, flat: torch.Tensor, layout: WeightLayout)
 
 
 class _Slot:
-    __slots__ = ("module", "flat", "index", "work")
+    __slots__ = ("flat", "index", "module", "work")
 
     def __init__(self, module, flat):
         self.module, self.flat = module, flat

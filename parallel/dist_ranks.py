@@ -29,7 +29,13 @@ import uuid
 
 import torch
 
-from .dist_blocks import WeightLayout, pack_block, same_version, skeleton, weights_version
+from .dist_blocks import (
+    WeightLayout,
+    pack_block,
+    same_version,
+    skeleton,
+    weights_version,
+)
 from .dist_exchange import DistExchange
 from .dist_host import DistWorkerError, Lobby
 from .seq_split import even_ranges, plan_groups
@@ -212,7 +218,7 @@ class DistRanks:
         sent = s.send(name, msg, what)
         if rank.slice.rank == self.designated:
             self._host_broadcasts(blocks)
-        _, answer = s.receive(name, what)
+        s.receive(name, what)
         self.bytes_sent[name] += sent
         for key, version in updated:
             s.versions[name][key] = version
