@@ -171,3 +171,21 @@ def split_worker_devices(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
         raise ValueError(f"devices {text.strip()!r} lists only worker devices; add at least one device of this "
                          "machine (the host is rank 0), e.g. 'cpu," + text.strip() + "'")
     return ",".join(local), tuple(remote)
+
+
+def with_worker_shares(local: str, n_workers: int) -> str:
+    """The device list the host plans when ``n_workers`` worker ranks join its own ``local`` ones:
+    one ``cpu`` entry per worker after the local entries. A worker's share of the blocks stays in
+    this machine's RAM, where ComfyUI patches it (LoRA, casts) before it is sent; the worker keeps
+    it. Every rank gets an equal share (sequence mode: every rank computes every block; ownership
+    only decides who stores and sends it); local weights, if given, stay, and each worker gets
+    their mean."""
+    parsed = parse_devices(local)
+    if parsed.auto:
+        raise ValueError("[ShardDiT] devices 'auto' with worker devices: resolve this machine's devices first")
+    if not n_workers:
+        return local
+    weights = [e.weight if e.weight is not None else 1.0 for e in parsed.entries]
+    worker_weight = sum(weights) / len(weights)
+    parts = [f"{e.device}:{w:g}" for e, w in zip(parsed.entries, weights, strict=True)]
+    return ",".join(parts + [f"cpu:{worker_weight:g}"] * n_workers)

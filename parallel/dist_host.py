@@ -25,7 +25,7 @@ import torch.distributed as dist
 from .dist_wire import recv_message, send_message
 
 __all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers",
-           "reset_after_failed_init", "weight_groups"]
+           "check_worker_room", "offer_free", "reset_after_failed_init", "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
@@ -58,6 +58,30 @@ def weight_groups(world: int, backend: str, timeout_s: float) -> dict:
     if world > 2:
         groups["workers"] = dist.new_group(list(range(1, world)), backend=backend, timeout=timeout)
     return groups
+
+
+def offer_free(offer: dict, device: str) -> int | None:
+    """Free bytes a worker's offer states for ``device`` (None: not stated)."""
+    if "free" in offer and offer.get("device", device) == device:
+        return int(offer["free"])
+    free = offer.get("devices", {}).get(device)
+    return int(free) if free is not None else None
+
+
+def check_worker_room(needs: dict[str, tuple[int, str]], offers: dict[str, dict], devices: dict[str, str]) -> None:
+    """Every worker has room for its share: ``needs[name] = (bytes, what)``, the offers it joined
+    with. ValueError naming each worker short of memory, the GiB missing and the fix; before any
+    weight moves. A device whose offer states no free memory is not checked."""
+    short = []
+    for name, (need, what) in needs.items():
+        free = offer_free(offers.get(name, {}), devices[name])
+        if free and free < need:
+            short.append(f"{name} ({devices[name]}): needs {need / 2**30:.2f} GiB ({what}), has "
+                         f"{free / 2**30:.2f} GiB free: {(need - free) / 2**30:.2f} GiB missing")
+    if short:
+        raise ValueError("[ShardDiT] not enough memory on worker devices: " + "; ".join(short)
+                         + ". Add worker devices (each takes an equal share), free memory there, or use fewer "
+                         "blocks per device (more devices in the devices string)")
 
 
 class DistWorkerError(RuntimeError):

@@ -25,6 +25,7 @@ at most one host rank besides worker ranks.
 from __future__ import annotations
 
 import itertools
+import logging
 import uuid
 
 import torch
@@ -41,6 +42,8 @@ from .dist_host import DistWorkerError, Lobby
 from .seq_split import even_ranges, plan_groups
 
 __all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "even_owners", "transfer_group"]
+
+log = logging.getLogger("sharddit")
 
 _OVERRIDE = "optimized_attention_override"
 _NOT_SENT = ("patches", "patches_replace", "wrappers", "callbacks", _OVERRIDE)
@@ -264,6 +267,21 @@ class DistRanks:
         name = self.remote[rank]
         _, answer = self.session.request(name, {"op": "fetch", "name": stream}, f"returning {stream!r}")
         return answer["tensor"]
+
+    def close(self) -> None:
+        """The model is released: the workers drop its blocks (best effort; a closed or broken
+        session took them already)."""
+        s = self.lobby.session
+        if s is None or s.broken or self.session is not None:
+            return
+        for name in self.names:
+            if name in s.names:
+                try:
+                    s.request(name, {"op": "drop", "key": self.key}, "dropping a released model's blocks")
+                except DistWorkerError as e:
+                    log.warning("%s", e)
+                    self.lobby.close_session()
+                    return
 
     def held_bytes(self, rank: int) -> dict:
         """What the worker of ``rank`` holds now (between forwards, in the open session): bytes of

@@ -133,6 +133,11 @@ class Worker:
                     reply = {"ok": True}
                 elif op == "fetch":
                     reply = {"tensor": state.streams[msg["name"]].cpu()}
+                elif op == "drop":
+                    for k in [k for k in (*self.owned, *self.skeletons) if k[0] == msg["key"]]:
+                        self.owned.pop(k, None)
+                        self.skeletons.pop(k, None)
+                    reply = {"ok": True}
                 elif op == "held":
                     reply = {"owned": sum(f.numel() for _, f, _ in self.owned.values()), "ring": self.ring.nbytes,
                              "blocks": sorted(i for _, i in self.owned)}
@@ -157,6 +162,11 @@ class Worker:
             flat = flat.to(self.device)
             bind_flat(module, flat, self.layouts[k])
             self.owned[k] = (module, flat, self.layouts[k])
+        if msg["owned"]:
+            mine = sorted(i for kk, i in self.owned if kk == key)
+            size = sum(f.numel() for _, f, _ in self.owned.values()) / 2**20
+            self.say(f"[ShardDiT] worker {self.name!r}: received blocks {sorted(msg['owned'])}; holds blocks {mine} "
+                     f"of model {key} ({size:.1f} MiB owned in all); the others arrive from their owners")
         for idx, plan in msg["transfers"].items():
             k = (key, idx)
             if plan is None:

@@ -164,6 +164,8 @@ class SequenceEngine:
             self.pool = None
         for s in self.streams:
             s.release()
+        if self.dist is not None:
+            self.dist.close()
 
     def _finish(self, ok: bool) -> None:
         fwd, self._fwd, self._scoped = self._fwd, None, False

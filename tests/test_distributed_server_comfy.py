@@ -24,11 +24,12 @@ pytestmark = pytest.mark.comfy
 TIMEOUT_S = 10
 
 
-def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: str) -> dict:
+def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: str, lora: float = 1.0,
+           lora_name: str = "wan21_lora_all") -> dict:
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": names["wan21_t2v"], "weight_dtype": "default"}},
         "2": {"class_type": "LoraLoaderModelOnly",
-              "inputs": {"model": ["1", 0], "lora_name": names["wan21_lora"], "strength_model": 1.0}},
+              "inputs": {"model": ["1", 0], "lora_name": names[lora_name], "strength_model": lora}},
         "3": {"class_type": "CLIPLoader", "inputs": {"clip_name": names["umt5"], "type": "wan", "device": "default"}},
         "4": {"class_type": "CLIPTextEncode", "inputs": {"text": "a red fox in the rain", "clip": ["3", 0]}},
         "5": {"class_type": "CLIPTextEncode", "inputs": {"text": "", "clip": ["3", 0]}},
@@ -145,10 +146,46 @@ def test_worker_rank_bit_identical_to_core_and_local(dist_server, tiny_models, c
         _worker(server)
     core = core_latents[cfg]
     local = _run(server, _graph(names, "ours", "cpu,cpu", cfg, 2, f"dist/local_{cfg}"))
+    worker = next(w for w in server.workers if w.proc.poll() is None)
+    before = len(worker.text())
     dist = _run(server, _graph(names, "ours", "cpu,w1/cpu", cfg, 2, f"dist/dist_{cfg}"))
     assert torch.equal(dist, local), f"max diff {(dist - local).abs().max()}"
     assert torch.equal(dist, core), f"max diff {(dist - core).abs().max()}"
-    assert any("in session" in w.text() for w in server.workers)  # the worker did take part
+    # the worker owns the second half of the blocks and keeps only those; sent once for two steps
+    first, last = map(int, re.findall(r"w1/cpu owns blocks (\d+)-(\d+)", server.log_text())[-1])
+    n_blocks = int(re.findall(r"(\d+) blocks sharded over 'cpu'", server.log_text())[-1])
+    assert (first, last) == (n_blocks // 2, n_blocks - 1), (first, last, n_blocks)
+    got = [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.text()[before:]) for i in b.split(",")]
+    assert sorted(got) == list(range(first, last + 1)), worker.text()  # each once, in two steps
+    held = re.findall(r"holds blocks \[([\d, ]+)\]", worker.text())[-1]
+    assert [int(i) for i in held.split(",")] == list(range(first, last + 1)), held
+
+
+def test_lora_change_resends_only_the_changed_blocks(dist_server, tiny_models):
+    """Weights follow ComfyUI's patch state: a new strength of a LoRA on every block sends the
+    worker its blocks (2-3) again, once; the same strength again sends nothing; a LoRA on the
+    host's blocks only (0-1) sends 2-3 once (back to unpatched), then a new strength of it sends
+    nothing; results equal the local run. The blocks of a released model leave the worker."""
+    server, names = dist_server, tiny_models.names
+    live = [w for w in server.workers if w.proc.poll() is None]
+    worker = live[0] if live else _worker(server)
+
+    def received(since):
+        return [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.text()[since:]) for i in b.split(",")]
+
+    _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 1, "dist/lora_a", lora=1.0))
+    dists = {}
+    for strength, lora_name, resent in ((0.5, "wan21_lora_all", [2, 3]), (0.5, "wan21_lora_all", []),
+                                        (0.7, "wan21_lora", [2, 3]), (0.9, "wan21_lora", [])):  # 2-3 unpatched, then kept
+        before = len(worker.text())
+        dists[strength, lora_name] = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 1, "dist/lora_b", strength,
+                                                         lora_name))
+        assert sorted(received(before)) == resent, (strength, lora_name, worker.text()[before:])
+    held = re.findall(r"\(([\d.]+) MiB owned in all\)", worker.text())
+    assert max(map(float, held)) == float(held[1]), held  # one share (blocks 2-3), not one per shard state made
+    for (strength, lora_name), dist in dists.items():  # local runs last: a new device list regroups the blocks
+        local = _run(server, _graph(names, "ours", "cpu,cpu", 1.0, 1, "dist/lora_local", strength, lora_name))
+        assert torch.equal(dist, local), f"{lora_name} {strength}: max diff {(dist - local).abs().max()}"
 
 
 def test_worker_killed_mid_sampling_then_local_then_rejoin(dist_server, tiny_models):

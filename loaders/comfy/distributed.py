@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 
 from ...parallel.dist_config import ADDR_ENV, dist_addr, dist_timeout
-from ...parallel.dist_host import Lobby
+from ...parallel.dist_host import Lobby, check_worker_room
 from ...parallel.dist_ranks import attach_remote_ranks
 
-__all__ = ["attach_workers", "check_workers", "describe_workers", "get_lobby", "start_lobby_if_configured"]
+__all__ = ["PatchVersion", "attach_workers", "check_worker_shares", "check_workers", "describe_workers", "get_lobby",
+           "patch_versions", "start_lobby_if_configured"]
 
 log = logging.getLogger("sharddit")
 _LOBBY: list[Lobby] = []
@@ -50,10 +51,66 @@ def check_workers(devices: str, remote) -> None:
         get_lobby(devices).check_names([name for name, _ in remote])
 
 
-def attach_workers(engine, devices: str, remote, n_local: int) -> None:
-    """Ranks ``n_local...`` of ``engine`` run in the workers ``remote`` ((name, device) pairs)."""
+def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None) -> None:
+    """Ranks ``n_local...`` of ``engine`` run in the workers ``remote`` ((name, device) pairs);
+    ``owners``: block index -> engine rank (the plan's ranges)."""
     lobby = get_lobby(devices)
     every = [str(d) for d in engine.devices[:n_local]] + [d for _, d in remote]
     backend = "nccl" if all(d.startswith("cuda") for d in every) else "gloo"
     attach_remote_ranks(engine, lobby, {n_local + i: name for i, (name, _) in enumerate(remote)},
-                        {name: dev for name, dev in remote}, backend)
+                        {name: dev for name, dev in remote}, backend, owners, version_of)
+
+
+def check_worker_shares(devices: str, remote, plan, block_bytes, n_local: int) -> None:
+    """Each worker's device has room for its share (plan ranges ``n_local...``), a receive ring of
+    two blocks and activations of two blocks' worth; ValueError naming the GiB missing otherwise."""
+    biggest = max(block_bytes, default=0)
+    needs = {}
+    for (name, _), r in zip(remote, plan.block_ranges[n_local:], strict=True):
+        own = sum(block_bytes[r.start:r.stop])
+        needs[name] = (own + 4 * biggest, f"blocks {r.start}-{r.stop - 1}: {own / 2**30:.2f} GiB, receive ring and "
+                                          f"activations {4 * biggest / 2**30:.2f} GiB")
+    check_worker_room(needs, get_lobby(devices).workers(), dict(remote))
+
+
+class PatchVersion:
+    """Version of one block's weights as ComfyUI patches them: the block's weight patches (LoRA
+    strengths and patch objects, held here so their ids stay unique) and the cast settings of the
+    main patcher this sampling run loaded. Equal versions: the same weights."""
+
+    __slots__ = ("key", "hold")
+
+    def __init__(self, key: tuple, hold: list):
+        self.key, self.hold = key, hold
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PatchVersion) and self.key == other.key
+
+    __hash__ = None
+
+
+def patch_versions(runtime, block_keys: dict[int, str]):
+    """``version_of(index, block)`` for ``dist_ranks``: read from the main patcher ShardDiT loaded
+    (``runtime.loaded_main``), computed once per patch state (``patches_uuid``), not per step."""
+    cache: dict = {}
+
+    def version_of(index: int, block) -> PatchVersion:
+        main = runtime.loaded_main() if runtime.loaded_main is not None else None
+        if main is None:
+            return PatchVersion(("unpatched", id(block)), [])
+        state = (id(main), main.patches_uuid, bool(main.force_cast_weights))
+        if cache.get("state") != state:
+            cache.clear()
+            cache["state"] = state
+            by_block: dict[str, list] = {}
+            for key, patches in main.patches.items():
+                head, _, rest = key.partition(".")
+                path, _, tail = rest.partition(".")
+                i = tail.partition(".")[0]
+                by_block.setdefault(f"{head}.{path}.{i}.", []).append((key, patches))
+            cache["blocks"] = by_block
+        entries = sorted(cache["blocks"].get(block_keys[index], []), key=lambda e: e[0])
+        key = tuple((k, tuple((p[0], id(p[1]), p[2], repr(p[3]), id(p[4])) for p in patches)) for k, patches in entries)
+        return PatchVersion((state[2], key), [p for _, patches in entries for p in patches])
+
+    return version_of

@@ -35,7 +35,7 @@ import comfy.model_management as mm
 import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ...parallel.devices import split_worker_devices
+from ...parallel.devices import split_worker_devices, with_worker_shares
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
 from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
@@ -45,9 +45,9 @@ from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
-from .distributed import attach_workers, check_workers
+from .distributed import attach_workers, check_worker_shares, check_workers, patch_versions
 from .placement import current_inventory, record_dit
-from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardState, get_shard_patchers,
+from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
                           get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
                           release_shards_on_detach, sync_shard_patches)
 from .specs import find_arch_spec, get_arch_spec
@@ -194,8 +194,12 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     inventory = inventory if inventory is not None else current_inventory()
     footprint = Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=non_block,
                           dit_activation_bytes=_activation_headroom(block_bytes))
-    request = PlacementRequest(devices=devices, reserve_vram_gb=reserve_vram_gb)
+    # with workers, each worker rank gets an equal share, kept here in RAM (a `cpu` entry) to send
+    request = PlacementRequest(devices=with_worker_shares(devices, len(remote)), reserve_vram_gb=reserve_vram_gb)
     plan = plan_placement(inventory, footprint, request)
+    n_local = len(plan.block_ranges) - len(remote)
+    if remote:
+        check_worker_shares(request_key[0], remote, plan, block_bytes, n_local)
     auto_mode = decide_parallel("auto", plan, footprint, inventory, request.reserve_bytes)
     record_dit(footprint, ",".join(r.device for r in plan.block_ranges))
     log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), devices,
@@ -217,16 +221,23 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     if remote and arch.token_specs is None:
         raise ValueError(f"[ShardDiT] {arch.name} runs in blocks mode only; worker devices in {request_key[0]!r} "
                          "need sequence mode: use this machine's devices only")
+    runtime = ShardRuntime()
     if arch.token_specs is not None:
-        ranks = [r.device for r in plan.block_ranges]
-        engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], arch.token_specs,
-                                        ranks + ["cpu"] * len(remote))  # a worker rank's host side is a proxy
+        ranks = [r.device for r in plan.block_ranges]  # a worker rank's host side is a proxy (its share: cpu)
+        engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], arch.token_specs, ranks)
         engine.should_stop = mm.throw_exception_if_processing_interrupted
         engine.interrupt_exceptions = (mm.InterruptProcessingException,)
         if remote:
-            attach_workers(engine, request_key[0], remote, len(ranks))
+            owners = {g: r for r, br in enumerate(plan.block_ranges) for g in range(br.start, br.stop)}
+            keys = {g: f"diffusion_model.{path}.{i}." for g, (path, i, _) in enumerate(blocks)}
+            attach_workers(engine, request_key[0], remote, n_local, owners, patch_versions(runtime, keys))
+            log.info("[ShardDiT] worker shares: %s", "; ".join(
+                f"{name}/{dev} owns blocks {br.start}-{br.stop - 1} ({sum(block_bytes[br.start:br.stop]) / 2**30:.2f} "
+                "GiB, kept in this machine's RAM to send)" for (name, dev), br in zip(remote, plan.block_ranges[n_local:],
+                                                                                      strict=True)))
     return ShardState(plan=plan, layout=layout, router=router, proxies=proxies, roots=roots,
-                      request_key=request_key, auto_mode=auto_mode, arch_name=arch.name, remote=remote)
+                      request_key=request_key, runtime=runtime, auto_mode=auto_mode, arch_name=arch.name,
+                      remote=remote)
 
 
 def _activation_headroom(block_bytes) -> int:

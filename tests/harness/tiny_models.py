@@ -250,6 +250,8 @@ MODEL_KINDS: dict[str, ModelKind] = {
                            "WanVAE dim 96 (full size, 127M params, bf16); VAELoader → Wan 2.1 VAE"),
     "wan21_lora": ModelKind("loras", "tiny_wan2.1_t2v_lora.safetensors",
                             "LoRA rank 4 on blocks 0-1 of wan21_t2v; LoraLoaderModelOnly"),
+    "wan21_lora_all": ModelKind("loras", "tiny_wan2.1_t2v_lora_all_blocks.safetensors",
+                                "LoRA rank 4 on blocks 0-3 (all) of wan21_t2v; LoraLoaderModelOnly"),
 }
 
 _BUILDERS: dict[str, Callable[[int], dict]] = {
@@ -261,6 +263,7 @@ _BUILDERS: dict[str, Callable[[int], dict]] = {
     "umt5": lambda s: umt5_state_dict(s),
     "wan21_vae": lambda s: wan21_vae_state_dict(s),
     "wan21_lora": lambda s: wan_lora_state_dict(wan21_t2v_state_dict(s), s),
+    "wan21_lora_all": lambda s: wan_lora_state_dict(wan21_t2v_state_dict(s), s, blocks=(0, 1, 2, 3)),
 }
 
 FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
