@@ -3,17 +3,18 @@
 The host (this process) and one worker process (``parallel/dist_worker.py``) on 127.0.0.1 over
 gloo run a Wan-shaped toy DiT (``tests/harness/toy_seq.py``: dim 1024, 16 heads, 4 blocks, fp32,
 512 text tokens) as ``cpu,w1/cpu``. After one warm-up forward (which also carries every block's
-weights to the worker, printed apart) each step's bytes are counted where they cross the process
-boundary:
+weights of the blocks the worker owns -- half of them -- printed apart) each step's bytes are
+counted where they cross the process boundary:
 
 - host -> worker: the block commands (the worker's share of the hidden state at the first block,
-  per-forward constants: modulation, rotary table, text context), and the host's side of the
+  per-forward constants: modulation, rotary table, text context), the weights of the blocks the
+  host owns (streamed every step: the worker keeps only its own), and the host's side of the
   Ulysses all-to-alls;
 - worker -> host: its side of the all-to-alls, acknowledgements, and its rows at the gather.
 
 The analytic figure is ``parallel/cost_model.py``'s ``estimate_sequence(...).bytes_per_device``
-(Ulysses exchange + scatter of the hidden state; replicas, since the worker keeps every block) for
-the same shape, with fp32 activations. The cost model leaves out the constants (text context,
+(Ulysses exchange + streamed weights of the blocks a rank does not own + scatter of the hidden
+state) for the same shape, with fp32 activations and weights. The cost model leaves out the constants (text context,
 rotary table), which this prints as the difference. Then the same model's figures for Wan 2.1
 14B (bf16) at 480p and 720p, 81 frames, on two ranks — what a network link must carry per step.
 
@@ -44,11 +45,11 @@ def _toy_shape(dim, heads, n_blocks, text_tokens, tokens):
     return ModelShape("toy", dim, heads, (block,), text_tokens, 1, 1, (1, 1, 1))
 
 
-def _analytic(shape, width, height, frames, cfg, act_bytes):
+def _analytic(shape, width, height, frames, cfg, act_bytes, weight_bytes=2):
     from sharddit.parallel.cost_model import Hardware, Workload, estimate_sequence
 
-    work = Workload(shape, width, height, frames, cfg=cfg, activation_bytes=act_bytes)
-    return estimate_sequence(work, Hardware((1e12, 1e12), 1e9), replicas=True).bytes_per_device
+    work = Workload(shape, width, height, frames, cfg=cfg, activation_bytes=act_bytes, weight_bytes=weight_bytes)
+    return estimate_sequence(work, Hardware((1e12, 1e12), 1e9)).bytes_per_device
 
 
 def wan14b_table() -> list[str]:
@@ -59,7 +60,7 @@ def wan14b_table() -> list[str]:
     lines = []
     for label, (w, h) in (("480p", (832, 480)), ("720p", (1280, 720))):
         for cfg_scale in (1.0, 5.0):
-            b = _analytic(shape, w, h, 81, cfg_scale, 2)
+            b = _analytic(shape, w, h, 81, cfg_scale, 2, 2)
             lines.append(f"wan2.1-14b {label} 81 frames cfg={cfg_scale:g} 2 ranks: {b / 1e9:.2f} GB per rank per "
                          f"step (bf16) -> {b * 8 / 1e9:.1f} Gbit; at 10 Gbit/s {b * 8 / 10e9:.2f} s, "
                          f"at 100 Gbit/s {b * 8 / 100e9:.3f} s per step")
@@ -107,19 +108,27 @@ def main(argv=None) -> int:
             ex = engine.stats
             to_worker = ranks.bytes_sent["w1"] + ex.bytes_sent[0]
             from_worker = replies + ex.bytes_exchanged[0]
-            rows.append((step, to_worker, from_worker, ranks.bytes_sent["w1"], ex.bytes_exchanged[0]))
+            to_worker += ranks.streamed_bytes["w1"]
+            rows.append((step, to_worker, from_worker, ranks.bytes_sent["w1"], ex.bytes_exchanged[0],
+                         ranks.streamed_bytes["w1"]))
         shape = _toy_shape(dim, heads, n_blocks, text, args.tokens)
-        analytic = _analytic(shape, args.tokens, 1, 1, 2.0 if args.batch == 2 else 1.0, 4)
+        analytic = _analytic(shape, args.tokens, 1, 1, 2.0 if args.batch == 2 else 1.0, 4, 4)
+        weights_analytic = sum(b.weight_params for b in shape.blocks for _ in range(b.count)) * 4 / 2
         print(f"toy Wan-shaped DiT dim {dim}, {heads} heads, {n_blocks} blocks, {args.tokens} tokens, batch "
               f"{args.batch}, fp32, ranks cpu,w1/cpu (gloo on 127.0.0.1); outputs bit-identical to unsharded")
-        for step, to_w, from_w, commands, exch in rows:
-            what = " (carries every block's weights)" if step == 0 else ""
-            print(f"step {step}{what}: host->worker {to_w / 1e6:.2f} MB (commands {commands / 1e6:.2f} MB), "
-                  f"worker->host {from_w / 1e6:.2f} MB (exchange {exch / 1e6:.2f} MB)")
-        _, to_w, from_w, _, _ = rows[-1]
-        print(f"analytic (cost model, bytes received per device per step): {analytic / 1e6:.2f} MB")
-        print(f"measured/analytic: host->worker {to_w / analytic:.2f}, worker->host {from_w / analytic:.2f} "
-              "(above 1: the constants the model leaves out -- text context, rotary table -- and the gather)")
+        for step, to_w, from_w, commands, exch, streamed in rows:
+            what = " (also carries the worker's own blocks, once)" if step == 0 else ""
+            print(f"step {step}{what}: host->worker {to_w / 1e6:.2f} MB (commands {commands / 1e6:.2f} MB, "
+                  f"streamed weights {streamed / 1e6:.2f} MB), worker->host {from_w / 1e6:.2f} MB "
+                  f"(exchange {exch / 1e6:.2f} MB)")
+        _, to_w, from_w, _, _, streamed = rows[-1]
+        print(f"streamed weights per step: {streamed / 1e6:.2f} MB measured, {weights_analytic / 1e6:.2f} MB analytic "
+              f"(the host's half of the blocks; measured adds biases and modulation, which the model leaves out)")
+        host_analytic = analytic - weights_analytic  # the host holds every block: it receives no weights
+        print(f"analytic (cost model, per step): the worker receives {analytic / 1e6:.2f} MB (exchange + scatter + "
+              f"streamed weights), the host {host_analytic / 1e6:.2f} MB (exchange + gather)")
+        print(f"measured/analytic: host->worker {to_w / analytic:.2f}, worker->host {from_w / host_analytic:.2f} "
+              "(above 1: the constants the model leaves out -- text context, rotary table -- and the commands)")
         for line in wan14b_table():
             print(line)
     finally:

@@ -114,6 +114,9 @@ class DistRanks:
         """Per worker, this forward: every byte the host sent it (commands, arguments, weights)."""
         self.weight_bytes: dict[str, int] = {}
         """Per worker, this forward: block weight bytes it received (from the host or other workers)."""
+        self.streamed_bytes: dict[str, int] = {}
+        """Per worker, this forward: the part of ``weight_bytes`` streamed by broadcast (blocks it
+        does not own; the rest came inside commands, counted in ``bytes_sent``)."""
         self._layouts: dict[int, WeightLayout] = {}
         self._mentioned: dict[str, set] = {}
         self._host_sent: set = set()
@@ -156,6 +159,7 @@ class DistRanks:
         self._sent = {n: {} for n in self.names}
         self.bytes_sent = {n: 0 for n in self.names}
         self.weight_bytes = {n: 0 for n in self.names}
+        self.streamed_bytes = {n: 0 for n in self.names}
         self._mentioned = {n: set() for n in self.names}
         self._host_sent = set()
         self._host_works = []
@@ -209,6 +213,7 @@ class DistRanks:
                     updated.append((key, version))
             elif plan[idx] is not None:
                 self.weight_bytes[name] += self.layout(idx, blk).nbytes
+                self.streamed_bytes[name] += self.layout(idx, blk).nbytes
         msg = {"op": "block", "fid": self._fid, "key": self.key, "index": index,
                "skeletons": skeletons, "owned": owned, "transfers": plan,
                "args": [self._encode(name, v) for v in values],
