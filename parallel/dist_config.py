@@ -5,16 +5,22 @@
   listens. Workers give the same address with ``--join HOST:PORT``.
 - ``SHARDDIT_DIST_TIMEOUT``: seconds a worker may stay silent in a forward (block reply, attention
   exchange) or take to join a session before the host gives up with an error naming it (60).
+- ``SHARDDIT_DIST_WEIGHTS``: what a worker keeps. ``share``: only the blocks its rank owns (an
+  equal share), the others arrive from their owners every step; ``all``: every block, sent once,
+  nothing streams per step (needs room for the whole DiT on every worker); ``auto`` (default):
+  ``all`` when every worker's free memory holds every block, else ``share``.
 """
 from __future__ import annotations
 
 import os
 
-__all__ = ["ADDR_ENV", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "dist_addr", "dist_timeout",
-           "parse_addr"]
+__all__ = ["ADDR_ENV", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "WEIGHTS_ENV", "WEIGHTS_MODES", "dist_addr",
+           "dist_timeout", "dist_weights", "parse_addr"]
 
 ADDR_ENV = "SHARDDIT_DIST_ADDR"
 TIMEOUT_ENV = "SHARDDIT_DIST_TIMEOUT"
+WEIGHTS_ENV = "SHARDDIT_DIST_WEIGHTS"
+WEIGHTS_MODES = ("auto", "share", "all")
 DEFAULT_PORT = 29555
 DEFAULT_TIMEOUT_S = 60.0
 
@@ -45,3 +51,12 @@ def dist_timeout() -> float:
     if value <= 0:
         raise ValueError(f"[ShardDiT] {TIMEOUT_ENV}={text!r} must be a positive number of seconds")
     return value
+
+
+def dist_weights() -> str:
+    """``SHARDDIT_DIST_WEIGHTS``: ``auto`` (default), ``share`` or ``all``."""
+    text = os.environ.get(WEIGHTS_ENV, "").strip().lower() or "auto"
+    if text not in WEIGHTS_MODES:
+        raise ValueError(f"[ShardDiT] {WEIGHTS_ENV}={text!r} must be one of {', '.join(WEIGHTS_MODES)} "
+                         "(share: each worker keeps its share; all: every block on every worker)")
+    return text

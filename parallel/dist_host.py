@@ -25,7 +25,7 @@ import torch.distributed as dist
 from .dist_wire import recv_message, send_message
 
 __all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers",
-           "check_worker_room", "offer_free", "reset_after_failed_init", "weight_groups"]
+           "check_worker_room", "choose_worker_weights", "offer_free", "reset_after_failed_init", "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
@@ -82,6 +82,34 @@ def check_worker_room(needs: dict[str, tuple[int, str]], offers: dict[str, dict]
         raise ValueError("[ShardDiT] not enough memory on worker devices: " + "; ".join(short)
                          + ". Add worker devices (each takes an equal share), free memory there, or use fewer "
                          "blocks per device (more devices in the devices string)")
+
+
+def choose_worker_weights(mode: str, remote, ranges, block_bytes, offers: dict[str, dict]) -> tuple[bool, str]:
+    """(keep_all, why): whether every worker keeps every block, for ``SHARDDIT_DIST_WEIGHTS``
+    ``mode`` (``all``; ``share``: only its range in ``ranges``, one per worker; ``auto``: ``all``
+    when every worker's stated free memory holds every block). A worker needs its blocks plus
+    four blocks' worth (two arriving, two of activations); ValueError naming the GiB missing per
+    worker when the chosen mode does not fit."""
+    biggest, total = max(block_bytes, default=0), sum(block_bytes)
+    devices = dict(remote)
+    every = {name: (total + 2 * biggest, f"every block {total / 2**30:.2f} GiB, activations "
+                                         f"{2 * biggest / 2**30:.2f} GiB") for name, _ in remote}
+    why = f"{mode}: "
+    if mode == "auto":
+        frees = {name: offer_free(offers.get(name, {}), dev) for name, dev in remote}
+        fits = all(frees[n] and frees[n] >= every[n][0] for n, _ in remote)
+        mode = "all" if fits else "share"
+        why = f"auto -> {mode}: "
+    if mode == "all":
+        check_worker_room(every, offers, devices)
+        return True, why + "every worker keeps every block (sent once); nothing streams per step"
+    needs = {}
+    for (name, _), r in zip(remote, ranges, strict=True):
+        own = sum(block_bytes[r.start:r.stop])
+        needs[name] = (own + 4 * biggest, f"blocks {r.start}-{r.stop - 1}: {own / 2**30:.2f} GiB, receive ring and "
+                                          f"activations {4 * biggest / 2**30:.2f} GiB")
+    check_worker_room(needs, offers, devices)
+    return False, why + "each worker keeps its share; the other blocks stream from their owners every step"
 
 
 class DistWorkerError(RuntimeError):

@@ -84,7 +84,7 @@ class DistRanks:
     """The remote ranks of one engine and the session they run in."""
 
     def __init__(self, engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str], backend: str = "gloo",
-                 owners: dict[int, int] | None = None, version_of=None):
+                 owners: dict[int, int] | None = None, version_of=None, keep_all: bool = False):
         self.engine, self.lobby, self.remote = engine, lobby, dict(remote)
         self.devices, self.backend = devices, backend
         if len(set(self.remote.values())) != len(self.remote):
@@ -98,6 +98,8 @@ class DistRanks:
         missing = [i for i in order if i not in self.owners]
         if missing:
             raise ValueError(f"[ShardDiT] blocks {missing} have no owner rank")
+        self.keep_all = keep_all
+        """Every worker keeps every block (sent once; nothing streams per step)."""
         self.version_of = version_of or (lambda index, block: weights_version(block))
         """``(block index, block) -> version``: compared with ``dist_blocks.same_version``."""
         local = [d for r, d in enumerate(engine.devices) if r not in self.remote]
@@ -204,8 +206,8 @@ class DistRanks:
             key = (self.key, idx)
             if key not in s.skeletons[name]:
                 skeletons[idx] = skeleton(blk)
-            plan[idx] = transfer_group(self.owner_proc(idx), len(self.names))  # it sends what it owns
-            if self.owners[idx] == rank.slice.rank:
+            plan[idx] = None if self.keep_all else transfer_group(self.owner_proc(idx), len(self.names))
+            if self.keep_all or self.owners[idx] == rank.slice.rank:
                 version = self.version_of(idx, blk)
                 if not same_version(s.versions[name].get(key), version):
                     owned[idx] = pack_block(blk, self.layout(idx, blk))
@@ -243,7 +245,7 @@ class DistRanks:
             if idx in self._host_sent:
                 continue
             self._host_sent.add(idx)
-            if transfer_group(self.owner_proc(idx), len(self.names)) != ("all", 0):
+            if self.keep_all or transfer_group(self.owner_proc(idx), len(self.names)) != ("all", 0):
                 continue
             flat = pack_block(blk, self.layout(idx, blk), self.wire)
             try:
@@ -349,9 +351,11 @@ def _plain(v, depth: int = 2) -> bool:
 
 
 def attach_remote_ranks(engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str],
-                        backend: str = "gloo", owners: dict[int, int] | None = None, version_of=None) -> DistRanks:
+                        backend: str = "gloo", owners: dict[int, int] | None = None, version_of=None,
+                        keep_all: bool = False) -> DistRanks:
     """Make ``remote`` (engine rank -> worker name) ranks of ``engine`` run in those workers;
-    ``owners``: block index -> the engine rank that owns it (default: equal contiguous shares)."""
-    engine.dist = DistRanks(engine, lobby, remote, devices, backend, owners, version_of)
+    ``owners``: block index -> the engine rank that owns it (default: equal contiguous shares);
+    ``keep_all``: every worker keeps every block instead of its share."""
+    engine.dist = DistRanks(engine, lobby, remote, devices, backend, owners, version_of, keep_all)
     engine.timeout_s = max(engine.timeout_s, lobby.timeout_s * 2 + 30)  # the worker's own timeout fires first
     return engine.dist

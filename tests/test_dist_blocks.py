@@ -103,3 +103,24 @@ def test_worker_short_of_memory_is_named_with_the_gib_missing():
     assert "w2" not in text and "w3" not in text  # room enough; free memory not stated
     assert "Add worker devices" in text
     check_worker_room({"w2": (14 * gib, "")}, offers, {"w2": "cuda:1"})
+
+
+def test_workers_keep_every_block_only_when_every_one_has_room():
+    from types import SimpleNamespace as R
+
+    from sharddit.parallel.dist_host import choose_worker_weights
+    gib = 2**30
+    blocks = [gib] * 8  # 8 GiB of blocks; a share of 4 + 4 blocks of room = 8 GiB, every block + 2 = 10 GiB
+    remote = (("w1", "cuda:0"), ("w2", "cuda:0"))
+    ranges = [R(start=4, stop=6), R(start=6, stop=8)]
+    roomy = {"w1": {"devices": {"cuda:0": 12 * gib}}, "w2": {"device": "cuda:0", "free": 11 * gib}}
+    tight = {**roomy, "w2": {"device": "cuda:0", "free": 9 * gib}}
+    assert choose_worker_weights("auto", remote, ranges, blocks, roomy)[0] is True
+    keep, why = choose_worker_weights("auto", remote, ranges, blocks, tight)
+    assert keep is False and why.startswith("auto -> share")
+    assert choose_worker_weights("share", remote, ranges, blocks, roomy)[0] is False
+    with pytest.raises(ValueError, match=r"w2 \(cuda:0\): needs 10.00 GiB \(every block 8.00 GiB.*1.00 GiB missing"):
+        choose_worker_weights("all", remote, ranges, blocks, tight)
+    short = {**roomy, "w1": {"devices": {"cuda:0": 5 * gib}}}
+    with pytest.raises(ValueError, match=r"w1 \(cuda:0\): needs 6.00 GiB \(blocks 4-5: 2.00 GiB"):
+        choose_worker_weights("auto", remote, ranges, blocks, short)

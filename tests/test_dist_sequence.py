@@ -116,6 +116,34 @@ def test_worker_rank_bit_identical_and_owns_only_its_share(lobby):
         lengine.close()
 
 
+def test_workers_that_keep_every_block_receive_no_weights_per_step(lobby):
+    """keep_all (SHARDDIT_DIST_WEIGHTS=all, or auto with room): every block sent once, then only
+    the changed one; nothing streams per step."""
+    model, ref_model = _copies(2)
+    _worker(lobby, "w1")
+    _worker(lobby, "w2")
+    handle, engine = _engine(model, ["cpu", "cpu", "cpu"])
+    ranks = attach_remote_ranks(engine, lobby, {1: "w1", 2: "w2"}, {"w1": "cpu", "w2": "cpu"}, keep_all=True)
+    block = WeightLayout(ref_model.blocks[0]).nbytes
+    try:
+        for batch, sent in ((1, 4), (2, 0), (1, 0)):
+            x = _inputs(batch)
+            with torch.no_grad():
+                ref = ref_model(*x)
+            assert torch.equal(_run(handle, model, *x), ref), batch
+            assert ranks.weight_bytes == {"w1": sent * block, "w2": sent * block}
+            assert ranks.streamed_bytes == {"w1": 0, "w2": 0}
+        assert ranks.held_bytes(1)["blocks"] == [0, 1, 2, 3] and ranks.held_bytes(2)["ring"] == 0
+        with torch.no_grad():
+            for b in (handle.proxies["blocks"][0].real_block, ref_model.blocks[0]):
+                b.o.weight.add_(0.01)
+            ref = ref_model(*_inputs(1))
+        assert torch.equal(_run(handle, model, *_inputs(1)), ref)
+        assert ranks.weight_bytes == {"w1": block, "w2": block}
+    finally:
+        engine.close()
+
+
 def test_two_workers_stream_their_blocks_to_each_other(lobby):
     """cpu,w1/cpu,w2/cpu: a block w2 owns reaches w1 from w2 (not from the host), a host block
     reaches both; every forward bit-identical to the unsharded one."""

@@ -85,8 +85,11 @@ def dist_server(tiny_models, tmp_path_factory):
     from harness.comfy_env import comfy_path
     port = free_port()
     workdir = tmp_path_factory.mktemp("dist_server")
-    old = {k: os.environ.get(k) for k in ("SHARDDIT_DIST_ADDR", "SHARDDIT_DIST_TIMEOUT")}
-    os.environ.update(SHARDDIT_DIST_ADDR=f"127.0.0.1:{port}", SHARDDIT_DIST_TIMEOUT=str(TIMEOUT_S))
+    old = {k: os.environ.get(k) for k in ("SHARDDIT_DIST_ADDR", "SHARDDIT_DIST_TIMEOUT", "SHARDDIT_DIST_WEIGHTS")}
+    # share: the worker (a CPU with room for every block) keeps only its share, as a GPU that could not
+    # hold them all would (auto and all are covered in test_dist_sequence / test_dist_blocks)
+    os.environ.update(SHARDDIT_DIST_ADDR=f"127.0.0.1:{port}", SHARDDIT_DIST_TIMEOUT=str(TIMEOUT_S),
+                      SHARDDIT_DIST_WEIGHTS="share")
     server = ComfyServer(comfy_path(), workdir, tiny_models.root)
     workers = []
     try:

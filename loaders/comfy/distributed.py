@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 
-from ...parallel.dist_config import ADDR_ENV, dist_addr, dist_timeout
-from ...parallel.dist_host import Lobby, check_worker_room
+from ...parallel.dist_config import ADDR_ENV, WEIGHTS_ENV, dist_addr, dist_timeout, dist_weights
+from ...parallel.dist_host import Lobby, choose_worker_weights
 from ...parallel.dist_ranks import attach_remote_ranks
 
-__all__ = ["PatchVersion", "attach_workers", "check_worker_shares", "check_workers", "describe_workers", "get_lobby",
+__all__ = ["PatchVersion", "attach_workers", "check_workers", "decide_worker_weights", "describe_workers", "get_lobby",
            "patch_versions", "start_lobby_if_configured"]
 
 log = logging.getLogger("sharddit")
@@ -51,26 +51,23 @@ def check_workers(devices: str, remote) -> None:
         get_lobby(devices).check_names([name for name, _ in remote])
 
 
-def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None) -> None:
+def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None,
+                   keep_all: bool = False) -> None:
     """Ranks ``n_local...`` of ``engine`` run in the workers ``remote`` ((name, device) pairs);
     ``owners``: block index -> engine rank (the plan's ranges)."""
     lobby = get_lobby(devices)
     every = [str(d) for d in engine.devices[:n_local]] + [d for _, d in remote]
     backend = "nccl" if all(d.startswith("cuda") for d in every) else "gloo"
     attach_remote_ranks(engine, lobby, {n_local + i: name for i, (name, _) in enumerate(remote)},
-                        {name: dev for name, dev in remote}, backend, owners, version_of)
+                        {name: dev for name, dev in remote}, backend, owners, version_of, keep_all)
 
 
-def check_worker_shares(devices: str, remote, plan, block_bytes, n_local: int) -> None:
-    """Each worker's device has room for its share (plan ranges ``n_local...``), a receive ring of
-    two blocks and activations of two blocks' worth; ValueError naming the GiB missing otherwise."""
-    biggest = max(block_bytes, default=0)
-    needs = {}
-    for (name, _), r in zip(remote, plan.block_ranges[n_local:], strict=True):
-        own = sum(block_bytes[r.start:r.stop])
-        needs[name] = (own + 4 * biggest, f"blocks {r.start}-{r.stop - 1}: {own / 2**30:.2f} GiB, receive ring and "
-                                          f"activations {4 * biggest / 2**30:.2f} GiB")
-    check_worker_room(needs, get_lobby(devices).workers(), dict(remote))
+def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:
+    """``dist_host.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
+    keep_all, why = choose_worker_weights(dist_weights(), remote, plan.block_ranges[n_local:], block_bytes,
+                                          get_lobby(devices).workers())
+    log.info("[ShardDiT] %s: %s", WEIGHTS_ENV, why)
+    return keep_all
 
 
 class PatchVersion:

@@ -45,7 +45,7 @@ from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
-from .distributed import attach_workers, check_worker_shares, check_workers, patch_versions
+from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
                           get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
@@ -198,8 +198,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     request = PlacementRequest(devices=with_worker_shares(devices, len(remote)), reserve_vram_gb=reserve_vram_gb)
     plan = plan_placement(inventory, footprint, request)
     n_local = len(plan.block_ranges) - len(remote)
-    if remote:
-        check_worker_shares(request_key[0], remote, plan, block_bytes, n_local)
+    keep_all = decide_worker_weights(request_key[0], remote, plan, block_bytes, n_local) if remote else False
     auto_mode = decide_parallel("auto", plan, footprint, inventory, request.reserve_bytes)
     record_dit(footprint, ",".join(r.device for r in plan.block_ranges))
     log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), devices,
@@ -230,8 +229,9 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
         if remote:
             owners = {g: r for r, br in enumerate(plan.block_ranges) for g in range(br.start, br.stop)}
             keys = {g: f"diffusion_model.{path}.{i}." for g, (path, i, _) in enumerate(blocks)}
-            attach_workers(engine, request_key[0], remote, n_local, owners, patch_versions(runtime, keys))
-            log.info("[ShardDiT] worker shares: %s", "; ".join(
+            attach_workers(engine, request_key[0], remote, n_local, owners, patch_versions(runtime, keys), keep_all)
+            log.info("[ShardDiT] worker shares%s: %s", " (every worker also keeps the others' blocks)" * keep_all,
+                     "; ".join(
                 f"{name}/{dev} owns blocks {br.start}-{br.stop - 1} ({sum(block_bytes[br.start:br.stop]) / 2**30:.2f} "
                 "GiB, kept in this machine's RAM to send)" for (name, dev), br in zip(remote, plan.block_ranges[n_local:],
                                                                                       strict=True)))
