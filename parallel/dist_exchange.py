@@ -1,20 +1,31 @@
 """``DistExchange``: the all-to-all of ``seq_workers.ThreadExchange`` across processes (pure PyTorch).
 
 Same call as the in-process exchange, ``all_to_all(pos, parts) -> list`` (what every position
-sent this one, in position order, on this rank's device), but the positions of a batch group live
-in different processes: one ``all_to_all_single`` of fixed-size headers (dtypes, shapes), then one
-of the raw bytes (``dist_wire``), on the group's own process group (gloo on CPU, NCCL between
-GPUs). Bytes are sent as they are, so a split forward stays bit-identical to the local one.
+sent this one, in position order, on that position's device), but the positions of a batch group
+live in several processes, one or more per process (the host may hold two GPUs of a group whose
+other positions are workers). The threads of this process's positions meet; parts between two of
+them are handed over in memory; the last to arrive sends every part bound for another process
+in one ``all_to_all_single`` of fixed-size headers (dtypes, shapes), then one of the raw bytes
+(``dist_wire``), bundled per destination process, on the group's own process group (gloo on CPU,
+NCCL between GPUs). Bytes are sent as they are, so a split forward stays bit-identical to the
+local one.
 
 A failure (a peer died, or did not answer within the group's timeout) raises ``DistPeerError``
-naming every remote peer of the group, so the user learns which worker to look at.
+naming every remote peer of the group in every local position's thread, so the user learns which
+worker to look at. A local thread that does not arrive within the timeout, or an aborted worker
+pool, stops the others waiting for it (``TimeoutError`` / ``seq_workers.PoolAborted``).
 """
 from __future__ import annotations
+
+import contextlib
+import threading
+import time
 
 import torch
 import torch.distributed as dist
 
 from .dist_wire import HEADER, pack_parts, part_sizes, unpack_parts
+from .seq_workers import PoolAborted
 
 __all__ = ["DistExchange", "DistPeerError"]
 
@@ -23,56 +34,241 @@ class DistPeerError(RuntimeError):
     """A torch.distributed operation with remote ranks failed or timed out."""
 
 
-class DistExchange:
-    """All-to-all between the positions of one batch group, one position per process.
+class _Round:
+    """One all-to-all call of the local positions: their posts, then the leader's outcome."""
 
-    ``group``: the torch.distributed group of the group's processes; ``group_ranks[p]``: the
-    global rank of position ``p``; ``peers[p]``: a label for position ``p`` in errors
-    (``"worker w1 (rank 1, cpu)"``).
+    __slots__ = ("done", "error", "got", "posted_at", "posts", "reads")
+
+    def __init__(self):
+        self.posts: dict[int, list] = {}
+        self.posted_at = 0.0
+        self.got: dict[tuple[int, int], tuple] = {}
+        """(source, local destination) -> items received from another process, on the wire device."""
+        self.error: BaseException | None = None
+        self.done = False
+        self.reads = 0
+
+
+class DistExchange:
+    """All-to-all between the positions of one batch group spread over processes.
+
+    ``group``: the torch.distributed group of the group's processes; ``group_ranks[p]``: the global
+    rank of the process holding position ``p`` (repeats when a process holds several);
+    ``device``: this process's one position's device, or ``{position: device}`` for every position
+    of this process (each has its own thread calling ``all_to_all``); ``peers[p]``: a label for
+    position ``p`` in errors (``"worker w1 (rank 1, cpu)"``); ``pool``: the ``WorkerPool`` whose
+    threads call (its abort stops a wait at once), or None.
+
+    Counters per position: ``bytes_received`` (bytes of the parts every other position sent it,
+    as ``ThreadExchange`` counts), ``bytes_sent`` (bytes of its parts that left this process),
+    ``calls``.
     """
 
-    def __init__(self, group, group_ranks: list[int], device, peers: list[str], timeout_s: float, backend: str = "gloo"):
+    def __init__(self, group, group_ranks: list[int], device, peers: list[str], timeout_s: float,
+                 backend: str = "gloo", pool=None):
+        n = len(group_ranks)
         self.group = group
-        self.device = torch.device(device)
+        self.group_ranks = list(group_ranks)
+        self.devices = _local_devices(device, self.group_ranks)
+        self.local = sorted(self.devices)
+        self.rank = self.group_ranks[self.local[0]]
+        self.procs = sorted(set(self.group_ranks))  # torch numbers a group's ranks in ascending global order
+        self.device = self.devices[self.local[0]]
         self.wire = torch.device("cpu") if backend == "gloo" else self.device
         """Where the bytes travel from: gloo sends host memory (a GPU rank stages through it), NCCL
-        sends from the GPU."""
+        sends from the GPU (this process's first position's)."""
         self.peers = list(peers)
         self.timeout_s = timeout_s
-        ordered = sorted(group_ranks)  # torch numbers a group's ranks in ascending global order
-        self.order = [group_ranks.index(r) for r in ordered]  # group rank g -> position
-        self.bytes_received = [0] * len(group_ranks)
-        self.bytes_sent = [0] * len(group_ranks)
-        self.calls = [0] * len(group_ranks)
-        self._seq = 0
+        self.pool = pool
+        self.bytes_received = [0] * n
+        self.bytes_sent = [0] * n
+        self.calls = [0] * n
+        self._seq = dict.fromkeys(self.local, 0)
+        self._cond = threading.Condition()
+        self._rounds: dict[int, _Round] = {}
+        self._broken: str | None = None
+
+    def positions_of(self, rank: int) -> list[int]:
+        return [p for p, r in enumerate(self.group_ranks) if r == rank]
 
     def all_to_all(self, pos: int, parts: list):
-        n = len(self.order)
+        n = len(self.group_ranks)
         assert len(parts) == n, f"{len(parts)} parts for {n} positions"
-        call = self._seq
-        self._seq += 1
+        assert pos in self.devices, f"position {pos} is not in this process (local: {self.local})"
+        call = self._seq[pos]
+        self._seq[pos] += 1
+        with self._unlocked():
+            rnd, leader = self._meet(call, pos, parts)
+        if leader:
+            self._lead(call, rnd)
+        else:
+            with self._unlocked():
+                self._await(call, pos, rnd)
+        if rnd.error is not None:
+            raise DistPeerError(str(rnd.error)) from rnd.error.__cause__
+        return self._collect(call, pos, parts, rnd)
+
+    # ---- the local threads meet ----------------------------------------------------------------
+    def _meet(self, call: int, pos: int, parts: list) -> tuple[_Round, bool]:
+        """Post ``parts``; True for the last local position to post (it does the transfer)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            self._check(call)
+            rnd = self._rounds.setdefault(call, _Round())
+            rnd.posts[pos] = parts
+            if len(rnd.posts) == len(self.local):
+                rnd.posted_at = time.monotonic()
+                return rnd, True
+            while len(rnd.posts) < len(self.local):
+                self._check(call)
+                if time.monotonic() > deadline:
+                    missing = [p for p in self.local if p not in rnd.posts]
+                    self._broken = (f"[ShardDiT] attention exchange {call}: position {pos} waited "
+                                    f"{self.timeout_s:.0f} s for position(s) {missing} of this process")
+                    self._cond.notify_all()
+                    raise TimeoutError(self._broken)
+                self._cond.wait(0.05)
+            return rnd, False
+
+    def _await(self, call: int, pos: int, rnd: _Round) -> None:
+        """Wait for the leader's transfer (it ends within the group's timeout, or fails)."""
+        deadline = rnd.posted_at + self.timeout_s + max(10.0, self.timeout_s)
+        with self._cond:
+            while not rnd.done:
+                self._check(call)
+                if time.monotonic() > deadline:
+                    rnd.error = DistPeerError(self._failure(call, "no answer"))
+                    self._broken = str(rnd.error)
+                    self._cond.notify_all()
+                    return
+                self._cond.wait(0.05)
+
+    def _check(self, call: int) -> None:
+        if self.pool is not None and self.pool.aborted:
+            raise PoolAborted()
+        if self._broken is not None:
+            raise DistPeerError(f"[ShardDiT] attention exchange {call} not started: an earlier one failed "
+                                f"({self._broken})")
+
+    @contextlib.contextmanager
+    def _unlocked(self):
+        """Dry runs on fake devices: let the other threads run torch code while this one waits."""
+        serial = getattr(self.pool, "serial_lock", None)
+        if serial is not None:
+            serial.release()
         try:
-            header, data, sizes = pack_parts(parts, self.order, self.wire)
-            header_in = torch.empty(n, HEADER, dtype=torch.int64, device=self.wire)
-            dist.all_to_all_single(header_in, header, group=self.group)
-            in_sizes = part_sizes(header_in)
-            data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.wire)
-            dist.all_to_all_single(data_in, data, output_split_sizes=in_sizes, input_split_sizes=sizes,
-                                   group=self.group)
-        except Exception as e:
-            others = [p for i, p in enumerate(self.peers) if i != pos]
-            raise DistPeerError(f"[ShardDiT] attention exchange {call} with {', '.join(others)} failed "
-                                f"(dead, or silent for {self.timeout_s:.0f} s): {type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''}") from e
-        got = unpack_parts(header_in, data_in, self.device)
-        mine = [None] * n
-        for g, j in enumerate(self.order):
-            mine[j] = got[g]
-            if j != pos:
-                self.bytes_received[pos] += in_sizes[g]
-                self.bytes_sent[pos] += sizes[g]
-        self.calls[pos] += 1
-        return [_restore(parts_j, m) for parts_j, m in zip(parts, mine, strict=True)]
+            yield
+        finally:
+            if serial is not None:
+                serial.acquire()
+
+    # ---- the last local thread to arrive moves the bytes -----------------------------------------
+    def _lead(self, call: int, rnd: _Round) -> None:
+        try:
+            ctx = torch.cuda.device(self.wire) if self.wire.type == "cuda" else contextlib.nullcontext()
+            with ctx:
+                rnd.got = self._transfer(call, rnd.posts)
+        except Exception as e:  # noqa: BLE001 - every local thread raises it as DistPeerError
+            err = DistPeerError(self._failure(call, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+            err.__cause__ = e
+            rnd.error = err
+        with self._cond:
+            if rnd.error is not None:
+                self._broken = str(rnd.error)
+            rnd.done = True
+            self._cond.notify_all()
+
+    def _transfer(self, call: int, posts: dict[int, list]) -> dict[tuple[int, int], tuple]:
+        """One header and one byte all-to-all carrying every local->remote part."""
+        sends = [self._pairs(self.local, self.positions_of(r)) if r != self.rank else [] for r in self.procs]
+        recvs = [self._pairs(self.positions_of(r), self.local) if r != self.rank else [] for r in self.procs]
+        flat = [posts[i][j] for pairs in sends for i, j in pairs]
+        header, data, sizes = pack_parts(flat, list(range(len(flat))), self.wire)
+        header_in = torch.empty(sum(map(len, recvs)), HEADER, dtype=torch.int64, device=self.wire)
+        dist.all_to_all_single(header_in, header, output_split_sizes=[len(p) for p in recvs],
+                               input_split_sizes=[len(p) for p in sends], group=self.group)
+        in_sizes = part_sizes(header_in)
+        data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.wire)
+        dist.all_to_all_single(data_in, data, output_split_sizes=_per_proc(in_sizes, recvs),
+                               input_split_sizes=_per_proc(sizes, sends), group=self.group)
+        got = unpack_parts(header_in, data_in, self.wire)
+        pairs_in = [pair for pairs in recvs for pair in pairs]
+        with self._cond:
+            for (i, j), size in zip([p for pairs in sends for p in pairs], sizes, strict=True):
+                self.bytes_sent[i] += size
+            for (i, j), size in zip(pairs_in, in_sizes, strict=True):
+                self.bytes_received[j] += size
+        return dict(zip(pairs_in, got, strict=True))
+
+    @staticmethod
+    def _pairs(sources: list[int], dests: list[int]) -> list[tuple[int, int]]:
+        return [(i, j) for i in sources for j in dests]
+
+    def _failure(self, call: int, why: str) -> str:
+        others = [p for i, p in enumerate(self.peers) if self.group_ranks[i] != self.rank]
+        return (f"[ShardDiT] attention exchange {call} with {', '.join(others)} failed "
+                f"(dead, or silent for {self.timeout_s:.0f} s): {why}")
+
+    # ---- every local thread takes its parts ------------------------------------------------------
+    def _collect(self, call: int, pos: int, parts: list, rnd: _Round) -> list:
+        dev = self.devices[pos]
+        out = []
+        local_bytes = 0
+        for j, template in enumerate(parts):
+            if j in self.devices:
+                items = _items(rnd.posts[j][pos])
+                if j != pos:
+                    local_bytes += sum(t.numel() * t.element_size() for t in items if t is not None)
+            else:
+                items = rnd.got[(j, pos)]
+            out.append(_restore(template, tuple(_to(t, dev) for t in items)))
+        with self._cond:
+            self.bytes_received[pos] += local_bytes
+            self.calls[pos] += 1
+            rnd.reads += 1
+            if rnd.reads == len(self.local):
+                del self._rounds[call]
+        return out
+
+
+def _local_devices(device, group_ranks: list[int]) -> dict[int, torch.device]:
+    if isinstance(device, dict):
+        devices = {int(p): torch.device(d) for p, d in device.items()}
+    else:
+        me = dist.get_rank()
+        mine = [p for p, r in enumerate(group_ranks) if r == me]
+        if len(mine) != 1:
+            raise ValueError(f"[ShardDiT] distributed exchange: rank {me} holds positions {mine} of group ranks "
+                             f"{group_ranks}; pass device as {{position: device}} for this process's positions")
+        devices = {mine[0]: torch.device(device)}
+    ranks = {group_ranks[p] for p in devices}
+    if not devices or len(ranks) != 1:
+        raise ValueError(f"[ShardDiT] distributed exchange: local positions {sorted(devices)} belong to processes "
+                         f"{sorted(ranks)} of group ranks {group_ranks}; list the positions of exactly one process")
+    return devices
+
+
+def _per_proc(sizes: list[int], pairs_per_proc: list[list]) -> list[int]:
+    """Byte counts per process out of byte counts per pair (pairs listed process by process)."""
+    out, k = [], 0
+    for pairs in pairs_per_proc:
+        out.append(sum(sizes[k:k + len(pairs)]))
+        k += len(pairs)
+    return out
+
+
+def _items(part) -> list:
+    if part is None:
+        return []
+    if isinstance(part, torch.Tensor):
+        return [part]
+    return list(part)
+
+
+def _to(t, dev):
+    if t is None or t.device == dev:
+        return t
+    return t.to(dev, non_blocking=dev.type == "cuda")
 
 
 def _restore(template, items: tuple):
