@@ -180,11 +180,11 @@ def with_worker_shares(local: str, n_workers: int) -> str:
     it. Every rank gets an equal share (sequence mode: every rank computes every block; ownership
     only decides who stores and sends it); local weights, if given, stay, and each worker gets
     their mean."""
+    if not n_workers:
+        return local
     parsed = parse_devices(local)
     if parsed.auto:
         raise ValueError("[ShardDiT] devices 'auto' with worker devices: resolve this machine's devices first")
-    if not n_workers:
-        return local
     weights = [e.weight if e.weight is not None else 1.0 for e in parsed.entries]
     worker_weight = sum(weights) / len(weights)
     parts = [f"{e.device}:{w:g}" for e, w in zip(parsed.entries, weights, strict=True)]

@@ -86,7 +86,7 @@ def test_owners_and_transfer_groups():
 def test_worker_shares_of_a_device_list():
     assert with_worker_shares("cuda:0,cuda:1", 2) == "cuda:0:1,cuda:1:1,cpu:1,cpu:1"
     assert with_worker_shares("cuda:0:3,cuda:1:1", 1) == "cuda:0:3,cuda:1:1,cpu:2"
-    assert with_worker_shares("cpu", 0) == "cpu"
+    assert with_worker_shares("cpu", 0) == "cpu" and with_worker_shares("auto", 0) == "auto"
     with pytest.raises(ValueError, match="auto"):
         with_worker_shares("auto", 1)
 
