@@ -19,8 +19,8 @@ the host's copy (ComfyUI keeps it in RAM: the shard of a worker's blocks lives o
 Ulysses exchanges between a host rank and worker ranks go through ``DistExchange``; the host
 fetches a worker's rows only where the engine gathers.
 
-Limits of this version: each worker process serves one rank (one device); a batch group may hold
-at most one host rank besides worker ranks.
+A worker process serves one rank (one device; ``worker --devices a,b`` starts one process per
+device); the host may hold several ranks of one batch group (its threads share one exchange).
 """
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class DistRanks:
         self.names = tuple(self.remote[r] for r in sorted(self.remote))
         self.dist_rank = {r: (self.names.index(n) + 1 if (n := self.remote.get(r)) else 0)
                           for r in range(len(engine.devices))}
-        self.group_keys, self.bad_groups = self._groups(len(engine.devices))
+        self.group_keys = self._groups(len(engine.devices))
         order = list(engine.order)
         self.owners = dict(owners) if owners is not None else even_owners(order, len(engine.devices))
         missing = [i for i in order if i not in self.owners]
@@ -125,18 +125,17 @@ class DistRanks:
         self._host_works: list = []
 
     def _groups(self, n):
-        keys, bad = [], set()
+        """Process groups of the batch groups that mix processes, for every batch size (one
+        group per distinct set of processes; a process may hold several positions)."""
+        keys = []
         for b in range(1, n + 1):
             for g in plan_groups(b, n):
                 if len(g.ranks) < 2 or not any(r in self.remote for r in g.ranks):
                     continue
-                d = [self.dist_rank[r] for r in g.ranks]
-                if len(set(d)) != len(d):
-                    bad.add(g.ranks)
-                    continue
-                if tuple(sorted(d)) not in keys:
-                    keys.append(tuple(sorted(d)))
-        return tuple(keys), bad
+                key = tuple(sorted({self.dist_rank[r] for r in g.ranks}))
+                if key not in keys:
+                    keys.append(key)
+        return tuple(keys)
 
     def is_remote(self, rank: int) -> bool:
         return rank in self.remote
@@ -152,10 +151,6 @@ class DistRanks:
 
     # ---- main thread ---------------------------------------------------------------------------
     def begin_forward(self, groups) -> None:
-        for g in groups:
-            if g.ranks in self.bad_groups:
-                raise ValueError(f"[ShardDiT] sequence ranks {g.ranks} mix two host devices with workers in one "
-                                 "batch group (not supported yet): list one host device per group, e.g. 'cpu,w1/cpu'")
         self.session = self.lobby.session_for(self.names, self.group_keys, self.backend, self.devices)
         self._fid = next(_FORWARDS)
         self._sent = {n: {} for n in self.names}
@@ -180,14 +175,15 @@ class DistRanks:
                 self.lobby.close_session()
             self.session = None
 
-    def exchange(self, group, device):
-        """The host rank's exchange for a batch group that includes worker ranks; None otherwise."""
+    def exchange(self, group, devices: dict, pool=None):
+        """The host's exchange for a batch group that includes worker ranks (shared by the host
+        ranks of the group: ``devices`` = {position: device} of those); None otherwise."""
         if not any(r in self.remote for r in group.ranks):
             return None
-        key = tuple(sorted(self.dist_rank[r] for r in group.ranks))
+        key = tuple(sorted({self.dist_rank[r] for r in group.ranks}))
         peers = [self._label(r) for r in group.ranks]
-        return DistExchange(self.session.groups[key], [self.dist_rank[r] for r in group.ranks], device, peers,
-                            self.session.timeout_s, self.backend)
+        return DistExchange(self.session.groups[key], [self.dist_rank[r] for r in group.ranks], devices, peers,
+                            self.session.timeout_s, self.backend, pool)
 
     def _label(self, rank: int) -> str:
         name = self.remote.get(rank)

@@ -202,8 +202,8 @@ class Worker:
         d = msg["slice"]
         rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
-            ex = DistExchange(groups[tuple(sorted(msg["group"]))], msg["group"], self.device, msg["peers"], timeout_s,
-                              backend)
+            ex = DistExchange(groups[tuple(sorted(set(msg["group"])))], msg["group"], self.device, msg["peers"],
+                              timeout_s, backend)
             calls = [0]
             kwargs["transformer_options"] = {**kwargs["transformer_options"],
                                              _OVERRIDE: functools.partial(_attention, ex, rs, main, calls)}

@@ -93,8 +93,9 @@ class _Forward:
                 local = [r for r in g.ranks if engine.dist is None or not engine.dist.is_remote(r)]
                 if engine.dist is None:
                     self.exchanges[g.index] = ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
-                elif local:  # a host rank with worker ranks (at most one host rank per group)
-                    self.exchanges[g.index] = engine.dist.exchange(g, engine.devices[local[0]]) \
+                elif local:  # host ranks with worker ranks: one exchange shared by the host's threads
+                    self.exchanges[g.index] = engine.dist.exchange(
+                        g, {g.ranks.index(r): engine.devices[r] for r in local}, engine.pool) \
                         or ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
         self.placeholders: dict[int, tuple[torch.Tensor, str]] = {}
         self.pending: list = [None] * n

@@ -174,6 +174,31 @@ def test_two_workers_stream_their_blocks_to_each_other(lobby):
         engine.close()
 
 
+def test_two_host_ranks_and_two_workers_in_one_batch_group(lobby):
+    """cpu,cpu,w1/cpu,w2/cpu at cfg 1: one batch group of four positions, two of them threads of
+    this process sharing one exchange; bit-identical to unsharded and to the all-local run."""
+    model, local_model, ref_model = _copies(3)
+    _worker(lobby, "w1")
+    _worker(lobby, "w2")
+    handle, engine = _engine(model, ["cpu"] * 4)
+    attach_remote_ranks(engine, lobby, {2: "w1", 3: "w2"}, {"w1": "cpu", "w2": "cpu"})
+    lhandle, lengine = _engine(local_model, ["cpu"] * 4)
+    try:
+        for batch in (1, 2, 3):
+            x = _inputs(batch)
+            with torch.no_grad():
+                ref = ref_model(*x)
+            out = _run(handle, model, *x)
+            assert torch.equal(out, ref) and torch.equal(out, _run(lhandle, local_model, *x)), batch
+            assert engine.stats.blocks_run == [4, 4, 4, 4]
+            if batch == 1:
+                assert engine.stats.groups == [((0, 1), (0, 1, 2, 3))]
+                assert engine.stats.bytes_exchanged[:2] == lengine.stats.bytes_exchanged[:2]  # the host ranks
+    finally:
+        engine.close()
+        lengine.close()
+
+
 def test_worker_killed_mid_forward_names_it_then_local_runs_and_rejoin_works(lobby):
     model, local_model, ref_model = _copies(3)
     proc = _worker(lobby)
