@@ -4,6 +4,7 @@ bit-identical to the unsharded one and to the all-local ``cpu,cpu`` run; weights
 again only for the block that changed; a worker killed mid-forward fails the forward with its
 name within the timeout; a local run still works; the worker re-joins and runs again."""
 import os
+import re
 import signal
 import time
 
@@ -53,7 +54,7 @@ def lobby():
 def _worker(lob, name="w1"):
     proc = dist_procs.start_worker(lob.port, name, TIMEOUT_S)
     lob.procs.append(proc)
-    dist_procs.wait_joined(lob, name, proc)
+    dist_procs.wait_joined(lob, f"{name}/cpu", proc)
     return proc
 
 
@@ -78,7 +79,7 @@ def test_worker_rank_bit_identical_and_weights_sent_once(lobby):
     model, local_model, ref_model = _copies(3)
     _worker(lobby)
     handle, engine = _engine(model, ["cpu", "cpu"])
-    ranks = attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    ranks = attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
     lhandle, lengine = _engine(local_model, ["cpu", "cpu"])
     try:
         for batch in (1, 2):  # cfg = 1: tokens split, Ulysses across processes; cfg > 1: batch split
@@ -92,9 +93,9 @@ def test_worker_rank_bit_identical_and_weights_sent_once(lobby):
             if batch == 1:
                 assert engine.stats.exchanges[0] == 8
                 assert engine.stats.bytes_exchanged[0] == lengine.stats.bytes_exchanged[0]
-                first = ranks.bytes_sent["w1"]  # per forward: this one carried every block
+                first = ranks.bytes_sent["w1/cpu"]  # per forward: this one carried every block
         _run(handle, model, *_inputs(2))
-        again = ranks.bytes_sent["w1"]
+        again = ranks.bytes_sent["w1/cpu"]
         block_bytes = sum(t.numel() * 4 for t in ref_model.blocks[2].parameters())
         assert again < block_bytes  # the weights stay on the worker
         with torch.no_grad():
@@ -103,7 +104,7 @@ def test_worker_rank_bit_identical_and_weights_sent_once(lobby):
             ref = ref_model(*_inputs(2))
         out = _run(handle, model, *_inputs(2))
         assert torch.equal(out, ref)
-        assert block_bytes < ranks.bytes_sent["w1"] < block_bytes + again + 16384  # only that block again (+ its pickled structure)
+        assert block_bytes < ranks.bytes_sent["w1/cpu"] < block_bytes + again + 16384  # only that block again (+ its pickled structure)
         assert first > 4 * block_bytes
     finally:
         engine.close()
@@ -114,7 +115,7 @@ def test_worker_killed_mid_forward_names_it_then_local_runs_and_rejoin_works(lob
     model, local_model, ref_model = _copies(3)
     proc = _worker(lobby)
     handle, engine = _engine(model, ["cpu", "cpu"])
-    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
     x = _inputs(1)
     with torch.no_grad():
         ref = ref_model(*x)
@@ -145,12 +146,12 @@ def test_unknown_worker_name_lists_the_joined_ones(lobby):
     model, = _copies(1)
     assert lobby.describe().endswith("none joined yet")
     _worker(lobby)
-    assert "  w1 on " not in lobby.describe() and "w1: w1/cpu 0.0 GiB free" in lobby.describe()
+    assert re.search(r"\n  w1 on \S+: w1/cpu \d+\.\d GiB free$", lobby.describe()), lobby.describe()
     client = connect("127.0.0.1", lobby.port, 5.0, wait_s=0)  # what `plan --workers` reads
     assert describe_workers(client, "127.0.0.1", lobby.port) == lobby.describe()
     handle, engine = _engine(model, ["cpu", "cpu"])
-    attach_remote_ranks(engine, lobby, {1: "w9"}, {"w9": "cpu"})
-    with pytest.raises(ValueError, match=r"'w9'.*joined: w1.*--name w9"):
+    attach_remote_ranks(engine, lobby, {1: "w9/cpu"}, {"w9/cpu": "cpu"})
+    with pytest.raises(ValueError, match=r"'w9'.*joined: w1/cpu.*--name w9 --devices cpu"):
         _run(handle, model, *_inputs(1))
     engine.close()
 
@@ -159,7 +160,7 @@ def test_hung_worker_fails_the_forward_within_the_timeout(lobby):
     model, = _copies(1)
     proc = _worker(lobby)
     handle, engine = _engine(model, ["cpu", "cpu"])
-    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
     x = _inputs(1)
     try:
         _run(handle, model, *x)
@@ -189,7 +190,7 @@ def test_two_models_share_one_worker_session(lobby):
     engines = []
     for model in (a, b):
         handle, engine = _engine(model, ["cpu", "cpu"])
-        attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+        attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
         engines.append((handle, engine, model))
     try:
         for x in (_inputs(1), _inputs(2), _inputs(1)):
@@ -207,14 +208,14 @@ def test_a_session_that_failed_to_open_does_not_block_the_next(lobby):
     """A registered worker that is gone (killed while joining): the session fails, naming it; a
     worker that joins afterwards gets a session (a failed init_process_group must not leave
     torch's group count behind, or host and fresh worker wait for each other's keys)."""
-    lobby.store.set("offer/w1", '{"devices": {}}')  # a registration whose process is gone
-    lobby.store.set(f"reg/{lobby.store.add('workers', 1) - 1}", "w1")
+    lobby.store.set("offer/w1/cpu", '{"name": "w1", "device": "cpu", "free": 0}')  # a registration whose process is gone
+    lobby.store.set(f"reg/{lobby.store.add('workers', 1) - 1}", "w1/cpu")
     model, ref_model = _copies(2)
     handle, engine = _engine(model, ["cpu", "cpu"])
-    attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+    attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
     x = _inputs(1)
     try:
-        with pytest.raises(Exception, match=r"worker\(s\) 'w1' did not join session 1 within 8 s"):
+        with pytest.raises(Exception, match=r"worker member\(s\) w1/cpu did not join session 1 within 8 s"):
             _run(handle, model, *x)
         _worker(lobby)
         with torch.no_grad():

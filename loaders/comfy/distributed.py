@@ -1,5 +1,9 @@
 """The ComfyUI host's side of distributed `sequence` mode: its one lobby, and worker ranks for a
-shard state (``NAME/dev`` entries of a ``devices`` string).
+shard state (``NAME/DEVICE`` entries of a ``devices`` string).
+
+Member-key contract: each worker process serves one device and joins the lobby as the member
+``NAME/DEVICE`` (``box2/cuda:1``); engine ranks map to member keys, and ``devices=auto`` adds every
+joined member (``resolve_auto_devices``).
 
 The lobby starts with the server when ``SHARDDIT_DIST_ADDR`` is set (``start_lobby_if_configured``
 from the extension entrypoint), so workers can join before the first prompt; without it nothing
@@ -10,10 +14,11 @@ from __future__ import annotations
 import logging
 
 from ...parallel.dist_config import ADDR_ENV, dist_addr, dist_timeout
-from ...parallel.dist_host import Lobby
+from ...parallel.dist_host import Lobby, member_key
 from ...parallel.dist_ranks import attach_remote_ranks
 
-__all__ = ["attach_workers", "check_workers", "describe_workers", "get_lobby", "start_lobby_if_configured"]
+__all__ = ["attach_workers", "check_workers", "describe_workers", "get_lobby", "resolve_auto_devices",
+           "start_lobby_if_configured"]
 
 log = logging.getLogger("sharddit")
 _LOBBY: list[Lobby] = []
@@ -45,15 +50,44 @@ def describe_workers() -> str:
 
 
 def check_workers(devices: str, remote) -> None:
-    """Every named worker has joined (ValueError naming the missing one and the joined ones)."""
-    if remote:
-        get_lobby(devices).check_names([name for name, _ in remote])
+    """Every named member (``NAME/DEVICE``) is listed once and has joined (ValueError naming the
+    missing one, the joined ones and the command that starts it)."""
+    if not remote:
+        return
+    members = [member_key(name, dev) for name, dev in remote]
+    for m in dict.fromkeys(members):
+        if members.count(m) > 1:
+            raise ValueError(f"[ShardDiT] devices {devices!r} lists the worker device {m!r} {members.count(m)} times: "
+                             "a worker process serves one rank; list it once (start the worker with more devices, "
+                             "--devices cuda:0,cuda:1, for more ranks on that machine)")
+    get_lobby(devices).check_names(members)
 
 
 def attach_workers(engine, devices: str, remote, n_local: int) -> None:
-    """Ranks ``n_local...`` of ``engine`` run in the workers ``remote`` ((name, device) pairs)."""
+    """Ranks ``n_local...`` of ``engine`` run in the worker members ``remote`` ((name, device) pairs)."""
     lobby = get_lobby(devices)
     every = [str(d) for d in engine.devices[:n_local]] + [d for _, d in remote]
     backend = "nccl" if all(d.startswith("cuda") for d in every) else "gloo"
-    attach_remote_ranks(engine, lobby, {n_local + i: name for i, (name, _) in enumerate(remote)},
-                        {name: dev for name, dev in remote}, backend)
+    attach_remote_ranks(engine, lobby, {n_local + i: member_key(n, d) for i, (n, d) in enumerate(remote)},
+                        {member_key(n, d): d for n, d in remote}, backend)
+
+
+def resolve_auto_devices(devices: str, parallel: str, local_auto) -> str:
+    """``devices=auto`` on a host whose lobby has joined members: with ``parallel`` ``sequence`` or
+    ``auto``, this machine's auto choice (``local_auto()``: an explicit device list such as
+    ``"cuda:0,cuda:1"``) plus every joined member in key order (``"cpu,w1/cpu"``); with ``blocks``
+    the workers are left out (logged). Anything else, or no joined worker: ``devices`` unchanged."""
+    if not isinstance(devices, str) or devices.strip().lower() != "auto" or not _LOBBY:
+        return devices
+    members = sorted(_LOBBY[0].workers())
+    if not members:
+        return devices
+    if parallel == "blocks":
+        log.info("[ShardDiT] devices=auto with parallel=blocks: joined worker(s) %s left out (worker devices run "
+                 "parallel=sequence only; set parallel to 'sequence' or 'auto' to use them)", ", ".join(members))
+        return devices
+    local = local_auto()
+    chosen = ",".join([local, *members])
+    log.info("[ShardDiT] devices=auto with joined workers -> %r (this machine: %s; workers: %s)", chosen, local,
+             ", ".join(members))
+    return chosen
