@@ -2,8 +2,9 @@
 
 ``serve(host, port, name, device)`` connects to the host's ``TCPStore`` (retrying until the host
 listens), registers its offer under the member key ``NAME/DEVICE`` (one process serves one device;
-``python <pack-dir> worker --devices cuda:0,cuda:1`` starts one per device), then loops: wait for an invitation, join the session's process
-group, run the host's commands until it says ``leave`` or the session breaks, back to waiting.
+``python <pack-dir> worker --devices cuda:0,cuda:1`` starts one per device), then loops: wait for
+an invitation to that member, join the session's process group, run the host's commands until it
+says ``leave`` or the session breaks, back to waiting.
 Commands (``dist_wire`` messages on the worker's command group, one reply each):
 
 - ``block``: store the block's weights if sent (``module``), rebuild the rank's arguments (the
@@ -81,8 +82,15 @@ class Worker:
         self.modules: dict[tuple, torch.nn.Module] = {}  # (model key, block index) -> block
         store.set(f"offer/{self.member}", json.dumps(self.offer))
         self.seen = store.add("sessions", 0)  # invitations up to this one are stale (an earlier run)
-        i = store.add("workers", 1) - 1
-        store.set(f"reg/{i}", self.member)
+        self.reg = store.add("workers", 1) - 1
+        store.set(f"reg/{self.reg}", self.member)
+
+    def leave_lobby(self) -> None:
+        """Take this registration out of the lobby (a clean stop), so ``devices=auto`` no longer lists it."""
+        try:
+            self.store.delete_key(f"reg/{self.reg}")
+        except Exception as e:  # noqa: BLE001 - the host may be gone already
+            log.debug("[ShardDiT] worker %r: could not leave the lobby: %s", self.member, e)
 
     def wait_invite(self, poll_s: float = 0.2) -> dict:
         key = f"invite/{self.member}"
@@ -215,7 +223,10 @@ def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=pr
     say(f"[ShardDiT] worker {worker.member!r} (pid {offer['pid']}) joined {host}:{port}, offering {offer['device']} "
         f"({offer['free'] / 2**30:.1f} GiB free)")
     done = 0
-    while sessions is None or done < sessions:
-        why = worker.run_session(worker.wait_invite())
-        say(f"[ShardDiT] worker {worker.member!r}: session ended: {why}")
-        done += 1
+    try:
+        while sessions is None or done < sessions:
+            why = worker.run_session(worker.wait_invite())
+            say(f"[ShardDiT] worker {worker.member!r}: session ended: {why}")
+            done += 1
+    finally:
+        worker.leave_lobby()

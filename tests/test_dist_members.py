@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import REPO
 from harness import dist_procs
-from test_dist_sequence import _copies, _engine, _inputs, _run
 from sharddit.parallel.dist_host import Lobby, member_key, split_member
 from sharddit.parallel.dist_ranks import attach_remote_ranks
+from test_dist_sequence import _copies, _engine, _inputs, _run
 
 TIMEOUT_S = 8.0
 
@@ -58,11 +58,13 @@ def test_members_register_offers_and_are_described_by_name(lobby):
 
 def test_check_names_names_the_member_and_the_command(lobby):
     lobby.check_names(["w1/cpu", "w2/cpu"])
-    with pytest.raises(ValueError, match=r"worker 'w1' has joined .* without device 'cuda:1' \(it serves w1/cpu; "
-                                         r"joined: w1/cpu, w2/cpu\); restart it with: .*--name w1 --devices cpu,cuda:1"):
+    missing_device = (r"worker 'w1' has joined .* without device 'cuda:1' \(it serves w1/cpu; joined: w1/cpu, "
+                      r"w2/cpu\); restart it with: .*--name w1 --devices cpu,cuda:1")
+    with pytest.raises(ValueError, match=missing_device):
         lobby.check_names(["w1/cpu", "w1/cuda:1"])
-    with pytest.raises(ValueError, match=r"no worker named 'w3' .* 'w3/cuda:0' \(joined: w1/cpu, w2/cpu\); start it "
-                                         r"with: python <pack-dir> worker --join 127.0.0.1:\d+ --name w3 --devices cuda:0"):
+    missing_name = (r"no worker named 'w3' .* 'w3/cuda:0' \(joined: w1/cpu, w2/cpu\); start it with: "
+                    r"python <pack-dir> worker --join 127.0.0.1:\d+ --name w3 --devices cuda:0")
+    with pytest.raises(ValueError, match=missing_name):
         lobby.check_names(["w3/cuda:0"])
 
 
@@ -86,7 +88,7 @@ def test_two_members_in_one_session_bit_identical(lobby):
 
 def _worker_cli(*args):
     return subprocess.run([sys.executable, str(REPO), "worker", "--join", "127.0.0.1:1", "--name", "w1", *args],
-                          capture_output=True, text=True, timeout=120)
+                          check=False, capture_output=True, text=True, timeout=120)
 
 
 def test_worker_command_refuses_a_device_listed_twice():
@@ -102,3 +104,14 @@ def test_parse_worker_devices():
     assert parse_worker_devices("cuda:0, CUDA:1,cpu") == ["cuda:0", "cuda:1", "cpu"]
     with pytest.raises(ValueError, match="'gpu' is not a device"):
         parse_worker_devices("gpu")
+
+
+def test_a_stopped_member_leaves_the_lobby(lobby):
+    """A worker that stops cleanly (Ctrl+C, or its sessions done) takes its registration out, so
+    ``devices=auto`` does not count it; a killed one stays until it re-joins."""
+    from sharddit.parallel.dist_worker import Worker, connect
+    store = connect("127.0.0.1", lobby.port, 5.0, wait_s=0)
+    w = Worker(store, "w3", "cpu", None, say=lambda m: None)
+    assert "w3/cpu" in lobby.workers()
+    w.leave_lobby()
+    assert sorted(lobby.workers()) == ["w1/cpu", "w2/cpu"]

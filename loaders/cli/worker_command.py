@@ -57,7 +57,11 @@ def _check_cuda(devices: list[str], torch) -> None:
 def run(args) -> int:
     host, port = parse_addr(args.join, "--join")
     requested = parse_worker_devices(args.devices) if args.devices else None
-    import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
+    try:
+        import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
+    except KeyboardInterrupt:  # stopped while starting (e.g. by the parent of several members)
+        print(f"[ShardDiT] worker {args.name!r}: stopped", flush=True)
+        return 0
     import torch
 
     devices = requested or ["cuda:0" if torch.cuda.is_available() else "cpu"]
