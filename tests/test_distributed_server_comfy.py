@@ -25,7 +25,7 @@ pytestmark = pytest.mark.comfy
 TIMEOUT_S = 10
 
 
-def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: str) -> dict:
+def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: str, parallel: str = "sequence") -> dict:
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": names["wan21_t2v"], "weight_dtype": "default"}},
         "2": {"class_type": "LoraLoaderModelOnly",
@@ -42,7 +42,7 @@ def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: st
     if sampler == "core":
         g["7"] = {"class_type": "KSampler", "inputs": common}
     else:
-        g["7"] = {"class_type": "ShardDiTKSampler", "inputs": {**common, "devices": devices, "parallel": "sequence"}}
+        g["7"] = {"class_type": "ShardDiTKSampler", "inputs": {**common, "devices": devices, "parallel": parallel}}
     return g
 
 
@@ -154,7 +154,8 @@ def test_worker_rank_bit_identical_to_core_and_local(dist_server, tiny_models, c
 
 def test_auto_devices_include_the_joined_worker(dist_server, tiny_models):
     """``devices=auto`` on a GPU-less host with w1 joined resolves to ``cpu,w1/cpu`` (logged with the
-    workers it took) and samples bit-identically to that explicit string."""
+    workers it took) and samples bit-identically to that explicit string; with parallel=blocks the
+    worker is left out (logged) and the result is the local ``cpu`` one."""
     server, names = dist_server, tiny_models.names
     if not any(w.proc.poll() is None and w.log.name.startswith("worker_w1") for w in server.workers):
         _worker(server)
@@ -163,6 +164,11 @@ def test_auto_devices_include_the_joined_worker(dist_server, tiny_models):
     assert torch.equal(auto, explicit), f"max diff {(auto - explicit).abs().max()}"
     assert "devices=auto with joined workers -> 'cpu,w1/cpu' (this machine: cpu; workers: w1/cpu)" in \
         server.log_text(), server.log_tail()
+    blocks = _run(server, _graph(names, "ours", "auto", 1.0, 2, "dist/auto_blocks", parallel="blocks"))
+    local = _run(server, _graph(names, "ours", "cpu", 1.0, 2, "dist/auto_blocks_local", parallel="blocks"))
+    assert torch.equal(blocks, local)
+    assert "devices=auto with parallel=blocks: joined worker(s) w1/cpu left out (worker devices run " \
+        "parallel=sequence only" in server.log_text(), server.log_tail()
 
 
 def test_worker_killed_mid_sampling_then_local_then_rejoin(dist_server, tiny_models):

@@ -17,8 +17,8 @@ from ...parallel.dist_config import ADDR_ENV, dist_addr, dist_timeout
 from ...parallel.dist_host import Lobby, member_key
 from ...parallel.dist_ranks import attach_remote_ranks
 
-__all__ = ["attach_workers", "check_workers", "describe_workers", "get_lobby", "resolve_auto_devices",
-           "start_lobby_if_configured"]
+__all__ = ["attach_workers", "auto_members", "check_workers", "describe_workers", "get_lobby",
+           "resolve_auto_devices", "start_lobby_if_configured"]
 
 log = logging.getLogger("sharddit")
 _LOBBY: list[Lobby] = []
@@ -72,19 +72,28 @@ def attach_workers(engine, devices: str, remote, n_local: int) -> None:
                         {member_key(n, d): d for n, d in remote}, backend)
 
 
-def resolve_auto_devices(devices: str, parallel: str, local_auto) -> str:
+def auto_members(devices: str) -> tuple[str, ...]:
+    """The joined members ``devices=auto`` would take now, in key order (() for other devices or
+    when this host has no lobby). Callers that cache per ``devices`` add it to their key."""
+    if not isinstance(devices, str) or devices.strip().lower() != "auto" or not _LOBBY:
+        return ()
+    return tuple(sorted(_LOBBY[0].workers()))
+
+
+def resolve_auto_devices(devices: str, parallel: str, local_auto, blocks_only=lambda: "") -> str:
     """``devices=auto`` on a host whose lobby has joined members: with ``parallel`` ``sequence`` or
     ``auto``, this machine's auto choice (``local_auto()``: an explicit device list such as
-    ``"cuda:0,cuda:1"``) plus every joined member in key order (``"cpu,w1/cpu"``); with ``blocks``
-    the workers are left out (logged). Anything else, or no joined worker: ``devices`` unchanged."""
-    if not isinstance(devices, str) or devices.strip().lower() != "auto" or not _LOBBY:
-        return devices
-    members = sorted(_LOBBY[0].workers())
+    ``"cuda:0,cuda:1"``) plus every joined member in key order (``"cpu,w1/cpu"``). With ``blocks``,
+    or a model that runs in blocks mode only (``blocks_only()``: why, '' if not), the workers are left out
+    (logged). Anything else, or no joined worker: ``devices`` unchanged."""
+    members = auto_members(devices)
     if not members:
         return devices
-    if parallel == "blocks":
-        log.info("[ShardDiT] devices=auto with parallel=blocks: joined worker(s) %s left out (worker devices run "
-                 "parallel=sequence only; set parallel to 'sequence' or 'auto' to use them)", ", ".join(members))
+    why = "" if parallel == "blocks" else blocks_only()
+    if parallel == "blocks" or why:
+        why = why or "worker devices run parallel=sequence only; set parallel to 'sequence' or 'auto' to use them"
+        log.info("[ShardDiT] devices=auto with parallel=%s: joined worker(s) %s left out (%s)", parallel,
+                 ", ".join(members), why)
         return devices
     local = local_auto()
     chosen = ",".join([local, *members])

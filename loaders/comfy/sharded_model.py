@@ -87,7 +87,8 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     ``sequence`` (``parallel_mode``); the shards are the same for every mode.
     """
     devices = resolve_auto_devices(devices, check_parallel(parallel),
-                                   functools.partial(_local_auto_devices, model, reserve_vram_gb, inventory))
+                                   functools.partial(_local_auto_devices, model, reserve_vram_gb, inventory),
+                                   functools.partial(_blocks_only, model))
     _, remote = split_worker_devices(devices)
     if remote:
         if parallel == "blocks":
@@ -232,6 +233,12 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
 def _footprint(block_bytes, non_block: int) -> Footprint:
     return Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=non_block,
                      dit_activation_bytes=_activation_headroom(block_bytes))
+
+
+def _blocks_only(model) -> str:
+    """Why ``model`` runs in blocks mode only ('' when sequence mode splits its architecture)."""
+    arch = find_arch_spec(type(model.get_model_object("diffusion_model")).__name__)
+    return "" if arch.token_specs is not None else f"{arch.name} runs in blocks mode only"
 
 
 def _local_auto_devices(model, reserve_vram_gb, inventory) -> str:
