@@ -95,22 +95,22 @@ def main(argv=None) -> int:
     lobby = Lobby("127.0.0.1", dist_procs.free_port(), 60.0)
     proc = dist_procs.start_worker(lobby.port, "w1", 60.0)
     try:
-        dist_procs.wait_joined(lobby, "w1", proc)
-        ranks = attach_remote_ranks(engine, lobby, {1: "w1"}, {"w1": "cpu"})
+        dist_procs.wait_joined(lobby, "w1/cpu", proc)
+        ranks = attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
         rows = []
         for step in range(args.steps):
-            before = lobby.session.bytes_received.get("w1", 0) if lobby.session else 0
+            before = lobby.session.bytes_received.get("w1/cpu", 0) if lobby.session else 0
             with torch.inference_mode(), handle.router.forward_scope(sequence=True):
                 out = model(x, t, ctx)
             assert torch.equal(out, ref), "distributed forward differs from the unsharded one"
             session = lobby.session
-            replies = session.bytes_received["w1"] - before
+            replies = session.bytes_received["w1/cpu"] - before
             ex = engine.stats
-            to_worker = ranks.bytes_sent["w1"] + ex.bytes_sent[0]
+            to_worker = ranks.bytes_sent["w1/cpu"] + ex.bytes_sent[0]
             from_worker = replies + ex.bytes_exchanged[0]
-            to_worker += ranks.streamed_bytes["w1"]
-            rows.append((step, to_worker, from_worker, ranks.bytes_sent["w1"], ex.bytes_exchanged[0],
-                         ranks.streamed_bytes["w1"]))
+            to_worker += ranks.streamed_bytes["w1/cpu"]
+            rows.append((step, to_worker, from_worker, ranks.bytes_sent["w1/cpu"], ex.bytes_exchanged[0],
+                         ranks.streamed_bytes["w1/cpu"]))
         shape = _toy_shape(dim, heads, n_blocks, text, args.tokens)
         analytic = _analytic(shape, args.tokens, 1, 1, 2.0 if args.batch == 2 else 1.0, 4, 4)
         weights_analytic = sum(b.weight_params for b in shape.blocks for _ in range(b.count)) * 4 / 2

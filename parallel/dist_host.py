@@ -2,8 +2,9 @@
 
 - ``Lobby``: a ``torch.distributed.TCPStore`` served on the one address the user chose
   (``SHARDDIT_DIST_ADDR``; the listening socket is bound here, so nothing listens on other
-  interfaces). Workers register their offer (name, devices, free memory) in it and wait there for
-  an invitation.
+  interfaces). Every serving worker process registers under its member key ``NAME/DEVICE``
+  (``box2/cuda:1``; one process per device) with its offer (host, pid, name, device, free bytes)
+  and waits there for an invitation to that member (``invite/NAME/DEVICE``).
 - ``HostSession``: a process group over the host (rank 0) and the invited workers, made with
   ``init_process_group(store=PrefixStore(session, lobby store))``: one gloo pair group per worker
   for commands (``dist_wire`` messages), and one group per batch group that mixes host and
@@ -24,8 +25,9 @@ import torch.distributed as dist
 
 from .dist_wire import recv_message, send_message
 
-__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "describe_workers", "read_workers",
-           "check_worker_room", "choose_worker_weights", "offer_free", "reset_after_failed_init", "weight_groups"]
+__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_worker_room", "choose_worker_weights",
+           "describe_workers", "member_key", "offer_free", "read_workers", "reset_after_failed_init", "split_member",
+           "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
@@ -116,28 +118,43 @@ class DistWorkerError(RuntimeError):
     """A worker failed, died or stayed silent; the message names it and what it was doing."""
 
 
+def member_key(name: str, device: str) -> str:
+    """The lobby key of one serving process: ``NAME/DEVICE`` (``box2/cuda:1``), as devices strings name it."""
+    return f"{name}/{device}"
+
+
+def split_member(member: str) -> tuple[str, str]:
+    """``"box2/cuda:1"`` -> (``"box2"``, ``"cuda:1"``)."""
+    name, _, device = member.partition("/")
+    return name, device
+
+
 def read_workers(store) -> dict[str, dict]:
-    """Offers registered in a lobby store (name -> offer), latest registration per name."""
+    """Offers registered in a lobby store (member ``NAME/DEVICE`` -> offer ``{"host", "pid", "name",
+    "device", "free"}``), the latest registration per member."""
     out = {}
     for i in range(store.add("workers", 0)):
         key = f"reg/{i}"
         if not store.check([key]):
             continue
-        name = store.get(key).decode()
-        out[name] = json.loads(store.get(f"offer/{name}").decode())
+        member = store.get(key).decode()
+        out[member] = json.loads(store.get(f"offer/{member}").decode())
     return out
 
 
 def describe_workers(store, host: str, port: int) -> str:
-    """Lines for the Plan node and ``plan --workers``: the joined workers and their free memory."""
-    joined = read_workers(store)
+    """Lines for the Plan node and ``plan --workers``: the joined workers, each device with its free memory."""
+    by_name: dict[str, list[tuple[str, dict]]] = {}
+    for member, offer in read_workers(store).items():
+        by_name.setdefault(split_member(member)[0], []).append((member, offer))
     head = f"Workers at {host}:{port} (devices NAME/DEVICE, parallel=sequence):"
-    if not joined:
+    if not by_name:
         return head + " none joined yet"
     lines = [head]
-    for name, offer in sorted(joined.items()):
-        devs = ", ".join(f"{name}/{d} {free / 2**30:.1f} GiB free" for d, free in offer.get("devices", {}).items())
-        lines.append(f"  {name}" + (f" on {offer['host']}" if offer.get("host") else "") + f": {devs}")
+    for name, members in sorted(by_name.items()):
+        devs = ", ".join(f"{m} {o.get('free', 0) / 2**30:.1f} GiB free" for m, o in sorted(members))
+        hosts = sorted({o["host"] for _, o in members if o.get("host")})
+        lines.append(f"  {name}" + (f" on {', '.join(hosts)}" if hosts else "") + f": {devs}")
     return "\n".join(lines)
 
 
@@ -160,24 +177,35 @@ class Lobby:
         self.store = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=self.timeout_s),
                                    wait_for_workers=False, master_listen_fd=self._fd, use_libuv=False)
         self.session: HostSession | None = None
-        log.info("[ShardDiT] workers can join at %s:%d (python <pack-dir> worker --join %s:%d --name NAME)",
+        log.info("[ShardDiT] workers can join at %s:%d (python <pack-dir> worker --join %s:%d --name NAME "
+                 "--devices DEV[,DEV...])",
                  host, port, host, port)
 
     def workers(self) -> dict[str, dict]:
-        """Offers of the workers that registered (name -> offer), latest registration per name."""
+        """Offers of the joined members (``NAME/DEVICE`` -> offer), latest registration per member."""
         return read_workers(self.store)
 
     def describe(self) -> str:
         return describe_workers(self.store, self.host, self.port)
 
-    def check_names(self, names) -> None:
+    def check_names(self, members) -> None:
+        """Every member (``NAME/DEVICE``) has joined; ValueError naming the joined ones and the command
+        that starts the missing one."""
         joined = self.workers()
-        for name in names:
-            if name not in joined:
-                have = ", ".join(sorted(joined)) or "none yet"
-                raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {self.host}:{self.port} "
-                                 f"(joined: {have}); start it with: python <pack-dir> worker --join "
-                                 f"{self.host}:{self.port} --name {name}")
+        for member in members:
+            if member in joined:
+                continue
+            name, device = split_member(member)
+            have = ", ".join(sorted(joined)) or "none yet"
+            same = sorted(m for m in joined if split_member(m)[0] == name)
+            start = f"python <pack-dir> worker --join {self.host}:{self.port} --name {name} --devices"
+            if same:
+                devs = ",".join([split_member(m)[1] for m in same] + [device])
+                raise ValueError(f"[ShardDiT] worker {name!r} has joined {self.host}:{self.port} without device "
+                                 f"{device!r} (it serves {', '.join(same)}; joined: {have}); restart it with: "
+                                 f"{start} {devs}")
+            raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {self.host}:{self.port} with "
+                             f"{member!r} (joined: {have}); start it with: {start} {device}")
 
     def session_for(self, names: tuple[str, ...], groups: tuple[tuple[int, ...], ...], backend: str,
                     devices: dict[str, str]) -> HostSession:
@@ -200,7 +228,7 @@ class Lobby:
 
 
 class HostSession:
-    """One process group: the host is rank 0, ``names[i]`` is rank ``i + 1``."""
+    """One process group: the host is rank 0, member ``names[i]`` (``NAME/DEVICE``) is rank ``i + 1``."""
 
     def __init__(self, lobby: Lobby, names, groups, backend: str, devices: dict[str, str]):
         self.lobby, self.names, self.group_keys, self.backend = lobby, tuple(names), tuple(groups), backend
@@ -217,8 +245,8 @@ class HostSession:
         store = lobby.store
         self.sid = store.add("sessions", 1)
         world = len(self.names) + 1
-        for rank, name in enumerate(self.names, start=1):
-            store.set(f"invite/{name}", json.dumps({"sid": self.sid, "rank": rank, "world": world,
+        for rank, member in enumerate(self.names, start=1):
+            store.set(f"invite/{member}", json.dumps({"sid": self.sid, "rank": rank, "world": world,
                                                      "groups": [list(g) for g in self.group_keys],
                                                      "backend": backend, "timeout_s": self.timeout_s}))
         t0 = time.monotonic()
@@ -228,10 +256,10 @@ class HostSession:
         except Exception as e:  # gloo raises DistStoreError / RuntimeError on a timeout
             reset_after_failed_init()
             raise DistWorkerError(
-                f"[ShardDiT] worker(s) {', '.join(repr(n) for n in self.names)} did not join session {self.sid} "
+                f"[ShardDiT] worker member(s) {', '.join(self.names)} did not join session {self.sid} "
                 f"within "
                 f"{self.timeout_s:.0f} s ({type(e).__name__}); is `python <pack-dir> worker --join "
-                f"{lobby.host}:{lobby.port} --name NAME` running there?") from e
+                f"{lobby.host}:{lobby.port} --name NAME --devices DEVICE` running there?") from e
         self.ctl = {name: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
                     for r, name in enumerate(self.names, start=1)}
         self.groups = {g: dist.new_group(list(g), backend=backend, timeout=datetime.timedelta(seconds=self.timeout_s))
@@ -242,8 +270,9 @@ class HostSession:
     def rank_of(self, name: str) -> int:
         return self.names.index(name) + 1
 
-    def label(self, name: str) -> str:
-        return f"worker {name!r} (rank {self.rank_of(name)}, {self.devices.get(name, '?')})"
+    def label(self, member: str) -> str:
+        name, device = split_member(member)
+        return f"worker {name!r} (rank {self.rank_of(member)}, {self.devices.get(member, device or '?')})"
 
     def request(self, name: str, message: dict, what: str):
         """Send ``message`` to worker ``name`` and wait for its reply (within the timeout)."""

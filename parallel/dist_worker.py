@@ -1,8 +1,10 @@
 """A ShardDiT worker process: joins a host's lobby and serves sessions (pure PyTorch).
 
 ``serve(host, port, name, device)`` connects to the host's ``TCPStore`` (retrying until the host
-listens), registers its offer, then loops: wait for an invitation, join the session's process
-group, run the host's commands until it says ``leave`` or the session breaks, back to waiting.
+listens), registers its offer under the member key ``NAME/DEVICE`` (one process serves one device;
+``python <pack-dir> worker --devices cuda:0,cuda:1`` starts one per device), then loops: wait for
+an invitation to that member, join the session's process group, run the host's commands until it
+says ``leave`` or the session breaks, back to waiting.
 Commands (``dist_wire`` messages on the worker's command group, one reply each):
 
 - ``block``: keep the skeletons and the weights of the blocks this worker owns that came with it,
@@ -24,6 +26,8 @@ import datetime
 import functools
 import json
 import logging
+import os
+import socket
 import time
 import traceback
 
@@ -32,12 +36,12 @@ import torch.distributed as dist
 
 from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize, unpack_into
 from .dist_exchange import DistExchange
-from .dist_host import IDLE_TIMEOUT_S, reset_after_failed_init, weight_groups
+from .dist_host import IDLE_TIMEOUT_S, member_key, reset_after_failed_init, weight_groups
 from .dist_wire import recv_message, send_message
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 
-__all__ = ["Worker", "connect", "serve"]
+__all__ = ["Worker", "connect", "device_free_bytes", "make_offer", "serve"]
 
 log = logging.getLogger("sharddit")
 _OVERRIDE = "optimized_attention_override"
@@ -59,17 +63,41 @@ def connect(host: str, port: int, timeout_s: float, wait_s: float = 1e9, say=pri
             time.sleep(2)
 
 
+def device_free_bytes(device: str) -> int:
+    """Free memory of ``device``: the GPU's free bytes, or the system's available RAM for ``cpu`` (0 if unknown)."""
+    if str(device).startswith("cuda"):
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
+
+
+def make_offer(name: str, device: str) -> dict:
+    """What one serving process registers: ``{"host", "pid", "name", "device", "free"}``."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "name": name, "device": str(device),
+            "free": device_free_bytes(device)}
+
+
 class Worker:
-    def __init__(self, store, name: str, device, offer: dict, say=print):
+    def __init__(self, store, name: str, device, offer: dict | None = None, say=print):
         self.store, self.name, self.device, self.say = store, name, torch.device(device), say
-        self.modules: dict[tuple, torch.nn.Module] = {}  # (model key, block index) -> block
-        store.set(f"offer/{name}", json.dumps(offer))
+        self.member = member_key(name, str(device))
+        self.offer = offer if offer is not None else make_offer(name, str(device))
+        store.set(f"offer/{self.member}", json.dumps(self.offer))
         self.seen = store.add("sessions", 0)  # invitations up to this one are stale (an earlier run)
-        i = store.add("workers", 1) - 1
-        store.set(f"reg/{i}", name)
+        self.reg = store.add("workers", 1) - 1
+        store.set(f"reg/{self.reg}", self.member)
+
+    def leave_lobby(self) -> None:
+        """Take this registration out of the lobby (a clean stop), so ``devices=auto`` no longer lists it."""
+        try:
+            self.store.delete_key(f"reg/{self.reg}")
+        except Exception as e:  # noqa: BLE001 - the host may be gone already
+            log.debug("[ShardDiT] worker %r: could not leave the lobby: %s", self.member, e)
 
     def wait_invite(self, poll_s: float = 0.2) -> dict:
-        key = f"invite/{self.name}"
+        key = f"invite/{self.member}"
         while True:
             if self.store.check([key]):
                 invite = json.loads(self.store.get(key).decode())
@@ -265,14 +293,19 @@ def _attention(exchange, rs, main, calls, func, *args, **kwargs):
     return ulysses_attention(exchange, rs, main, func, args, kwargs)
 
 
-def serve(host: str, port: int, name: str, device: str, timeout_s: float, offer: dict, say=print,
+def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=print,
           sessions: int | None = None) -> None:
-    """Join ``host:port`` as ``name`` and serve until interrupted (or ``sessions`` sessions ended)."""
+    """Join ``host:port`` as member ``name/device`` and serve until interrupted (or ``sessions`` sessions ended)."""
     store = connect(host, port, timeout_s, say=say)
-    worker = Worker(store, name, device, offer, say)
-    say(f"[ShardDiT] worker {name!r} joined {host}:{port}, offering {json.dumps(offer)}")
+    worker = Worker(store, name, device, None, say)
+    offer = worker.offer
+    say(f"[ShardDiT] worker {worker.member!r} (pid {offer['pid']}) joined {host}:{port}, offering {offer['device']} "
+        f"({offer['free'] / 2**30:.1f} GiB free)")
     done = 0
-    while sessions is None or done < sessions:
-        why = worker.run_session(worker.wait_invite())
-        say(f"[ShardDiT] worker {name!r}: session ended: {why}")
-        done += 1
+    try:
+        while sessions is None or done < sessions:
+            why = worker.run_session(worker.wait_invite())
+            say(f"[ShardDiT] worker {worker.member!r}: session ended: {why}")
+            done += 1
+    finally:
+        worker.leave_lobby()

@@ -4,6 +4,7 @@
 - ``devices=cpu,w1/cpu``, ``parallel=sequence``, Wan 2.1 tiny with a LoRA: latents bit-identical
   to core's KSampler and to the local ``cpu,cpu`` run, at cfg > 1 (batch split: the worker runs
   the uncond half) and cfg = 1 (token split: Ulysses exchanges cross the processes).
+- ``devices=auto`` with w1 joined resolves to ``cpu,w1/cpu`` (bit-identical latents, logged).
 - Killing the worker mid-sampling fails the prompt within the timeout with the worker named; the
   next local prompt succeeds; the worker re-joins (same name) and a distributed prompt succeeds.
 
@@ -25,7 +26,7 @@ TIMEOUT_S = 10
 
 
 def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: str, lora: float = 1.0,
-           lora_name: str = "wan21_lora_all") -> dict:
+           lora_name: str = "wan21_lora_all", parallel: str = "sequence") -> dict:
     g = {
         "1": {"class_type": "UNETLoader", "inputs": {"unet_name": names["wan21_t2v"], "weight_dtype": "default"}},
         "2": {"class_type": "LoraLoaderModelOnly",
@@ -42,7 +43,7 @@ def _graph(names, sampler: str, devices: str, cfg: float, steps: int, prefix: st
     if sampler == "core":
         g["7"] = {"class_type": "KSampler", "inputs": common}
     else:
-        g["7"] = {"class_type": "ShardDiTKSampler", "inputs": {**common, "devices": devices, "parallel": "sequence"}}
+        g["7"] = {"class_type": "ShardDiTKSampler", "inputs": {**common, "devices": devices, "parallel": parallel}}
     return g
 
 
@@ -191,6 +192,25 @@ def test_lora_change_resends_only_the_changed_blocks(dist_server, tiny_models):
         assert torch.equal(dist, local), f"{lora_name} {strength}: max diff {(dist - local).abs().max()}"
 
 
+def test_auto_devices_include_the_joined_worker(dist_server, tiny_models):
+    """``devices=auto`` on a GPU-less host with w1 joined resolves to ``cpu,w1/cpu`` (logged with the
+    workers it took) and samples bit-identically to that explicit string; with parallel=blocks the
+    worker is left out (logged) and the result is the local ``cpu`` one."""
+    server, names = dist_server, tiny_models.names
+    if not any(w.proc.poll() is None and w.log.name.startswith("worker_w1") for w in server.workers):
+        _worker(server)
+    explicit = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 2, "dist/explicit_members"))
+    auto = _run(server, _graph(names, "ours", "auto", 1.0, 2, "dist/auto_members"))
+    assert torch.equal(auto, explicit), f"max diff {(auto - explicit).abs().max()}"
+    assert "devices=auto with joined workers -> 'cpu,w1/cpu' (this machine: cpu; workers: w1/cpu)" in \
+        server.log_text(), server.log_tail()
+    blocks = _run(server, _graph(names, "ours", "auto", 1.0, 2, "dist/auto_blocks", parallel="blocks"))
+    local = _run(server, _graph(names, "ours", "cpu", 1.0, 2, "dist/auto_blocks_local", parallel="blocks"))
+    assert torch.equal(blocks, local)
+    assert "devices=auto with parallel=blocks: joined worker(s) w1/cpu left out (worker devices run " \
+        "parallel=sequence only" in server.log_text(), server.log_tail()
+
+
 def test_worker_killed_mid_sampling_then_local_then_rejoin(dist_server, tiny_models):
     server, names = dist_server, tiny_models.names
     live = [w for w in server.workers if w.proc.poll() is None]
@@ -256,3 +276,50 @@ def test_interrupt_a_distributed_prompt_then_it_runs_again(dist_server, tiny_mod
     local = _run(server, _graph(names, "ours", "cpu,cpu", 1.0, 2, "dist/after_interrupt_local"))
     again = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 2, "dist/after_interrupt_dist"))
     assert torch.equal(again, local)
+
+
+def _launcher(server, name, devices):
+    """``worker_command``'s several-device launcher for ``devices`` (``python <pack-dir> worker
+    --devices A,B`` calls it after checking the devices exist; on a GPU-less machine only this way
+    can it start more than one child)."""
+    from harness.comfy_env import comfy_path
+    code = ("import argparse, sys; sys.path.insert(0, sys.argv[1]); from harness.pack import import_pack; "
+            "import_pack(); from sharddit.loaders.cli import worker_command as w; "
+            "sys.exit(w._run_members(argparse.Namespace(join=sys.argv[2], name=sys.argv[3]), sys.argv[4:]))")
+    log = server.workdir / f"launcher_{name}_{time.monotonic_ns()}.log"
+    env = {**os.environ, "COMFYUI_PATH": str(comfy_path()), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-c", code, str(REPO / "tests"), f"127.0.0.1:{server.dist_port}",
+                                 name, *devices], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    return proc, log
+
+
+def test_several_device_launcher_ctrl_c_and_a_failed_member(dist_server):
+    """Ctrl+C stops every member cleanly (exit 0, each child stopped, no traceback); a member that
+    fails (cuda:0 on a GPU-less machine) stops the others and the worker exits 1 naming it."""
+    server = dist_server
+    proc, log = _launcher(server, "w5", ["cpu"])
+    try:
+        deadline = time.monotonic() + 120
+        while "'w5/cpu' (pid" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # Ctrl+C
+        assert proc.wait(60) == 0, log.read_text(errors="replace")
+    finally:
+        proc.kill()
+    text = log.read_text(errors="replace")
+    assert "worker 'w5/cpu': stopped" in text and "worker 'w5': stopped (cpu)" in text, text
+    assert "Traceback" not in text, text
+
+    proc, log = _launcher(server, "w6", ["cpu", "cuda:0"])
+    try:
+        assert proc.wait(180) == 1, log.read_text(errors="replace")
+    finally:
+        proc.kill()
+    text = log.read_text(errors="replace")
+    assert "'cuda:0' does not exist" in text, text
+    assert "the process serving cuda:0 exited with 2; stopping the others (cpu)" in text, text
+    assert "worker 'w6/cpu': stopped" in text or "worker 'w6': stopped" in text, text

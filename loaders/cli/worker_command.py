@@ -1,21 +1,29 @@
-"""``python <pack-dir> worker --join HOST:PORT --name NAME [--devices cpu|cuda:N]``: serve a ComfyUI
+"""``python <pack-dir> worker --join HOST:PORT --name NAME [--devices DEV[,DEV...]]``: serve a ComfyUI
 host's distributed `sequence` mode from this machine (``parallel/dist_worker.py``).
 
-Imports ComfyUI (the host sends its block modules, already patched with LoRAs, and their classes
-live in ComfyUI); reads no model file. Prints what it offers, serves sessions until Ctrl+C.
+One serving process per device (the torchrun norm): each registers as the member ``NAME/DEVICE``
+(``box2/cuda:1``). With one device this process serves it; with several it starts one child per
+device (``python <pack-dir> worker ... --devices DEV``, so each child is exactly the one-device
+worker) and Ctrl+C stops them all. Imports ComfyUI (the host sends its block modules, already
+patched with LoRAs, and their classes live in ComfyUI); reads no model file.
 """
 from __future__ import annotations
 
 import os
-import socket
+import signal
+import subprocess
+import sys
+import time
 
 from ...parallel.devices import parse_device
 from ...parallel.dist_config import DEFAULT_PORT, dist_timeout, parse_addr
 from ..comfyui_import import import_comfyui
 
 NAME = "worker"
-HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a ShardDiT worker: its devices "
-        "become ranks of parallel=sequence when a devices string names them NAME/DEVICE. Trusted networks only.")
+HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a ShardDiT worker: each of its devices "
+        "becomes a rank of parallel=sequence when a devices string names it NAME/DEVICE. Trusted networks only.")
+PACK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STOP_WAIT_S = 30.0
 
 
 def add_arguments(p) -> None:
@@ -23,41 +31,97 @@ def add_arguments(p) -> None:
                    help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted)")
     p.add_argument("--name", required=True, help="this worker's name in devices strings (e.g. box2 -> 'box2/cuda:0')")
     p.add_argument("--devices", default=None,
-                   help="the device this worker serves: 'cpu' or 'cuda:N' (default: cuda:0 if present, else cpu)")
+                   help="the devices this worker serves, each once: 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1' "
+                        "(one process per device; default: cuda:0 if present, else cpu)")
 
 
-def _free_bytes(device: str) -> int:
-    import torch
-    if device.startswith("cuda"):
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0
+def parse_worker_devices(text: str) -> list[str]:
+    """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; ValueError for a repeat (each device is served once)."""
+    devices = [parse_device(part) for part in text.split(",")]
+    for device in dict.fromkeys(devices):
+        if devices.count(device) > 1:
+            raise ValueError(f"--devices {text!r} lists {device!r} {devices.count(device)} times: a worker serves each "
+                             f"device once (one process per device, member NAME/{device}); list each device once, "
+                             f"e.g. --devices {','.join(dict.fromkeys(devices))}")
+    return devices
+
+
+def _check_cuda(devices: list[str], torch) -> None:
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for device in devices:
+        if device.startswith("cuda") and int(device.split(":")[1]) >= count:
+            have = f"cuda:0 .. cuda:{count - 1}" if count else "no CUDA GPU"
+            raise ValueError(f"--devices: {device!r} does not exist; torch sees {have} here (use those or 'cpu')")
 
 
 def run(args) -> int:
     host, port = parse_addr(args.join, "--join")
-    import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
+    requested = parse_worker_devices(args.devices) if args.devices else None
+    try:
+        import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
+    except KeyboardInterrupt:  # stopped while starting (e.g. by the parent of several members)
+        print(f"[ShardDiT] worker {args.name!r}: stopped", flush=True)
+        return 0
     import torch
+
+    devices = requested or ["cuda:0" if torch.cuda.is_available() else "cpu"]
+    _check_cuda(devices, torch)
+    if len(devices) > 1:
+        return _run_members(args, devices)
+    return _serve_one(host, port, args.name, devices[0])
+
+
+def _serve_one(host: str, port: int, name: str, device: str) -> int:
     import torch.distributed as dist
 
     from ...parallel.dist_worker import serve
 
-    text = args.devices or ("cuda:0" if torch.cuda.is_available() else "cpu")
-    if "," in text:
-        raise ValueError(f"--devices {text!r}: a worker serves one device for now; start one worker per device "
-                         "(each with its own --name)")
-    device = parse_device(text)
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--devices {device!r}: torch sees no CUDA GPU here; use --devices cpu")
-    offer = {"host": socket.gethostname(), "pid": os.getpid(), "devices": {device: _free_bytes(device)}}
-    print(f"[ShardDiT] worker {args.name!r}: offering {device} ({offer['devices'][device] / 2**30:.1f} GiB free); "
-          f"joining {host}:{port}", flush=True)
+    print(f"[ShardDiT] worker {name!r}: serving {device} as {name}/{device}; joining {host}:{port}", flush=True)
     try:
-        serve(host, port, args.name, device, dist_timeout(), offer, say=lambda m: print(m, flush=True))
+        serve(host, port, name, device, dist_timeout(), say=lambda m: print(m, flush=True))
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl+C must not break the cleanup
         if dist.is_initialized():
             dist.destroy_process_group()
-        print(f"[ShardDiT] worker {args.name!r}: stopped", flush=True)
+        print(f"[ShardDiT] worker '{name}/{device}': stopped", flush=True)
     return 0
+
+
+def _run_members(args, devices: list[str]) -> int:
+    """One child per device, each the one-device worker; waits for them, stops them all on Ctrl+C."""
+    head = [sys.executable, PACK_DIR] + (["-v"] if getattr(args, "verbose", False) else []) + ["worker"]
+    children = {}
+    for device in devices:  # own session: Ctrl+C reaches this process only, which stops each child once
+        children[device] = subprocess.Popen(head + ["--join", args.join, "--name", args.name, "--devices", device],
+                                            start_new_session=True)
+        print(f"[ShardDiT] worker {args.name!r}: started {args.name}/{device} (pid {children[device].pid})", flush=True)
+    try:
+        while True:
+            gone = {d: c.returncode for d, c in children.items() if c.poll() is not None}
+            if gone:
+                device, code = next(iter(gone.items()))
+                print(f"[ShardDiT] worker {args.name!r}: the process serving {device} exited with {code}; stopping "
+                      f"the others ({', '.join(d for d in children if d not in gone) or 'none left'})", flush=True)
+                _stop(children)
+                return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _stop(children)
+        print(f"[ShardDiT] worker {args.name!r}: stopped ({', '.join(devices)})", flush=True)
+        return 0
+
+
+def _stop(children: dict) -> None:
+    """Ctrl+C each live child, wait for it (``STOP_WAIT_S``), kill one that does not stop."""
+    for child in children.values():
+        if child.poll() is None:
+            child.send_signal(signal.SIGINT)
+    for device, child in children.items():
+        try:
+            child.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            print(f"[ShardDiT] worker: the process serving {device} did not stop in {STOP_WAIT_S:.0f} s; killing it",
+                  flush=True)
+            child.kill()
+            child.wait()

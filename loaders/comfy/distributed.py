@@ -1,5 +1,9 @@
 """The ComfyUI host's side of distributed `sequence` mode: its one lobby, and worker ranks for a
-shard state (``NAME/dev`` entries of a ``devices`` string).
+shard state (``NAME/DEVICE`` entries of a ``devices`` string).
+
+Member-key contract: each worker process serves one device and joins the lobby as the member
+``NAME/DEVICE`` (``box2/cuda:1``); engine ranks map to member keys, and ``devices=auto`` adds every
+joined member (``resolve_auto_devices``).
 
 The lobby starts with the server when ``SHARDDIT_DIST_ADDR`` is set (``start_lobby_if_configured``
 from the extension entrypoint), so workers can join before the first prompt; without it nothing
@@ -10,11 +14,11 @@ from __future__ import annotations
 import logging
 
 from ...parallel.dist_config import ADDR_ENV, WEIGHTS_ENV, dist_addr, dist_timeout, dist_weights
-from ...parallel.dist_host import Lobby, choose_worker_weights
+from ...parallel.dist_host import Lobby, choose_worker_weights, member_key
 from ...parallel.dist_ranks import attach_remote_ranks
 
-__all__ = ["PatchVersion", "attach_workers", "check_workers", "decide_worker_weights", "describe_workers", "get_lobby",
-           "patch_versions", "start_lobby_if_configured"]
+__all__ = ["PatchVersion", "attach_workers", "auto_members", "check_workers", "decide_worker_weights",
+           "describe_workers", "get_lobby", "patch_versions", "resolve_auto_devices", "start_lobby_if_configured"]
 
 log = logging.getLogger("sharddit")
 _LOBBY: list[Lobby] = []
@@ -46,25 +50,34 @@ def describe_workers() -> str:
 
 
 def check_workers(devices: str, remote) -> None:
-    """Every named worker has joined (ValueError naming the missing one and the joined ones)."""
-    if remote:
-        get_lobby(devices).check_names([name for name, _ in remote])
+    """Every named member (``NAME/DEVICE``) is listed once and has joined (ValueError naming the
+    missing one, the joined ones and the command that starts it)."""
+    if not remote:
+        return
+    members = [member_key(name, dev) for name, dev in remote]
+    for m in dict.fromkeys(members):
+        if members.count(m) > 1:
+            raise ValueError(f"[ShardDiT] devices {devices!r} lists the worker device {m!r} {members.count(m)} times: "
+                             "a worker process serves one rank; list it once (start the worker with more devices, "
+                             "--devices cuda:0,cuda:1, for more ranks on that machine)")
+    get_lobby(devices).check_names(members)
 
 
 def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None,
                    keep_all: bool = False) -> None:
-    """Ranks ``n_local...`` of ``engine`` run in the workers ``remote`` ((name, device) pairs);
+    """Ranks ``n_local...`` of ``engine`` run in the worker members ``remote`` ((name, device) pairs);
     ``owners``: block index -> engine rank (the plan's ranges)."""
     lobby = get_lobby(devices)
     every = [str(d) for d in engine.devices[:n_local]] + [d for _, d in remote]
     backend = "nccl" if all(d.startswith("cuda") for d in every) else "gloo"
-    attach_remote_ranks(engine, lobby, {n_local + i: name for i, (name, _) in enumerate(remote)},
-                        {name: dev for name, dev in remote}, backend, owners, version_of, keep_all)
+    attach_remote_ranks(engine, lobby, {n_local + i: member_key(n, d) for i, (n, d) in enumerate(remote)},
+                        {member_key(n, d): d for n, d in remote}, backend, owners, version_of, keep_all)
 
 
 def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:
     """``dist_host.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
-    keep_all, why = choose_worker_weights(dist_weights(), remote, plan.block_ranges[n_local:], block_bytes,
+    members = [(member_key(n, d), d) for n, d in remote]
+    keep_all, why = choose_worker_weights(dist_weights(), members, plan.block_ranges[n_local:], block_bytes,
                                           get_lobby(devices).workers())
     log.info("[ShardDiT] %s: %s", WEIGHTS_ENV, why)
     return keep_all
@@ -111,3 +124,33 @@ def patch_versions(runtime, block_keys: dict[int, str]):
         return PatchVersion((state[2], key), [p for _, patches in entries for p in patches])
 
     return version_of
+
+
+def auto_members(devices: str) -> tuple[str, ...]:
+    """The joined members ``devices=auto`` would take now, in key order (() for other devices or
+    when this host has no lobby). Callers that cache per ``devices`` add it to their key."""
+    if not isinstance(devices, str) or devices.strip().lower() != "auto" or not _LOBBY:
+        return ()
+    return tuple(sorted(_LOBBY[0].workers()))
+
+
+def resolve_auto_devices(devices: str, parallel: str, local_auto, blocks_only=lambda: "") -> str:
+    """``devices=auto`` on a host whose lobby has joined members: with ``parallel`` ``sequence`` or
+    ``auto``, this machine's auto choice (``local_auto()``: an explicit device list such as
+    ``"cuda:0,cuda:1"``) plus every joined member in key order (``"cpu,w1/cpu"``). With ``blocks``,
+    or a model that runs in blocks mode only (``blocks_only()``: why, '' if not), the workers are left out
+    (logged). Anything else, or no joined worker: ``devices`` unchanged."""
+    members = auto_members(devices)
+    if not members:
+        return devices
+    why = "" if parallel == "blocks" else blocks_only()
+    if parallel == "blocks" or why:
+        why = why or "worker devices run parallel=sequence only; set parallel to 'sequence' or 'auto' to use them"
+        log.info("[ShardDiT] devices=auto with parallel=%s: joined worker(s) %s left out (%s)", parallel,
+                 ", ".join(members), why)
+        return devices
+    local = local_auto()
+    chosen = ",".join([local, *members])
+    log.info("[ShardDiT] devices=auto with joined workers -> %r (this machine: %s; workers: %s)", chosen, local,
+             ", ".join(members))
+    return chosen

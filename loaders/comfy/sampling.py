@@ -4,6 +4,7 @@ import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on
 from ...parallel.parallel_mode import DEFAULT_PARALLEL
 from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .checks import check_latent
+from .distributed import auto_members
 from .model_loading import check_placement
 from .sharded_model import is_current_state, is_sharded, set_parallel_mode, shard_model
 
@@ -41,7 +42,7 @@ def sharded_for_sampler(model, devices: str, parallel: str = DEFAULT_PARALLEL):
     incoming model (while its shard state is the live one for these weights) and reused by every
     later prompt."""
     clones = model.__dict__.setdefault(_CLONES_ATTR, {})
-    key = (str(devices).strip(), str(parallel).strip())
+    key = (str(devices).strip(), str(parallel).strip(), auto_members(devices))  # auto follows joins and leaves
     cached = clones.get(key)
     if cached is not None and is_current_state(cached):
         return cached

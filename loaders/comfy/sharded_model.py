@@ -45,7 +45,7 @@ from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
-from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions
+from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions, resolve_auto_devices
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
                           get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
@@ -86,7 +86,9 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     does not fit) fails here, before any weight moves. ``parallel``: ``auto``, ``blocks`` or
     ``sequence`` (``parallel_mode``); the shards are the same for every mode.
     """
-    check_parallel(parallel)
+    devices = resolve_auto_devices(devices, check_parallel(parallel),
+                                   functools.partial(_local_auto_devices, model, reserve_vram_gb, inventory),
+                                   functools.partial(_blocks_only, model))
     _, remote = split_worker_devices(devices)
     if remote:
         if parallel == "blocks":
@@ -192,8 +194,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     block_bytes = compute_block_bytes(dit, layout)
     non_block = compute_non_block_bytes(dit, layout)
     inventory = inventory if inventory is not None else current_inventory()
-    footprint = Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=non_block,
-                          dit_activation_bytes=_activation_headroom(block_bytes))
+    footprint = _footprint(block_bytes, non_block)
     # with workers, each worker rank gets an equal share, kept here in RAM (a `cpu` entry) to send
     request = PlacementRequest(devices=with_worker_shares(devices, len(remote)), reserve_vram_gb=reserve_vram_gb)
     plan = plan_placement(inventory, footprint, request)
@@ -238,6 +239,28 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     return ShardState(plan=plan, layout=layout, router=router, proxies=proxies, roots=roots,
                       request_key=request_key, runtime=runtime, auto_mode=auto_mode, arch_name=arch.name,
                       remote=remote)
+
+
+def _footprint(block_bytes, non_block: int) -> Footprint:
+    return Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=non_block,
+                     dit_activation_bytes=_activation_headroom(block_bytes))
+
+
+def _blocks_only(model) -> str:
+    """Why ``model`` runs in blocks mode only ('' when sequence mode splits its architecture)."""
+    arch = find_arch_spec(type(model.get_model_object("diffusion_model")).__name__)
+    return "" if arch.token_specs is not None else f"{arch.name} runs in blocks mode only"
+
+
+def _local_auto_devices(model, reserve_vram_gb, inventory) -> str:
+    """This machine's ``devices=auto`` choice as an explicit list: the planner's block-range
+    devices, each once in order (``"cuda:0,cuda:1"``, ``"cpu"`` without a GPU)."""
+    dit = model.get_model_object("diffusion_model")
+    layout = get_arch_spec(dit)
+    fp = _footprint(compute_block_bytes(dit, layout), compute_non_block_bytes(dit, layout))
+    inventory = inventory if inventory is not None else current_inventory()
+    plan = plan_placement(inventory, fp, PlacementRequest(devices="auto", reserve_vram_gb=reserve_vram_gb))
+    return ",".join(dict.fromkeys(r.device for r in plan.block_ranges))
 
 
 def _activation_headroom(block_bytes) -> int:

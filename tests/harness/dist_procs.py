@@ -56,11 +56,9 @@ def ulysses_rank(rank, world, port, tokens, heads, head_dim, out_path):
 
 
 def run_worker(port, name, timeout_s):
-    """A worker process serving the lobby at 127.0.0.1:port (until killed)."""
-    import os
-
+    """A worker process serving the lobby at 127.0.0.1:port as member ``name/cpu`` (until killed)."""
     from sharddit.parallel.dist_worker import serve
-    serve("127.0.0.1", port, name, "cpu", timeout_s, {"devices": {"cpu": 0}, "pid": os.getpid()})
+    serve("127.0.0.1", port, name, "cpu", timeout_s)
 
 
 def start_worker(port, name, timeout_s=10.0):
@@ -70,15 +68,15 @@ def start_worker(port, name, timeout_s=10.0):
     return proc
 
 
-def wait_joined(lobby, name, proc, timeout_s=60.0):
-    """Wait until a worker named ``name`` registered a fresh offer (its process ``proc``)."""
+def wait_joined(lobby, member, proc, timeout_s=60.0):
+    """Wait until the member ``NAME/DEVICE`` registered a fresh offer (its process ``proc``)."""
     import time
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.exitcode is not None:
-            raise RuntimeError(f"worker {name} exited with {proc.exitcode}")
-        offer = lobby.workers().get(name)
+            raise RuntimeError(f"worker {member} exited with {proc.exitcode}")
+        offer = lobby.workers().get(member)
         if offer is not None and offer.get("pid") == proc.pid:
             return offer
         time.sleep(0.2)
-    raise TimeoutError(f"worker {name} did not join within {timeout_s} s")
+    raise TimeoutError(f"worker {member} did not join within {timeout_s} s")
