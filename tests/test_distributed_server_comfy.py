@@ -165,6 +165,16 @@ def test_worker_rank_bit_identical_to_core_and_local(dist_server, tiny_models, c
     assert [int(i) for i in held.split(",")] == list(range(first, last + 1)), held
 
 
+def test_two_host_ranks_and_a_worker_in_one_group(dist_server, tiny_models, core_latents):
+    """cpu,cpu,w1/cpu at cfg 1: one batch group, two positions in the server's process (threads
+    sharing one exchange) and one in the worker; bit-identical to core's KSampler."""
+    server, names = dist_server, tiny_models.names
+    if not any(w.proc.poll() is None for w in server.workers):
+        _worker(server)
+    dist = _run(server, _graph(names, "ours", "cpu,cpu,w1/cpu", 1.0, 2, "dist/three"))
+    assert torch.equal(dist, core_latents[1.0]), f"max diff {(dist - core_latents[1.0]).abs().max()}"
+
+
 def test_lora_change_resends_only_the_changed_blocks(dist_server, tiny_models):
     """Weights follow ComfyUI's patch state: a new strength of a LoRA on every block sends the
     worker its blocks (2-3) again, once; the same strength again sends nothing; a LoRA on the
