@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 
 from ...parallel.cost_inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
 from ...parallel.dist_config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights
@@ -122,8 +123,8 @@ def run(args) -> int:
 
         draw_plan_picture(picture_from_report(report)).save(args.png)
         print(f"[ShardDiT] plan picture written to {args.png}")
-    if args.workers:
-        print(_workers_text(args.workers))
+    if args.workers:  # after the JSON, on stderr, so stdout stays one JSON document
+        print(_workers_text(args.workers), file=sys.stderr if args.json else sys.stdout)
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
 
 
@@ -159,5 +160,6 @@ def _with_offers(workers, addr: str):
             raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {host}:{port} (joined: "
                              f"{', '.join(sorted(offers)) or 'none yet'}); start it with: python <pack-dir> worker "
                              f"--join {host}:{port} --name {name}, or give its free memory as {name}/{dev}=24GiB")
-        out.append((name, dev, free if free is not None else offer_free(offer, dev)))
+        stated = offer_free(offer, dev) if offer is not None else None
+        out.append((name, dev, free if free is not None else stated or None))  # 0: not stated, as the runtime
     return tuple(out)

@@ -105,7 +105,7 @@ class WorkerReport:
                                                      "short_bytes": n.short_bytes, "fits": n.fits}
                             for n in self.needs},
                 "network": {"bytes_per_worker": net.bytes_per_worker, "seconds": net.seconds, "net_gbps": net.net_gbps,
-                            "compute_s": net.compute_s, "step_s": net.step_s, "link_bound": net.link_bound,
+                            "compute_s": net.compute_s, "step_s": net.step_s, "wait_s": net.wait_s, "bound": net.bound,
                             "verdict": net.verdict},
                 "fits": self.ok}
 
