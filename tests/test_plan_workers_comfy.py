@@ -102,3 +102,25 @@ def test_free_memory_from_the_workers_joined_offers_by_name_or_name_and_device()
         assert missing.returncode == 2 and "no worker named 'box4' has joined" in missing.stderr, missing.stderr
     finally:
         lobby.close()
+
+
+@pytest.mark.parametrize("args,words", [
+    (("--net-gbps", "0"), ["network speed '0'", "--net-gbps 10"]),
+    (("--dist-weights", "most"), ["'most'", "auto", "share", "all"]),
+])
+def test_bad_worker_flags_exit_2_naming_value_and_fix(args, words):
+    env = {k: v for k, v in os.environ.items() if k != "COMFYUI_PATH"}
+    out = subprocess.run([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-14b", "--devices",
+                          "cuda:0=24GiB,box2/cuda:0=24GiB", *args], capture_output=True, text=True, env=env,
+                         cwd=str(REPO), timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    for w in words:
+        assert w in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.comfy
+def test_worker_devices_in_blocks_mode_exit_2_saying_sequence():
+    out = _plan("cuda:0=24GiB,box2/cuda:0=24GiB", "--parallel", "blocks")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "worker devices run in parallel 'sequence' only" in out.stderr and "Traceback" not in out.stderr

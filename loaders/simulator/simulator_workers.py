@@ -18,12 +18,7 @@ from ...parallel.cost_inputs import (
 )
 from ...parallel.cost_model import Workload
 from ...parallel.dist_config import WEIGHTS_ENV
-from ...parallel.dist_plan import (
-    DEFAULT_NET_GBPS,
-    NetworkStep,
-    compute_network_step,
-    compute_worker_needs,
-)
+from ...parallel.dist_plan import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs
 from ...parallel.plan_ranges import compute_block_ranges
 from .simulator_report import format_gib, format_table
 
@@ -82,9 +77,9 @@ class WorkerReport:
         net = self.network
         what = " + ".join((["blocks it does not own"] if not self.keep_all else []) + (["Ulysses exchanges"] if
                           self.exchange else []) + ["hidden-state scatter"])
-        lines = [self.host_text(), "", (f"Several machines (sequence over {len(self.host_ranks)} host device(s) "
-                  f"{','.join(self.host_ranks)} + {len(self.needs)} worker device(s)):"),
-                 f"{WEIGHTS_ENV} {self.why}",
+        head = (f"Several machines (sequence over {len(self.host_ranks)} host device(s) {','.join(self.host_ranks)} "
+                f"+ {len(self.needs)} worker device(s)):")
+        lines = [self.host_text(), "", head, f"{WEIGHTS_ENV} {self.why}",
                  format_table(rows, right=(2, 3, 4)),
                  f"(GiB; must hold: {self.needs[0].what})" if self.needs else "(GiB)"]
         lines += [f"- {note}" for note in self.notes]
@@ -124,8 +119,7 @@ def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str 
                                    DEFAULT_NET_GBPS if net_gbps is None else net_gbps)
     notes = [f"compute: {', '.join(dict.fromkeys(names))} throughput per rank"
              + ("" if gpu else f" ({DEFAULT_GPU} assumed where the name is unknown; pass --gpu NAME)")]
-    n_ranks = len(entries)
-    exchange = cfg <= 1 or n_ranks > 2  # cfg > 1: cond / uncond split first; a group of one rank exchanges nothing
+    exchange = cfg <= 1 or len(entries) > 2  # cfg > 1: cond / uncond split first; a group of one rank exchanges nothing
     if any(n.free_bytes is None for n in needs):
         notes.append("free memory unknown for some worker devices: give it as NAME/DEVICE=24GiB or --workers HOST:PORT")
     peaks, usable = _host_peaks(ctx, report, work.batch)
