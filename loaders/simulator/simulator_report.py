@@ -87,7 +87,7 @@ class SimulationReport:
     @property
     def fits(self) -> bool:
         if self.workers is not None:
-            return self.plan is not None and self.workers.ok
+            return self.workers.ok
         if self.strategies is not None:
             return self.strategies.ok
         return self.blocks_fit
@@ -142,7 +142,9 @@ class SimulationReport:
             lines.append("No GPU here: pass devices like 'cuda:0=24GiB,cuda:1=24GiB' to simulate GPUs you have elsewhere.")
         title = f"Simulated forward (blocks, {self.batch_mode}):" if st is not None else "Simulated forward:"
         if self.workers is not None:
-            title = "Who holds what on this machine (simulated in blocks mode; sequence peaks below):"
+            title = ("Who holds what on this machine (simulated in blocks mode; sequence peaks below):" if self.plan
+                     else "This machine in blocks mode (no placement; not used with worker devices, the sequence "
+                          "rows below decide):")
         lines += ["", title, self._device_table()]
         if self.plan is not None and self.plan.notes:
             lines += [f"- {n}" for n in self.plan.notes]
@@ -165,7 +167,7 @@ class SimulationReport:
         return format_table(rows, right=(2, 3, 4, 5)) + "\n(GiB)"
 
     def _verdict(self) -> str:
-        if self.workers is not None and self.plan is not None:
+        if self.workers is not None and self.workers.planned:
             short = [f"{dev} short by {format_gib(n)} GiB" for dev, n in self.workers.shortfalls().items()]
             if short:
                 fix = ("SHARDDIT_DIST_WEIGHTS=share (--dist-weights share: each worker keeps its share only), "

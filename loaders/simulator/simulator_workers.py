@@ -2,23 +2,20 @@
 
 The host's own devices are simulated as usual (``simulator.simulate``), planned as the loader plans
 a distributed run: ``devices.with_worker_shares`` adds one ``cpu`` entry per worker (the host keeps
-the workers' shares in RAM), so the host's GPUs hold their share only. This module adds the worker
-rows (``parallel/dist_plan``: share, what it must hold, free, fits) and the network per worker and
+the workers' shares in RAM), so the host's GPUs hold their share only. This module plans that as
+the loader does (two blocks of activation room), runs one `sequence` forward on fake devices for
+the host's GPU peaks (the workers' ranks stand in on ``cpu``), and adds the worker rows (``parallel/dist_plan``: share, what it must hold, free, fits) and the network per worker and
 step from the cost model, at ``--net-gbps``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...parallel.cost_inputs import (
-    DEFAULT_GPU,
-    gpu_flops,
-    shape_from_spec,
-    table_gpu_name,
-)
+from ...parallel.cost_inputs import DEFAULT_GPU, gpu_flops, shape_from_spec, table_gpu_name
 from ...parallel.cost_model import Workload
 from ...parallel.dist_config import WEIGHTS_ENV
 from ...parallel.dist_plan import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs
+from ...parallel.parallel_mode import prefetch_bytes
 from ...parallel.plan_ranges import compute_block_ranges
 from .simulator_report import format_gib, format_table
 
@@ -42,6 +39,8 @@ class WorkerReport:
     host_peaks: list = field(default_factory=list)
     """``SequencePeak`` of this machine's GPU ranks in the simulated `sequence` forward."""
     usable: dict = field(default_factory=dict)
+    planned: bool = True
+    """The planner placed this machine's share (planned as the loader does: two blocks of activation room)."""
 
     def host_short(self, p) -> int:
         u = self.usable.get(p.device)
@@ -49,7 +48,7 @@ class WorkerReport:
 
     @property
     def ok(self) -> bool:
-        return all(n.fits for n in self.needs) and not any(self.host_short(p) for p in self.host_peaks)
+        return self.planned and all(n.fits for n in self.needs) and not any(self.host_short(p) for p in self.host_peaks)
 
     def shortfalls(self) -> dict:
         """Device -> bytes missing, this machine's and the workers'."""
@@ -107,9 +106,13 @@ class WorkerReport:
 
 def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str | None, net_gbps) -> WorkerReport:
     """Worker rows and network for a finished host ``report`` planned with one ``cpu`` entry per worker."""
+    from .simulator import _plan
+
     entries = ctx.request.device_list.entries
     n_local = len(entries) - len(workers)
-    ranges = _rank_ranges(report.plan, entries, ctx.block_bytes)
+    # planned as the loader plans (two blocks of activation room); the sequence peaks decide whether it fits
+    plan, _ = _plan(ctx, prefetch_bytes(ctx.block_bytes))
+    ranges = _rank_ranges(plan, entries, ctx.block_bytes)
     keep_all, why, needs = compute_worker_needs(mode, workers, ranges[n_local:], ctx.block_bytes)
     work = Workload(shape_from_spec(ctx.spec), *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
     host = [e.device for e in entries[:n_local]]
@@ -122,20 +125,20 @@ def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str 
     exchange = cfg <= 1 or len(entries) > 2  # cfg > 1: cond / uncond split first; a group of one rank exchanges nothing
     if any(n.free_bytes is None for n in needs):
         notes.append("free memory unknown for some worker devices: give it as NAME/DEVICE=24GiB or --workers HOST:PORT")
-    peaks, usable = _host_peaks(ctx, report, work.batch)
+    peaks, usable = _host_peaks(ctx, report, plan, work.batch)
     if len(workers) > 1:
         notes.append("the host's sequence peaks are simulated with every worker's rank on one cpu stand-in "
                      "(fewer ranks: a larger share of tokens per rank, so an upper bound)")
-    return WorkerReport(mode, keep_all, why, needs, network, host, exchange, notes, peaks, usable)
+    return WorkerReport(mode, keep_all, why, needs, network, host, exchange, notes, peaks, usable, plan is not None)
 
 
-def _host_peaks(ctx, report, batch: int):
+def _host_peaks(ctx, report, plan, batch: int):
     """(``SequencePeak`` per GPU rank of this machine, usable bytes per device) from one `sequence`
     forward on fake devices over the plan (the workers' shares on cpu run there as stand-ins)."""
     from .simulator import _block_devices
     from .simulator_sequence import run_fake_sequence_forward
 
-    block_devices, home = _block_devices(ctx, report.plan)
+    block_devices, home = _block_devices(ctx, plan)
     peaks = run_fake_sequence_forward(ctx, batch, block_devices, home)
     usable = {d.device: d.usable for d in report.devices}
     return [p for p in peaks if p.device != "cpu"], usable
