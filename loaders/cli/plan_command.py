@@ -1,14 +1,18 @@
 """``python <pack-dir> plan``: will this model fit these GPUs? (dry-run simulation, no weights).
 
-Exit codes: 0 fits, 3 does not fit (the shortfall per device is printed), 2 bad input or no ComfyUI.
+Exit codes: 0 fits, 3 does not fit (the shortfall per device, worker devices too, is printed), 2 bad
+input or no ComfyUI. Worker devices (``box2/cuda:0=24GiB``): ``loaders/simulator/simulator_workers``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import sys
 
 from ...parallel.cost_inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
+from ...parallel.dist_config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights
+from ...parallel.dist_plan import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
 from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfyui_import import import_comfyui
@@ -26,7 +30,8 @@ def add_arguments(p) -> None:
                    help=f"a preset ({', '.join(preset_names())}) or a .safetensors diffusion model (header only)")
     p.add_argument("--devices", default=DEFAULT_DEVICES,
                    help="'auto' (this machine's GPUs), a list 'cuda:0,cuda:1', or imagined GPUs with their free "
-                        "memory 'cuda:0=24GiB,cuda:1=12GiB'")
+                        "memory 'cuda:0=24GiB,cuda:1=12GiB'; worker devices of other machines as NAME/DEVICE, "
+                        "with their free memory 'box2/cuda:0=24GiB' or from --workers")
     p.add_argument("--size", default="832x480", type=_size, help="WIDTHxHEIGHT in pixels (default 832x480)")
     p.add_argument("--frames", default=81, type=int, help="video frames (default 81)")
     p.add_argument("--batch", type=int, choices=(1, 2),
@@ -47,10 +52,18 @@ def add_arguments(p) -> None:
     p.add_argument("--link-gbps", metavar="X", type=_link,
                    help=f"GB/s of one GPU-to-GPU copy (default {DEFAULT_LINK_GBPS:g}: PCIe 4.0 without P2P, "
                         "through host memory; ~25 with P2P; NVLink in the hundreds)")
+    p.add_argument("--dist-weights", choices=WEIGHTS_MODES,
+                   help=f"with worker devices: what a worker keeps (default: {WEIGHTS_ENV}, else auto): 'share' its "
+                        "equal share, 'all' every block (nothing streams per step), 'auto' all when every worker "
+                        "has room")
+    p.add_argument("--net-gbps", metavar="X", type=_net,
+                   help=f"with worker devices: Gbit/s of the network between the machines (default "
+                        f"{DEFAULT_NET_GBPS:g}: 10 GbE; InfiniBand-class 100 and up)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--png", metavar="FILE", help="also write the plan as a picture (the one the Plan node shows)")
     p.add_argument("--workers", metavar="HOST:PORT",
-                   help="also list the ShardDiT workers joined to the host at HOST:PORT (its SHARDDIT_DIST_ADDR)")
+                   help="also list the ShardDiT workers joined to the host at HOST:PORT (its SHARDDIT_DIST_ADDR); "
+                        "worker devices in --devices without =SIZE take their free memory from these offers")
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -75,6 +88,13 @@ def _gpu(text: str) -> str:
     return text
 
 
+def _net(text: str) -> float:
+    try:
+        return parse_net_gbps(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def _link(text: str) -> float:
     try:
         parse_link_gbps(text)
@@ -85,31 +105,61 @@ def _link(text: str) -> float:
 
 def run(args) -> int:
     import_comfyui()
-    from ..simulator.simulator import simulate  # imports ComfyUI's model code: after import_comfyui
+    from ..simulator.simulator import (
+        simulate,  # imports ComfyUI's model code: after import_comfyui
+    )
 
     width, height = args.size
-    report = simulate(args.model, devices=args.devices, width=width, height=height, frames=args.frames,
+    devices, workers = split_worker_spec(args.devices)
+    if workers and args.workers:
+        workers = _with_offers(workers, args.workers)
+    report = simulate(args.model, devices=devices, width=width, height=height, frames=args.frames,
                       batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb,
-                      parallel=args.parallel, cfg=args.cfg, gpu=args.gpu, link_gbps=args.link_gbps)
+                      parallel=args.parallel, cfg=args.cfg, gpu=args.gpu, link_gbps=args.link_gbps,
+                      workers=workers, dist_weights=args.dist_weights or dist_weights(), net_gbps=args.net_gbps)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
     if args.png:
         from ..simulator.plan_picture import draw_plan_picture, picture_from_report
 
         draw_plan_picture(picture_from_report(report)).save(args.png)
         print(f"[ShardDiT] plan picture written to {args.png}")
-    if args.workers:
-        print(_workers_text(args.workers))
+    if args.workers:  # after the JSON, on stderr, so stdout stays one JSON document
+        print(_workers_text(args.workers), file=sys.stderr if args.json else sys.stdout)
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
 
 
-def _workers_text(addr: str) -> str:
+def _lobby(addr: str):
+    """(store, host, port) of the host's lobby at ``addr`` (``--workers``)."""
     from ...parallel.dist_config import parse_addr
-    from ...parallel.dist_host import describe_workers
     from ...parallel.dist_worker import connect
 
     host, port = parse_addr(addr, "--workers")
     try:
-        store = connect(host, port, 5.0, wait_s=0, say=lambda _: None)
+        return connect(host, port, 5.0, wait_s=0, say=lambda _: None), host, port
     except ConnectionError as e:
         raise ValueError(f"{e}: is ComfyUI running there with SHARDDIT_DIST_ADDR={host}:{port}?") from e
-    return describe_workers(store, host, port)
+
+
+def _workers_text(addr: str) -> str:
+    from ...parallel.dist_host import describe_workers
+
+    return describe_workers(*_lobby(addr))
+
+
+def _with_offers(workers, addr: str):
+    """Worker devices without a stated free memory take it from the joined worker's offer (registered
+    as NAME or NAME/DEVICE). A worker that has not joined: ValueError naming the joined ones."""
+    from ...parallel.dist_host import offer_free, read_workers
+
+    store, host, port = _lobby(addr)
+    offers = read_workers(store)
+    out = []
+    for name, dev, free in workers:
+        offer = offers.get(f"{name}/{dev}", offers.get(name))
+        if offer is None and free is None:
+            raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {host}:{port} (joined: "
+                             f"{', '.join(sorted(offers)) or 'none yet'}); start it with: python <pack-dir> worker "
+                             f"--join {host}:{port} --name {name}, or give its free memory as {name}/{dev}=24GiB")
+        stated = offer_free(offer, dev) if offer is not None else None
+        out.append((name, dev, free if free is not None else stated or None))  # 0: not stated, as the runtime
+    return tuple(out)

@@ -18,14 +18,16 @@ from dataclasses import replace
 import torch
 
 from ...parallel.cost_inputs import link_bandwidth, normalize_gpu_name
+from ...parallel.devices import with_worker_shares
 from ...parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
-from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB, block_devices_of
 from ...parallel.parallel_mode import check_parallel
+from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB, block_devices_of
 from ...parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
 from . import presets
+from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
 from .simulator_run import SimContext, first_blocks_only, run_fake_forward
 from .simulator_strategies import DEFAULT_CFG, check_cfg, compute_strategies
-from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
+from .simulator_workers import compute_worker_report
 
 log = logging.getLogger("sharddit")
 
@@ -39,7 +41,8 @@ _WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.fl
 def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: int = 480, frames: int = 81,
              batch: int | None = None, dtype: str | None = "bf16", reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
              inventory: Inventory | None = None, parallel: str | None = None, cfg: float | None = None,
-             gpu: str | None = None, link_gbps=None) -> SimulationReport:
+             gpu: str | None = None, link_gbps=None, workers=(), dist_weights: str = "auto",
+             net_gbps=None) -> SimulationReport:
     """Simulate one DiT forward on the planned devices; per-device weights, peak and verdict.
 
     ``model``: a preset name, a ``.safetensors`` path or a ``presets.ModelSpec``.
@@ -51,6 +54,10 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
     of each strategy (``simulator_strategies``) at guidance ``cfg`` (1: batch 1; > 1: cond+uncond;
     default ``DEFAULT_CFG``) on ``gpu`` (throughput table name; default the inventory's names) over
     a ``link_gbps`` link (default PCIe 4.0 without P2P); ``report.fits`` is then the chosen one's.
+    ``workers``: (name, device, free bytes or None) of worker devices (distributed `sequence`): the
+    host's ``devices`` are planned with the workers' equal shares kept in RAM, and ``report.workers``
+    (``simulator_workers``) says what each worker must hold under ``dist_weights`` and what crosses
+    the network per step at ``net_gbps`` Gbit/s; ``report.fits`` then also needs every worker to fit.
     """
     if batch not in (None, 1, 2):
         raise ValueError(f"[ShardDiT] batch {batch!r} is not valid: 1 (cond and uncond one after the other), "
@@ -62,6 +69,13 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
         link_bandwidth(link_gbps)
         if batch is None and cfg <= 1:
             batch = 1
+    if workers:
+        if parallel == "blocks":
+            raise ValueError("[ShardDiT] worker devices run in parallel 'sequence' only; use --parallel sequence "
+                             "or auto, or list this machine's devices only")
+        parallel, cfg = None, check_cfg(DEFAULT_CFG if cfg is None else cfg)
+        batch = 1 if cfg <= 1 else 2  # sequence runs cond + uncond together, split over the ranks
+        inventory, devices = _host_devices(devices, inventory, len(workers))
     started = time.monotonic()
     spec = _resolve(model)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
@@ -78,8 +92,23 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
         report.rejected = rejected.summarize_needs()
     if parallel is not None:
         report.strategies = compute_strategies(ctx, report, parallel, cfg, gpu, link_gbps)
+    if workers:
+        report.workers = compute_worker_report(ctx, report, workers, dist_weights, cfg, gpu, net_gbps)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _host_devices(devices: str, inventory, n_workers: int) -> tuple[Inventory, str]:
+    """(inventory, device list) of the host in a distributed run: its own devices (a spec's GPUs,
+    ``auto``: this machine's) and one ``cpu`` entry per worker (``devices.with_worker_shares``)."""
+    local = str(devices).strip() or "auto"
+    if "=" in local:
+        inventory, local = inventory_from_spec(local), "auto"
+    elif inventory is None:
+        inventory = read_inventory()
+    if local.lower() == "auto":
+        local = ",".join(g.device for g in inventory.gpus) or "cpu"
+    return inventory, with_worker_shares(local, n_workers)
 
 
 def _resolve(model):

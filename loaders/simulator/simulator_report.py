@@ -81,9 +81,13 @@ class SimulationReport:
     """Why the larger batch was not chosen (its per-device needs), when ``batch`` was not given."""
     strategies: object = None
     """``simulator_strategies.StrategyReport`` when a parallel mode was asked for."""
+    workers: object = None
+    """``simulator_workers.WorkerReport`` when worker devices were listed (distributed `sequence`)."""
 
     @property
     def fits(self) -> bool:
+        if self.workers is not None:
+            return self.workers.ok
         if self.strategies is not None:
             return self.strategies.ok
         return self.blocks_fit
@@ -113,6 +117,7 @@ class SimulationReport:
             "model": self.model, "dtype": self.dtype, "size": list(self.size), "batch": self.batch,
             "latent_shape": list(self.latent_shape), "fits": self.fits,
             "parallel": self.strategies.to_dict() if self.strategies is not None else None,
+            "workers": self.workers.to_dict() if self.workers is not None else None,
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "devices": {d.device: {"weights": d.weights, "peak_activations": d.peak_activations,
                                    "usable": d.usable, "shortfall": d.shortfall, "blocks": d.blocks}
@@ -125,6 +130,8 @@ class SimulationReport:
         w, h, f = self.size
         st = self.strategies
         tail = f"cfg {st.cfg:g}, parallel {st.requested}" if st is not None else self.batch_mode
+        if self.workers is not None:
+            tail = f"parallel sequence with worker devices (this machine keeps their shares in RAM, on cpu); {tail}"
         lines = [f"[ShardDiT] plan: {self.model} ({self.family}), {self.dtype}, {w}x{h}x{f} frames, "
                  f"latent {'x'.join(map(str, self.latent_shape))}, {tail}"]
         if self.experts > 1:
@@ -134,6 +141,10 @@ class SimulationReport:
         if not self.inventory.gpus:
             lines.append("No GPU here: pass devices like 'cuda:0=24GiB,cuda:1=24GiB' to simulate GPUs you have elsewhere.")
         title = f"Simulated forward (blocks, {self.batch_mode}):" if st is not None else "Simulated forward:"
+        if self.workers is not None:
+            title = ("Who holds what on this machine (simulated in blocks mode; sequence peaks below):" if self.plan
+                     else "This machine in blocks mode (no placement; not used with worker devices, the sequence "
+                          "rows below decide):")
         lines += ["", title, self._device_table()]
         if self.plan is not None and self.plan.notes:
             lines += [f"- {n}" for n in self.plan.notes]
@@ -141,6 +152,8 @@ class SimulationReport:
             lines.append(f"- cond+uncond together: {self.rejected}")
         if self.strategies is not None:
             lines += ["", self.strategies.to_text()]
+        if self.workers is not None:
+            lines += ["", self.workers.to_text()]
         lines += ["", self._verdict(), f"({NOT_MODELLED}; simulated in {self.seconds:.1f} s)"]
         return "\n".join(lines)
 
@@ -154,6 +167,15 @@ class SimulationReport:
         return format_table(rows, right=(2, 3, 4, 5)) + "\n(GiB)"
 
     def _verdict(self) -> str:
+        if self.workers is not None and self.workers.planned:
+            short = [f"{dev} short by {format_gib(n)} GiB" for dev, n in self.workers.shortfalls().items()]
+            if short:
+                fix = ("SHARDDIT_DIST_WEIGHTS=share (--dist-weights share: each worker keeps its share only), "
+                       if self.workers.keep_all else "")
+                return ("DOES NOT FIT: " + "; ".join(short) + f".\nFix: {fix}more worker devices (each takes an "
+                        "equal share, so less), free memory there, or fewer frames or a smaller size.")
+            n, k = len(self.workers.host_peaks), len(self.workers.needs)
+            return f"FITS: sequence over {n} device(s) of this machine and {k} worker device(s)."
         st = self.strategies
         if st is not None and st.chosen == "sequence":
             n = len(st.devices.get("sequence", []))
