@@ -23,6 +23,7 @@ import time
 
 import torch.distributed as dist
 
+from .dist_plan import compute_worker_needs
 from .dist_wire import recv_message, send_message
 
 __all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_worker_room", "choose_worker_weights",
@@ -88,30 +89,13 @@ def check_worker_room(needs: dict[str, tuple[int, str]], offers: dict[str, dict]
 
 def choose_worker_weights(mode: str, remote, ranges, block_bytes, offers: dict[str, dict]) -> tuple[bool, str]:
     """(keep_all, why): whether every worker keeps every block, for ``SHARDDIT_DIST_WEIGHTS``
-    ``mode`` (``all``; ``share``: only its range in ``ranges``, one per worker; ``auto``: ``all``
-    when every worker's stated free memory holds every block). A worker needs its blocks plus
-    four blocks' worth (two arriving, two of activations); ValueError naming the GiB missing per
+    ``mode`` (``dist_plan.compute_worker_needs``: the one rule ``plan`` shows too), checked
+    against the free memory the joined workers offer: ValueError naming the GiB missing per
     worker when the chosen mode does not fit."""
-    biggest, total = max(block_bytes, default=0), sum(block_bytes)
-    devices = dict(remote)
-    every = {name: (total + 2 * biggest, f"every block {total / 2**30:.2f} GiB, activations "
-                                         f"{2 * biggest / 2**30:.2f} GiB") for name, _ in remote}
-    why = f"{mode}: "
-    if mode == "auto":
-        frees = {name: offer_free(offers.get(name, {}), dev) for name, dev in remote}
-        fits = all(frees[n] and frees[n] >= every[n][0] for n, _ in remote)
-        mode = "all" if fits else "share"
-        why = f"auto -> {mode}: "
-    if mode == "all":
-        check_worker_room(every, offers, devices)
-        return True, why + "every worker keeps every block (sent once); nothing streams per step"
-    needs = {}
-    for (name, _), r in zip(remote, ranges, strict=True):
-        own = sum(block_bytes[r.start:r.stop])
-        needs[name] = (own + 4 * biggest, f"blocks {r.start}-{r.stop - 1}: {own / 2**30:.2f} GiB, receive ring and "
-                                          f"activations {4 * biggest / 2**30:.2f} GiB")
-    check_worker_room(needs, offers, devices)
-    return False, why + "each worker keeps its share; the other blocks stream from their owners every step"
+    workers = [(name, dev, offer_free(offers.get(name, {}), dev)) for name, dev in remote]
+    keep_all, why, needs = compute_worker_needs(mode, workers, [(r.start, r.stop) for r in ranges], block_bytes)
+    check_worker_room({n.name: (n.need_bytes, n.what) for n in needs}, offers, dict(remote))
+    return keep_all, why
 
 
 class DistWorkerError(RuntimeError):

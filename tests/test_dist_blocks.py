@@ -119,8 +119,8 @@ def test_workers_keep_every_block_only_when_every_one_has_room():
     keep, why = choose_worker_weights("auto", remote, ranges, blocks, tight)
     assert keep is False and why.startswith("auto -> share")
     assert choose_worker_weights("share", remote, ranges, blocks, roomy)[0] is False
-    with pytest.raises(ValueError, match=r"w2 \(cuda:0\): needs 10.00 GiB \(every block 8.00 GiB.*1.00 GiB missing"):
+    with pytest.raises(ValueError, match=r"w2 \(cuda:0\): needs 10.00 GiB \(every block 8.00 \+.*1.00 GiB missing"):
         choose_worker_weights("all", remote, ranges, blocks, tight)
     short = {**roomy, "w1": {"devices": {"cuda:0": 5 * gib}}}
-    with pytest.raises(ValueError, match=r"w1 \(cuda:0\): needs 6.00 GiB \(blocks 4-5: 2.00 GiB"):
+    with pytest.raises(ValueError, match=r"w1 \(cuda:0\): needs 6.00 GiB \(share 2.00 \+"):
         choose_worker_weights("auto", remote, ranges, blocks, short)
