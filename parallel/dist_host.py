@@ -265,7 +265,7 @@ class HostSession:
 
     def send(self, name: str, message: dict, what: str) -> int:
         try:
-            return send_message(message, self.rank_of(name), self.ctl[name])
+            return send_message(message, self.rank_of(name), self.ctl[name], self.timeout_s)
         except Exception as e:
             raise self._failed(name, what, e) from e
 
@@ -299,7 +299,7 @@ class HostSession:
         if not self.broken:
             for name in self.names:
                 try:
-                    send_message({"op": "leave"}, self.rank_of(name), self.ctl[name])
+                    send_message({"op": "leave"}, self.rank_of(name), self.ctl[name], self.timeout_s)
                 except Exception as e:  # noqa: BLE001 - best effort: it is leaving anyway
                     log.debug("[ShardDiT] %s did not get 'leave': %s", self.label(name), e)
         try:

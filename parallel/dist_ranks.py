@@ -172,6 +172,7 @@ class DistRanks:
         finally:
             self._host_works = []
             if s is not None and (not ok or s.broken):
+                s.broken = True  # a failed forward leaves the ranks out of step: no 'leave', just close
                 self.lobby.close_session()
             self.session = None
 

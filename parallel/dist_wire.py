@@ -108,13 +108,15 @@ def unpack_parts(header: torch.Tensor, data: torch.Tensor, device) -> list[tuple
     return out
 
 
-def send_message(obj, dst: int, group) -> int:
-    """Send a picklable object to ``dst`` (global rank) over ``group``; returns the bytes sent."""
+def send_message(obj, dst: int, group, timeout_s: float | None = None) -> int:
+    """Send a picklable object to ``dst`` (global rank) over ``group``; returns the bytes sent.
+    Gives up after ``timeout_s`` (None: the group's own timeout), so a peer that stopped reading
+    (hung, frozen) cannot hold the sender forever."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-    dist.send(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group)
-    dist.send(payload, dst, group=group)
+    _wait(dist.isend(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group), timeout_s)
+    _wait(dist.isend(payload, dst, group=group), timeout_s)
     return payload.numel() + 8
 
 

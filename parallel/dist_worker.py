@@ -147,7 +147,7 @@ class Worker:
             except Exception as e:  # noqa: BLE001 - e.g. a block class this worker's ComfyUI lacks
                 err = (f"cannot rebuild the host's command: {type(e).__name__}: {e} (install the same ComfyUI "
                        "version and custom nodes on the worker as on the host)")
-                send_message({"error": err}, 0, ctl)
+                _tell_host({"error": err}, ctl, timeout_s)
                 return err
             op = msg.get("op")
             if op == "leave":
@@ -173,9 +173,12 @@ class Worker:
                     reply = {"error": f"unknown command {op!r}"}
             except Exception as e:  # noqa: BLE001 - report, then leave: the ranks are out of step now
                 log.error("[ShardDiT] worker %r: %s", self.name, traceback.format_exc())
-                send_message({"error": f"{type(e).__name__}: {e}"}, 0, ctl)
+                _tell_host({"error": f"{type(e).__name__}: {e}"}, ctl, timeout_s)
                 return f"failed: {e}"
-            send_message(reply, 0, ctl)
+            try:
+                send_message(reply, 0, ctl, timeout_s)
+            except Exception as e:  # noqa: BLE001 - the host stopped reading: it gave up on this session
+                return f"host gone ({type(e).__name__})"
 
     def _weights(self, state, msg, rank, wgroups, timeout_s) -> None:
         """Take the skeletons and owned blocks the host sent, then post this rank's part of the
@@ -240,6 +243,14 @@ class Worker:
         outs = out if isinstance(out, (tuple, list)) else (out,)
         for name, t in zip(msg["streams"], outs, strict=True):
             state.streams[name] = t
+
+
+def _tell_host(message: dict, ctl, timeout_s: float) -> None:
+    """Report a failure to the host, if it still listens (this worker leaves the session anyway)."""
+    try:
+        send_message(message, 0, ctl, timeout_s)
+    except Exception as e:  # noqa: BLE001
+        log.warning("[ShardDiT] could not report to the host: %s", e)
 
 
 class _ForwardState:
