@@ -79,18 +79,18 @@ def test_a_worker_short_of_memory_exits_3_naming_the_gib_missing():
 
 
 @pytest.mark.comfy
-def test_free_memory_from_the_workers_joined_offers_by_name_or_name_and_device():
+def test_free_memory_from_the_workers_joined_offers():
     """A lobby here and two offers registered by the worker's own code (``dist_worker.Worker``):
-    box2 joined as ``box2``, the other as ``box3/cuda:1``."""
+    the members ``box2/cuda:0`` and ``box3/cuda:1``."""
     from harness.dist_procs import free_port
     from sharddit.parallel.dist_host import Lobby
     from sharddit.parallel.dist_worker import Worker, connect
 
     lobby = Lobby("127.0.0.1", free_port(), 10.0)
     try:
-        for name, offer in (("box2", {"devices": {"cuda:0": 10 * GiB}}), ("box3/cuda:1", {"device": "cuda:1",
-                                                                                          "free": 40 * GiB})):
-            Worker(connect("127.0.0.1", lobby.port, 10.0, wait_s=0), name, "cpu", offer, say=lambda _: None)
+        for name, dev, free in (("box2", "cuda:0", 10 * GiB), ("box3", "cuda:1", 40 * GiB)):
+            Worker(connect("127.0.0.1", lobby.port, 10.0, wait_s=0), name, dev,
+                   {"name": name, "device": dev, "free": free}, say=lambda _: None)
         addr = f"127.0.0.1:{lobby.port}"
         out = _plan("cuda:0=24GiB,box2/cuda:0,box3/cuda:1", "--workers", addr, "--json")
         assert out.returncode == 3, out.stdout + out.stderr
