@@ -30,6 +30,7 @@ __all__ = [
     "link_bandwidth",
     "normalize_gpu_name",
     "parse_link_gbps",
+    "positive_number",
     "shape_from_config",
     "shape_from_spec",
     "table_gpu_name",
@@ -192,13 +193,19 @@ def gpu_flops(name: str, efficiency: float = EFFICIENCY) -> float:
     return GPU_PEAK_TFLOPS[normalize_gpu_name(name)] * 1e12 * efficiency
 
 
-def parse_link_gbps(text) -> float:
-    """``--link-gbps 12`` -> 12e9 bytes/s; ValueError for non-numbers and values <= 0."""
+def positive_number(text) -> float | None:
+    """``text`` as a finite number > 0; None when it is not one (the caller names the fix)."""
     try:
         value = float(text)
     except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
+        return None
+    return value if math.isfinite(value) and value > 0 else None
+
+
+def parse_link_gbps(text) -> float:
+    """``--link-gbps 12`` -> 12e9 bytes/s; ValueError for non-numbers and values <= 0."""
+    value = positive_number(text)
+    if value is None:
         raise ValueError(f"link bandwidth {text!r} must be a number of GB/s > 0, e.g. --link-gbps 12 "
                          "(PCIe 4.0 without P2P) or 25 (with P2P)")
     return value * 1e9

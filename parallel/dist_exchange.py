@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .dist_wire import HEADER, pack_parts, part_sizes, unpack_parts
+from .dist_wire import HEADER, pack_parts, part_items, part_sizes, unpack_parts
 from .seq_workers import PoolAborted
 
 __all__ = ["DistExchange", "DistPeerError"]
@@ -216,7 +216,7 @@ class DistExchange:
         local_bytes = 0
         for j, template in enumerate(parts):
             if j in self.devices:
-                items = _items(rnd.posts[j][pos])
+                items = part_items(rnd.posts[j][pos])
                 if j != pos:
                     local_bytes += sum(t.numel() * t.element_size() for t in items if t is not None)
             else:
@@ -255,14 +255,6 @@ def _per_proc(sizes: list[int], pairs_per_proc: list[list]) -> list[int]:
         out.append(sum(sizes[k:k + len(pairs)]))
         k += len(pairs)
     return out
-
-
-def _items(part) -> list:
-    if part is None:
-        return []
-    if isinstance(part, torch.Tensor):
-        return [part]
-    return list(part)
 
 
 def _to(t, dev):

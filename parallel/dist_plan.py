@@ -10,9 +10,9 @@ exchanges (cfg 1: tokens split inside a group) and its part of the hidden state'
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from .cost_inputs import positive_number
 from .cost_model import Hardware, Workload, estimate_sequence
 from .devices import split_worker_devices
 from .inventory import parse_bytes
@@ -87,11 +87,8 @@ class NetworkStep:
 
 def parse_net_gbps(text) -> float:
     """``--net-gbps 10`` -> 10.0 (Gbit/s); ValueError naming the value otherwise."""
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or value <= 0:
+    value = positive_number(text)
+    if value is None:
         raise ValueError(f"network speed {text!r} must be a number of Gbit/s > 0, e.g. --net-gbps 10 (10 GbE) "
                          "or 100 (InfiniBand-class)")
     return value

@@ -18,7 +18,7 @@ import io
 import torch
 import torch.distributed as dist
 
-__all__ = ["HEADER", "RawMessage", "pack_parts", "recv_message", "send_message", "unpack_parts"]
+__all__ = ["HEADER", "RawMessage", "pack_parts", "part_items", "recv_message", "send_message", "unpack_parts"]
 
 HEADER = 96
 """int64 words of one part's header: item count, then per item dtype code (-1: None), ndim,
@@ -28,7 +28,8 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.in
 _CODE = {d: i for i, d in enumerate(_DTYPES)}
 
 
-def _items(part) -> list:
+def part_items(part) -> list:
+    """The tensors (or None) of one part: a lone tensor, a tuple/list of them, or nothing."""
     if part is None:
         return []
     if isinstance(part, torch.Tensor):
@@ -43,7 +44,7 @@ def pack_parts(parts: list, order: list[int], device) -> tuple[torch.Tensor, tor
     header = torch.zeros(len(order), HEADER, dtype=torch.int64)
     chunks, sizes = [], []
     for g, j in enumerate(order):
-        items = _items(parts[j])
+        items = part_items(parts[j])
         words, size = [len(items)], 0
         for t in items:
             if t is None:

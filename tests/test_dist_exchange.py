@@ -5,24 +5,6 @@ import multiprocessing as mp
 import pytest
 import torch
 from harness import dist_procs
-from sharddit.parallel.seq_split import plan_groups, rank_slices
-from sharddit.parallel.seq_ulysses import ulysses_attention
-from sharddit.parallel.seq_workers import ThreadExchange, WorkerPool
-
-
-def _threads(world, tokens, heads, head_dim):
-    q, k, v = dist_procs.attention_inputs(1, tokens, heads, head_dim)
-    slices = rank_slices(plan_groups(1, world), tokens)
-    pool = WorkerPool(["cpu"] * world, timeout_s=30)
-    ex = ThreadExchange(["cpu"] * world, pool)
-    tasks = []
-    for rs in slices:
-        t0, t1 = rs.tokens
-        tasks.append(pool.submit(rs.rank, lambda rs=rs, t0=t0, t1=t1: ulysses_attention(
-            ex, rs, tokens, dist_procs.sdpa, (q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], heads), {})))
-    outs = [pool.wait(t, r) for r, t in enumerate(tasks)]
-    pool.close()
-    return outs, ex.bytes_received
 
 
 @pytest.mark.parametrize("world,tokens,heads", [(2, 24, 4), (2, 23, 3), (3, 22, 2)])
@@ -44,7 +26,7 @@ def test_dist_ulysses_bit_identical_to_threads_and_unsharded(tmp_path, world, to
             if p.is_alive():
                 p.kill()
     got = [torch.load(p) for p in paths]
-    threads, thread_bytes = _threads(world, tokens, heads, head_dim)
+    threads, thread_bytes = dist_procs.ulysses_threads(world, tokens, heads, head_dim)
     q, k, v = dist_procs.attention_inputs(1, tokens, heads, head_dim)
     ref = dist_procs.sdpa(q, k, v, heads)
     whole = torch.cat([g["out"] for g in got], dim=1)

@@ -11,9 +11,8 @@ import pytest
 import torch
 from harness import dist_multi, dist_procs
 from sharddit.parallel.dist_exchange import DistExchange, DistPeerError
-from sharddit.parallel.seq_split import even_ranges, plan_groups, rank_slices
-from sharddit.parallel.seq_ulysses import ulysses_attention
-from sharddit.parallel.seq_workers import ThreadExchange, WorkerError, WorkerPool
+from sharddit.parallel.seq_split import even_ranges
+from sharddit.parallel.seq_workers import WorkerError, WorkerPool
 
 HEAD_DIM = 8
 F32 = 4
@@ -40,20 +39,6 @@ def _spawn(tmp_path, group_ranks, tokens, heads, timeout_s=30.0, fates=None):
             if p.is_alive():
                 p.kill()
     return [torch.load(p) if r not in fates else None for r, p in enumerate(paths)]
-
-
-def _threads(n, tokens, heads):
-    q, k, v = dist_procs.attention_inputs(1, tokens, heads, HEAD_DIM)
-    pool = WorkerPool(["cpu"] * n, timeout_s=30)
-    ex = ThreadExchange(["cpu"] * n, pool)
-    tasks = []
-    for rs in rank_slices(plan_groups(1, n), tokens):
-        t0, t1 = rs.tokens
-        tasks.append(pool.submit(rs.rank, lambda rs=rs, t0=t0, t1=t1: ulysses_attention(
-            ex, rs, tokens, dist_procs.sdpa, (q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], heads), {})))
-    outs = [pool.wait(t, r) for r, t in enumerate(tasks)]
-    pool.close()
-    return outs, ex.bytes_received
 
 
 def _analytic(group_ranks, tokens, heads):
@@ -84,7 +69,7 @@ def test_ulysses_several_positions_per_process_bit_identical(tmp_path, group_ran
     n = len(group_ranks)
     out = {p: g["out"][p] for g in got for p in g["out"]}
     assert sorted(out) == list(range(n)), [g["errors"] for g in got]
-    threads, thread_bytes = _threads(n, tokens, heads)
+    threads, thread_bytes = dist_procs.ulysses_threads(n, tokens, heads, HEAD_DIM)
     q, k, v = dist_procs.attention_inputs(1, tokens, heads, HEAD_DIM)
     whole = torch.cat([out[p] for p in range(n)], dim=1)
     received, sent = _analytic(group_ranks, tokens, heads)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import REPO
 from harness import dist_procs
-from sharddit.parallel.dist_host import Lobby, member_key, split_member
+from sharddit.parallel.dist_host import member_key, split_member
 from sharddit.parallel.dist_ranks import attach_remote_ranks
 from test_dist_sequence import _copies, _engine, _inputs, _run
 
@@ -22,21 +22,8 @@ TIMEOUT_S = 8.0
 
 @pytest.fixture
 def lobby():
-    lob = Lobby("127.0.0.1", dist_procs.free_port(), TIMEOUT_S)
-    procs = []
-    try:
-        for name in ("w1", "w2"):
-            procs.append(dist_procs.start_worker(lob.port, name, TIMEOUT_S))
-        for name, proc in zip(("w1", "w2"), procs, strict=True):
-            dist_procs.wait_joined(lob, f"{name}/cpu", proc)
-        lob.procs = procs
+    with dist_procs.lobby_with_workers(TIMEOUT_S, ("w1", "w2")) as lob:
         yield lob
-    finally:
-        lob.close()
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(10)
 
 
 def test_member_key_round_trip():

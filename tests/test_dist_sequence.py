@@ -13,7 +13,7 @@ import torch
 from harness import dist_procs
 from harness.toy_seq import SeqToyDiT
 from sharddit.parallel.dist_blocks import WeightLayout
-from sharddit.parallel.dist_host import Lobby, describe_workers
+from sharddit.parallel.dist_host import describe_workers
 from sharddit.parallel.dist_ranks import attach_remote_ranks
 from sharddit.parallel.dist_worker import connect
 from sharddit.parallel.seq_engine import attach_sequence_engine
@@ -39,17 +39,8 @@ def _run(handle, model, *inputs):
 
 @pytest.fixture
 def lobby():
-    lob = Lobby("127.0.0.1", dist_procs.free_port(), TIMEOUT_S)
-    procs = []
-    lob.procs = procs
-    try:
+    with dist_procs.lobby_with_workers(TIMEOUT_S) as lob:
         yield lob
-    finally:
-        lob.close()
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(10)
 
 
 def _worker(lob, name="w1"):

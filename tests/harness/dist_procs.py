@@ -80,3 +80,48 @@ def wait_joined(lobby, member, proc, timeout_s=60.0):
             return offer
         time.sleep(0.2)
     raise TimeoutError(f"worker {member} did not join within {timeout_s} s")
+
+
+def ulysses_threads(world, tokens, heads, head_dim):
+    """The same Ulysses attention in one process over ``ThreadExchange`` (the reference the
+    cross-process runs must equal): outputs per rank and bytes each rank received."""
+    from sharddit.parallel.seq_workers import ThreadExchange, WorkerPool
+
+    q, k, v = attention_inputs(1, tokens, heads, head_dim)
+    pool = WorkerPool(["cpu"] * world, timeout_s=30)
+    ex = ThreadExchange(["cpu"] * world, pool)
+    tasks = []
+    for rs in rank_slices(plan_groups(1, world), tokens):
+        t0, t1 = rs.tokens
+        tasks.append(pool.submit(rs.rank, lambda rs=rs, t0=t0, t1=t1: ulysses_attention(
+            ex, rs, tokens, sdpa, (q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], heads), {})))
+    outs = [pool.wait(t, r) for r, t in enumerate(tasks)]
+    pool.close()
+    return outs, ex.bytes_received
+
+
+def lobby_with_workers(timeout_s: float, names=()):
+    """A lobby on 127.0.0.1 with worker processes ``names`` joined (as ``NAME/cpu``); more can be
+    added to ``lobby.procs``. Every worker is killed and the lobby closed afterwards."""
+    import contextlib
+
+    from sharddit.parallel.dist_host import Lobby
+
+    @contextlib.contextmanager
+    def scope():
+        lob = Lobby("127.0.0.1", free_port(), timeout_s)
+        lob.procs = []
+        try:
+            for name in names:
+                lob.procs.append(start_worker(lob.port, name, timeout_s))
+            for name, proc in zip(names, lob.procs, strict=True):
+                wait_joined(lob, f"{name}/cpu", proc)
+            yield lob
+        finally:
+            lob.close()
+            for p in lob.procs:
+                if p.is_alive():
+                    p.kill()
+                p.join(10)
+
+    return scope()
