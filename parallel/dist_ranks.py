@@ -203,7 +203,7 @@ class DistRanks:
             key = (self.key, idx)
             if key not in s.skeletons[name]:
                 skeletons[idx] = skeleton(blk)
-            plan[idx] = None if self.keep_all else transfer_group(self.owner_proc(idx), len(self.names))
+            plan[idx] = self._transfer(idx)
             if self.keep_all or self.owners[idx] == rank.slice.rank:
                 version = self.version_of(idx, blk)
                 if not same_version(s.versions[name].get(key), version):
@@ -211,8 +211,9 @@ class DistRanks:
                     self.weight_bytes[name] += owned[idx].numel()
                     updated.append((key, version))
             elif plan[idx] is not None:
-                self.weight_bytes[name] += self.layout(idx, blk).nbytes
-                self.streamed_bytes[name] += self.layout(idx, blk).nbytes
+                nbytes = self.layout(idx, blk).nbytes
+                self.weight_bytes[name] += nbytes
+                self.streamed_bytes[name] += nbytes
         msg = {"op": "block", "fid": self._fid, "key": self.key, "index": index,
                "skeletons": skeletons, "owned": owned, "transfers": plan,
                "args": [self._encode(name, v) for v in values],
@@ -234,6 +235,11 @@ class DistRanks:
             rank.streams[n] = RemoteStream(n)
         rank.blocks_run += 1
 
+    def _transfer(self, index: int):
+        """How block ``index`` reaches the workers that do not keep it (``transfer_group``), or
+        None when none needs it (every worker keeps every block, or its only worker owns it)."""
+        return None if self.keep_all else transfer_group(self.owner_proc(index), len(self.names))
+
     def _host_broadcasts(self, blocks) -> None:
         """The host's side of the weight broadcasts of host-owned blocks (same rule as the workers':
         each block once per forward, at its first mention)."""
@@ -242,7 +248,7 @@ class DistRanks:
             if idx in self._host_sent:
                 continue
             self._host_sent.add(idx)
-            if self.keep_all or transfer_group(self.owner_proc(idx), len(self.names)) != ("all", 0):
+            if self._transfer(idx) != ("all", 0):
                 continue
             flat = pack_block(blk, self.layout(idx, blk), self.wire)
             try:
