@@ -46,6 +46,7 @@ from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
+from .core_multigpu import check_no_core_copies, note_incoming_device, original_patcher_init, refuse_full_copies
 from .dynamic_vram import new_shard_patcher, non_dynamic_clone
 from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions, resolve_auto_devices
 from .placement import current_inventory, record_dit
@@ -102,9 +103,11 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     if existing is not None and existing.request_key == request_key:
         return set_parallel_mode(model.clone(), parallel)
     # dynamic VRAM (core 0.16+): every patcher of a sharded MODEL is non-dynamic (dynamic_vram.py)
+    check_no_core_copies(model)
     base = unshard(model) if existing is not None else non_dynamic_clone(model)
     check_no_block_object_patches(base, get_arch_spec(base.get_model_object("diffusion_model")).block_lists)
     state = _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key)
+    note_incoming_device(model, state.plan.home_device)
     return set_parallel_mode(_sharded_clone(base, state), parallel)
 
 
@@ -172,6 +175,8 @@ def unshard(model):
     m.remove_attachments(ATTACHMENT_KEY)
     m.remove_attachments(MODE_KEY)
     m.load_device = mm.get_torch_device()
+    if hasattr(m, "cached_patcher_init"):  # core 0.23+: the loader's factory again (see core_multigpu)
+        m.cached_patcher_init = original_patcher_init(model)
     m.size = model.size + sum(mm.module_size(e.root) for e in state.roots)
     return m
 
@@ -306,6 +311,7 @@ def _sharded_clone(base, state: ShardState):
     m.set_attachments(ATTACHMENT_KEY, state)
     m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, prepare_sampling_wrapper)
     m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, release_shards_on_detach)
+    refuse_full_copies(m)  # core's multi-GPU nodes: no full copy of a sharded MODEL (core_multigpu)
     return m
 
 
