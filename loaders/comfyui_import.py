@@ -125,8 +125,10 @@ def _enable_dynamic_vram(args, aimdo) -> str:
     if aimdo is None:
         return "off: comfy-aimdo is not installed or its native library did not load"
     forced = getattr(args, "enable_dynamic_vram", False)
-    if not forced and (not mm.is_nvidia() or mm.is_wsl() or mm.torch_version_numeric < (2, 8)):
-        return "off: ComfyUI turns it on for NVIDIA GPUs outside WSL with torch >= 2.8 only"
+    rocm = getattr(mm, "rocm_version", None)  # newer cores: AMD with ROCm >= 7.14 too
+    supported = (mm.is_nvidia() and not mm.is_wsl()) or (mm.is_amd() and rocm is not None and rocm >= (7, 14))
+    if not forced and (not supported or mm.torch_version_numeric < (2, 8)):
+        return "off: ComfyUI turns it on for NVIDIA GPUs (outside WSL in 0.29) with torch >= 2.8 only"
     indices = [d.index for d in mm.get_all_torch_devices()]
     try:
         headroom = int(getattr(args, "vram_headroom", 0) * 1024 ** 3)
