@@ -5,6 +5,7 @@ In the UI the node shows a picture of the plan (ComfyUI's image preview) and the
 from comfy_api.latest import io, ui
 
 from ..loaders.simulator import plan_node, presets, simulator
+from ..parallel.inventory import read_hidden_note
 from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, cfg_input, devices_input, gpu_input,
                             link_gbps_input, parallel_input, reserve_vram_input)
 
@@ -62,6 +63,8 @@ class ShardDiTPlan(io.ComfyNode):
                 parallel=DEFAULT_PARALLEL, cfg=DEFAULT_PLAN_CFG, gpu="", link_gbps=0.0) -> io.NodeOutput:
         text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb,
                                           parallel=parallel, cfg=cfg, gpu=gpu, link_gbps=link_gbps)
+        note = read_hidden_note(devices)  # GPUs the driver has but ComfyUI cannot use, and the fix
+        text = f"{note}\n\n{text}" if note else text
         picture = ui.PreviewImage(plan_node.picture_tensor(report), cls=cls)
         return io.NodeOutput(text, ui={**picture.as_dict(), **ui.PreviewText(text).as_dict()})
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 from .visible import (
     PhysicalGpu,
+    hidden_gpus_note,
     infer_visible_gpus,
     match_torch_devices,
     normalize_pci_bus_id,
@@ -33,6 +34,7 @@ __all__ = [
     "inventory_from_spec",
     "parse_bytes",
     "read_cpu_info",
+    "read_hidden_note",
     "read_inventory",
 ]
 
@@ -88,6 +90,9 @@ class Inventory:
     """Every device; device names are unique."""
     source: str
     """Where the numbers came from: ``"nvml"``, ``"torch"``, ``"cpu"`` or ``"spec"``."""
+    hidden_note: str = ""
+    """When NVML sees GPUs torch does not (``CUDA_VISIBLE_DEVICES``, ComfyUI's Windows default):
+    one line naming them and the fix (``visible.hidden_gpus_note``); empty otherwise."""
 
     def __post_init__(self) -> None:
         names = [d.device for d in self.devices]
@@ -197,38 +202,58 @@ def _log_once(level: int, msg: str, *args) -> None:
 
 
 def read_inventory() -> Inventory:
-    """Read the devices now: NVML, else torch, else CPU only. Never raises for a missing GPU."""
+    """Read the devices now: NVML, else torch, else CPU only. Never raises for a missing GPU.
+    GPUs the driver has but this process cannot use are named once in the log (``hidden_note``)."""
     cpu = read_cpu_info()
+    gpus, note = None, ""
     try:
-        gpus = _read_nvml_gpus()
+        physical = _read_nvml_physical()
     except Exception as err:  # pynvml missing, no driver, NVML_ERROR_*: all mean "ask torch"
         _log_once(logging.INFO, "[ShardDiT] NVML unavailable (%s: %s); reading free memory from torch",
                   type(err).__name__, err)
     else:
-        if gpus:
-            return Inventory(devices=gpus + (cpu,), source="nvml")
-    gpus = _read_torch_gpus()
+        gpus, note = _nvml_gpus(physical)
     if gpus:
-        return Inventory(devices=gpus + (cpu,), source="torch")
-    _log_once(logging.INFO, "[ShardDiT] no CUDA GPU visible to torch: CPU only")
-    return Inventory(devices=(cpu,), source="cpu")
+        inventory = Inventory(devices=gpus + (cpu,), source="nvml", hidden_note=note)
+    elif gpus := _read_torch_gpus():
+        inventory = Inventory(devices=gpus + (cpu,), source="torch", hidden_note=note)
+    else:
+        _log_once(logging.INFO, "[ShardDiT] no CUDA GPU visible to torch: CPU only")
+        inventory = Inventory(devices=(cpu,), source="cpu", hidden_note=note)
+    if note:  # INFO: ComfyUI's log shows it; ``plan`` and the Plan node print ``hidden_note`` themselves
+        _log_once(logging.INFO, note.replace("%", "%%"))
+    return inventory
 
 
-def _read_nvml_gpus() -> tuple[DeviceInfo, ...] | None:
-    """GPUs from NVML in torch numbering; None when torch's devices cannot be matched."""
-    physical = _read_nvml_physical()
+def read_hidden_note(devices: str) -> str:
+    """``hidden_note`` of this machine's inventory, for a ``devices`` input that plans on it
+    (``""`` for imagined GPUs, ``"cuda:0=24GiB,..."``): ``plan`` and the Plan node print it."""
+    return "" if "=" in str(devices) else read_inventory().hidden_note
+
+
+def _nvml_gpus(physical: tuple[PhysicalGpu, ...]) -> tuple[tuple[DeviceInfo, ...] | None, str]:
+    """(GPUs from NVML in torch numbering, or None when torch's devices cannot be matched; the
+    hidden-GPU note)."""
     torch_ids = _read_torch_ids()
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if torch_ids is None:  # torch cannot tell (CPU build, CUDA not initialisable): trust the env
-        visible = infer_visible_gpus(physical, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        visible = infer_visible_gpus(physical, env)
     else:
         visible = match_torch_devices(physical, torch_ids)
-        if visible is None:
-            _log_once(logging.INFO, "[ShardDiT] torch's GPUs do not match NVML's by UUID/PCI bus id; using torch's numbers")
-            return None
-    return tuple(
+    n_visible = len(visible) if visible is not None else len(torch_ids)
+    note = hidden_gpus_note(physical, visible, n_visible, env, windows=_on_windows())
+    if visible is None:
+        _log_once(logging.INFO, "[ShardDiT] torch's GPUs do not match NVML's by UUID/PCI bus id; using torch's numbers")
+        return None, note
+    gpus = tuple(
         DeviceInfo(f"cuda:{i}", g.name, g.total_bytes, g.free_bytes, g.uuid, normalize_pci_bus_id(g.pci_bus_id))
         for i, g in enumerate(visible)
     )
+    return gpus, note
+
+
+def _on_windows() -> bool:
+    return os.name == "nt"
 
 
 def _read_nvml_physical() -> tuple[PhysicalGpu, ...]:

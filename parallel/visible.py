@@ -8,6 +8,9 @@ numbers only the visible GPUs, in the order that variable lists them. Two pure m
   assumes ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbering; CUDA's default ``FASTEST_FIRST`` can differ
   on mixed GPUs, which is why the inventory prefers ``match_torch_devices`` when torch can say;
 - ``match_torch_devices``: from the UUID / PCI bus id torch reports for each visible device.
+
+``hidden_gpus_note`` says when the driver has GPUs this process cannot use, and the fix: ComfyUI on
+Windows sets ``CUDA_VISIBLE_DEVICES=0`` unless started with ``--cuda-device all`` (core #15737).
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["PhysicalGpu", "infer_visible_gpus", "match_torch_devices", "normalize_pci_bus_id", "normalize_uuid"]
+__all__ = ["PhysicalGpu", "hidden_gpus_note", "infer_visible_gpus", "match_torch_devices", "normalize_pci_bus_id",
+           "normalize_uuid"]
 
 log = logging.getLogger("sharddit")
 
@@ -101,3 +105,31 @@ def match_torch_devices(
             return None
         found.append(match[0])
     return tuple(found)
+
+
+def hidden_gpus_note(physical: Sequence[PhysicalGpu], visible: Sequence[PhysicalGpu] | None, n_visible: int,
+                     cuda_visible_devices: str | None, windows: bool) -> str:
+    """One line when NVML sees more GPUs than this process's torch (``""`` otherwise), with the fix.
+
+    ``visible``: the physical GPUs torch uses (None when unmatched: only ``n_visible`` is known).
+    """
+    n_hidden = len(physical) - n_visible
+    if n_hidden <= 0:
+        return ""
+    if visible is not None:
+        which = ", ".join(f"{g.name} (NVML {g.nvml_index})" for g in physical if g not in visible)
+    else:
+        which = f"{n_hidden} of them"
+    env = "unset" if cuda_visible_devices is None else repr(cuda_visible_devices)
+    every = ",".join(str(i) for i in range(len(physical)))
+    if windows:
+        fix = ("start ComfyUI with --cuda-device all (on Windows ComfyUI sets CUDA_VISIBLE_DEVICES=0 without it, "
+               "e.g. add it to run_nvidia_gpu.bat), and do not set CUDA_VISIBLE_DEVICES yourself")
+    elif cuda_visible_devices is not None:
+        fix = (f"unset CUDA_VISIBLE_DEVICES or list every GPU in it (CUDA_VISIBLE_DEVICES={every}; "
+               f"ComfyUI: --cuda-device {every})")
+    else:
+        fix = ("CUDA_VISIBLE_DEVICES is unset, so check that every GPU works (nvidia-smi) and, in a container, "
+               "that it gets them all (docker run --gpus all)")
+    return (f"[ShardDiT] NVML sees {len(physical)} GPUs, torch {n_visible}: {which} hidden from this process "
+            f"(CUDA_VISIBLE_DEVICES {env}). To use them: {fix}.")

@@ -301,3 +301,69 @@ def test_missing_nvml_and_gpu_logged_once_per_process(monkeypatch, no_torch_cuda
     lines = [r.getMessage() for r in records]
     assert sum(m.startswith("[ShardDiT] NVML unavailable") for m in lines) == 1, lines
     assert sum(m.startswith("[ShardDiT] no CUDA GPU visible") for m in lines) == 1, lines
+
+
+# ---------------------------------------------------------------- GPUs the driver has but torch does not
+
+
+def test_hidden_gpus_note_names_them_and_the_fix():
+    from sharddit.parallel.visible import hidden_gpus_note
+
+    assert hidden_gpus_note(PHYSICAL, PHYSICAL, 3, None, windows=False) == ""
+    linux = hidden_gpus_note(PHYSICAL, (A,), 1, "0", windows=False)
+    assert linux.startswith("[ShardDiT] NVML sees 3 GPUs, torch 1: RTX 3060 (NVML 1), RTX 3090 (NVML 2) hidden")
+    assert "(CUDA_VISIBLE_DEVICES '0')" in linux
+    assert "unset CUDA_VISIBLE_DEVICES or list every GPU in it (CUDA_VISIBLE_DEVICES=0,1,2; ComfyUI: --cuda-device " \
+           "0,1,2)" in linux
+    windows = hidden_gpus_note(PHYSICAL, (A,), 1, "0", windows=True)
+    assert "start ComfyUI with --cuda-device all" in windows and "CUDA_VISIBLE_DEVICES=0 without it" in windows
+    assert "2 of them hidden" in hidden_gpus_note(PHYSICAL, None, 1, "0", windows=False)  # unmatched: a count
+    container = hidden_gpus_note(PHYSICAL, (A, B), 2, None, windows=False)
+    assert "RTX 3090 (NVML 2) hidden" in container and "CUDA_VISIBLE_DEVICES unset" in container
+    assert "docker run --gpus all" in container
+
+
+@pytest.mark.parametrize("cvd, names, hidden", [("0", ("cuda:0", "cpu"), "RTX 3060 (NVML 1), RTX 3090 (NVML 2)"),
+                                                 ("", ("cpu",), "RTX 4090 (NVML 0), RTX 3060 (NVML 1), RTX 3090"),
+                                                 (None, ("cuda:0", "cuda:1", "cuda:2", "cpu"), None)])
+def test_read_inventory_says_once_which_gpus_are_hidden(monkeypatch, no_torch_cuda, cvd, names, hidden):
+    """ComfyUI on Windows starts with CUDA_VISIBLE_DEVICES=0 unless given --cuda-device all."""
+    import logging
+
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(PHYSICAL))
+    if cvd is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
+    monkeypatch.setattr(inv, "_on_windows", lambda: True)
+    monkeypatch.setattr(inv, "_LOGGED", set())  # a fresh process
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("sharddit")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        got = [inv.read_inventory() for _ in range(3)]
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert got[0].names == names
+    notes = [r.getMessage() for r in records if "NVML sees" in r.getMessage()]
+    if hidden is None:
+        assert got[0].hidden_note == "" and notes == []
+        return
+    assert hidden in got[0].hidden_note and "--cuda-device all" in got[0].hidden_note
+    assert all(g.hidden_note == got[0].hidden_note for g in got)
+    assert notes == [got[0].hidden_note], "said once per process"
+
+
+def test_read_inventory_torch_matched_names_the_unmatched_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(PHYSICAL))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aa22,GPU-bb33")
+    monkeypatch.setattr(inv, "_read_torch_ids", lambda: (("aa22-0000", ""), ("bb33-0000", "")))
+    monkeypatch.setattr(inv, "_on_windows", lambda: False)
+    note = inv.read_inventory().hidden_note
+    assert "NVML sees 3 GPUs, torch 2: RTX 4090 (NVML 0) hidden" in note
+    assert "CUDA_VISIBLE_DEVICES=0,1,2" in note

@@ -53,7 +53,9 @@ def test_cpu_selftest_passes_with_full_report(cpu_report):
     assert "cfg 4 on cpu,cpu (cond/uncond split): PASS: max diff 0 (bit-exact expected)" in seq[0]
     assert "cfg 1 on cpu,cpu (tokens split, 16 exchanges): PASS: max diff 0" in seq[1]
     assert _one(lines, "prefetch:").startswith(f"{PREFIX} prefetch: no GPU: skipped")
-    assert "6/6 checks passed" in _one(lines, "PASS:")
+    dynamic = _one(lines, "dynamic VRAM:")
+    assert dynamic.startswith(f"{PREFIX} dynamic VRAM: off: ") and "skipped" in dynamic
+    assert "7/7 checks passed" in _one(lines, "PASS:")
 
 
 def test_without_comfyui_exit_2_and_says_how():
@@ -96,16 +98,17 @@ def test_failed_or_crashing_check_exits_1_and_the_rest_still_run(selftest_module
     monkeypatch.setattr(selftest_module, "check_vae", lambda check, *a: ran.append("VAE"))
     monkeypatch.setattr(selftest_module, "check_sequence", lambda check, *a: ran.append("sequence"))
     monkeypatch.setattr(selftest_module, "check_prefetch_overlap", lambda check, *a: ran.append("prefetch"))
+    monkeypatch.setattr(selftest_module, "check_dynamic_vram", lambda check, *a: ran.append("dynamic VRAM"))
     assert selftest_module.run_selftest("/comfyui") == 1
     out = capsys.readouterr().out
     assert f"{PREFIX} p2p: FAIL: RuntimeError: boom" in out
-    assert f"{PREFIX} FAIL (sampling, p2p): 4/6 checks passed" in out
-    assert ran == ["hop", "sequence", "prefetch", "VAE"]
+    assert f"{PREFIX} FAIL (sampling, p2p): 5/7 checks passed" in out
+    assert ran == ["hop", "sequence", "prefetch", "dynamic VRAM", "VAE"]
 
     for name in ("check_sampling", "check_p2p"):
         monkeypatch.setattr(selftest_module, name, lambda check, *a: None)
     assert selftest_module.run_selftest("/comfyui") == 0
-    assert f"{PREFIX} PASS: 6/6 checks passed" in capsys.readouterr().out
+    assert f"{PREFIX} PASS: 7/7 checks passed" in capsys.readouterr().out
 
 
 @pytest.mark.gpu
@@ -130,4 +133,4 @@ def test_gpu_selftest_shards_over_cuda_and_cpu():
     seq = [line for line in lines if line.startswith(f"{PREFIX} sequence:")]
     assert len(seq) == 2 and all("PASS" in line for line in seq), seq
     assert "overlap" in _one(lines, "prefetch: copy")
-    assert "6/6 checks passed" in _one(lines, "PASS:")
+    assert "7/7 checks passed" in _one(lines, "PASS:")

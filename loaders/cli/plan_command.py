@@ -13,6 +13,7 @@ import sys
 from ...parallel.cost_inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
 from ...parallel.dist_config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights
 from ...parallel.dist_plan import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
+from ...parallel.inventory import read_hidden_note
 from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfyui_import import import_comfyui
@@ -117,6 +118,9 @@ def run(args) -> int:
                       batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb,
                       parallel=args.parallel, cfg=args.cfg, gpu=args.gpu, link_gbps=args.link_gbps,
                       workers=workers, dist_weights=args.dist_weights or dist_weights(), net_gbps=args.net_gbps)
+    note = read_hidden_note(devices)  # GPUs the driver has but this process cannot use
+    if note:
+        print(note, file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
     if args.png:
         from ..simulator.plan_picture import draw_plan_picture, picture_from_report

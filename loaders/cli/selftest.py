@@ -15,7 +15,10 @@ Checks, each printed as ``[ShardDiT] selftest ...`` lines:
    shard list, timed with synchronisation; the copy must arrive intact.
 4. sequence and prefetch: ``parallel=sequence`` sampling against the unsharded result, and
    whether streamed-block copies overlap compute on a GPU (``selftest_sequence.py``).
-5. VAE: a tiny Wan 2.1 VAE (ComfyUI's VAE class) decoded by the pack's batched multi-device tiled
+5. dynamic VRAM: on one GPU with ComfyUI's dynamic VRAM on (as its ``main.py`` turns it on),
+   ``blocks`` and ``sequence`` over ``cuda:0,cuda:0`` vs the unsharded result, and the switch back
+   to core's sampler (``selftest_dynamic.py``). The other checks also run as ComfyUI would run them.
+6. VAE: a tiny Wan 2.1 VAE (ComfyUI's VAE class) decoded by the pack's batched multi-device tiled
    decode and by core's ``vae.decode_tiled`` with the same tiles: max abs diff <= 1e-5 in fp32 on
    one device kind (batched convolutions may round differently), <= 1e-4 across CPU and CUDA.
 
@@ -38,6 +41,8 @@ import comfy.sample
 
 from ...parallel.inventory import GiB, read_inventory
 from ...parallel.tiling import TileSpec, plan_tiles
+from ..comfyui_import import dynamic_vram_status
+from .selftest_dynamic import check_dynamic_vram
 from .selftest_models import WAN_DIT, build_wan_dit, build_wan_vae
 from .selftest_sequence import check_prefetch_overlap, check_sequence, sequence_devices
 from ..comfy.sharded_model import get_shard_state, shard_model
@@ -93,7 +98,7 @@ def run_selftest(comfyui_root, import_s: float = 0.0) -> int:
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     ref, devices = choose_devices(n_gpus)
     _say(f"ComfyUI {_comfyui_version()} at {comfyui_root}, torch {torch.__version__}, "
-         f"ComfyUI device {mm.get_torch_device()}")
+         f"ComfyUI device {mm.get_torch_device()}, dynamic VRAM {dynamic_vram_status()}")
     for line in _device_lines():
         _say(line)
     checks = [_run(name, fn) for name, fn in (
@@ -102,6 +107,7 @@ def run_selftest(comfyui_root, import_s: float = 0.0) -> int:
         ("hop", lambda c: check_hops(c, devices)),
         ("sequence", lambda c: check_sequence(c, sequence_devices(n_gpus))),
         ("prefetch", lambda c: check_prefetch_overlap(c, n_gpus)),
+        ("dynamic VRAM", lambda c: check_dynamic_vram(c, dynamic_vram_status())),
         ("VAE", lambda c: check_vae(c, devices)))]
     failed = [c.name for c in checks if not c.ok]
     verdict = f"FAIL ({', '.join(failed)})" if failed else "PASS"

@@ -16,12 +16,16 @@ HELP = ("Check sharding on this machine with tiny random models (a few seconds, 
 
 
 def add_arguments(p) -> None:
-    """No options: the self-test always uses every GPU torch sees (CUDA_VISIBLE_DEVICES narrows it)."""
+    """The self-test always uses every GPU torch sees (CUDA_VISIBLE_DEVICES narrows it)."""
+    p.add_argument("--disable-dynamic-vram", action="store_true",
+                   help="run as ComfyUI started with --disable-dynamic-vram (by default ComfyUI's dynamic VRAM is "
+                        "on where its main.py turns it on: NVIDIA GPUs, ComfyUI 0.16+)")
 
 
 def run(args) -> int:
     t0 = time.perf_counter()
-    root = import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
+    root = import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False),
+                          dynamic_vram=not getattr(args, "disable_dynamic_vram", False))
     from .selftest import run_selftest  # imports ComfyUI: after import_comfyui
 
     return run_selftest(root, import_s=time.perf_counter() - t0)

@@ -4,9 +4,10 @@ import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on
 from ...parallel.parallel_mode import DEFAULT_PARALLEL
 from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .checks import check_latent
+from .core_multigpu import check_home_device
 from .distributed import auto_members
 from .model_loading import check_placement
-from .sharded_model import is_current_state, is_sharded, set_parallel_mode, shard_model
+from .sharded_model import get_shard_state, is_current_state, is_sharded, set_parallel_mode, shard_model
 
 # On an incoming (unsharded) ModelPatcher: its sharded clone per ``devices``, so that repeated
 # prompts sample the SAME clone and ComfyUI finds it loaded (nothing unloads or reloads). ComfyUI
@@ -31,8 +32,10 @@ def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive,
     check_latent(model, latent)
     if not is_sharded(model):
         model = sharded_for_sampler(model, devices, parallel)
-    elif parallel != "auto":
-        model = set_parallel_mode(model.clone(), parallel)
+    else:
+        check_home_device(model, get_shard_state(model).plan.home_device)  # e.g. Select Model Device after us
+        if parallel != "auto":
+            model = set_parallel_mode(model.clone(), parallel)
     return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative,
                                        latent, denoise=denoise)[0]
 

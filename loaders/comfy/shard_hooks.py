@@ -16,6 +16,7 @@ from ...parallel.parallel_mode import ModeDecision
 from ...parallel.plan_types import Plan
 from ...parallel.routing import BlockLayout, BlockRouter
 from ...parallel.sharding import needs_home_every_block
+from .core_multigpu import check_home_device, check_no_core_copies
 from .placement import read_loaded
 
 log = logging.getLogger("sharddit")
@@ -100,7 +101,10 @@ def prepare_sampling_wrapper(executor, model, *args, **kwargs):
     """Around ComfyUI's load of a sharded model: the unsharded clones give the blocks back, the
     shards get the main's weight patches, and the state knows that ShardDiT itself is loading
     ``model`` (so the detach of its previous main in this load keeps the shards: see
-    ``release_shards_on_detach``)."""
+    ``release_shards_on_detach``). Core's multi-GPU nodes that changed the MODEL after ShardDiT
+    are refused first, before anything loads (``core_multigpu``)."""
+    check_home_device(model, get_shard_state(model).plan.home_device)
+    check_no_core_copies(model)
     _unload_unsharded_clones(model)
     sync_shard_patches(model)
     runtime = get_shard_state(model).runtime

@@ -12,6 +12,8 @@ How it plugs into ComfyUI 0.3.64 (no patching of ``comfy.model_management``):
   ``ModelPatcher(load_device=that device)``; the shards are registered with
   ``set_additional_models``, so ``load_models_gpu`` loads each on its device with that device's
   accounting and lowvram fallback. The DiT never lands whole on one GPU.
+- Under ComfyUI's dynamic VRAM (core 0.16+) the main and every shard are non-dynamic patchers over
+  the same weights, each built by its class's constructor (``dynamic_vram`` says why).
 - Weight patches (LoRA, ...) keep ComfyUI's key space: a ``PREPARE_SAMPLING`` wrapper copies the
   main patcher's patches for ``diffusion_model.<blocks>.N.*`` onto the shard holding block N just
   before ComfyUI loads the models, so patches added after sharding are followed too.
@@ -32,7 +34,6 @@ import logging
 import torch
 
 import comfy.model_management as mm
-import comfy.model_patcher
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ...parallel.devices import split_worker_devices, with_worker_shares
@@ -45,6 +46,8 @@ from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
+from .core_multigpu import check_no_core_copies, note_incoming_device, original_patcher_init, refuse_full_copies
+from .dynamic_vram import new_shard_patcher, non_dynamic_clone
 from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions, resolve_auto_devices
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
@@ -99,9 +102,12 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     existing = get_shard_state(model)
     if existing is not None and existing.request_key == request_key:
         return set_parallel_mode(model.clone(), parallel)
-    base = unshard(model) if existing is not None else model
+    # dynamic VRAM (core 0.16+): every patcher of a sharded MODEL is non-dynamic (dynamic_vram.py)
+    check_no_core_copies(model)
+    base = unshard(model) if existing is not None else non_dynamic_clone(model)
     check_no_block_object_patches(base, get_arch_spec(base.get_model_object("diffusion_model")).block_lists)
     state = _get_or_build_state(base, devices, reserve_vram_gb, inventory, request_key)
+    note_incoming_device(model, state.plan.home_device)
     return set_parallel_mode(_sharded_clone(base, state), parallel)
 
 
@@ -169,6 +175,8 @@ def unshard(model):
     m.remove_attachments(ATTACHMENT_KEY)
     m.remove_attachments(MODE_KEY)
     m.load_device = mm.get_torch_device()
+    if hasattr(m, "cached_patcher_init"):  # core 0.23+: the loader's factory again (see core_multigpu)
+        m.cached_patcher_init = original_patcher_init(model)
     m.size = model.size + sum(mm.module_size(e.root) for e in state.roots)
     return m
 
@@ -285,21 +293,7 @@ def _build_roots(blocks, plan, dtype, offload_device, base):
         root = ShardRoot(by_list, dtype)
         root.sharddit_keys = frozenset(root.state_dict().keys())
         device = torch.device(r.device)
-        yield ShardRootEntry(device, root, _shard_patcher(base, root, device, offload_device))
-
-
-def _shard_patcher(base, root, device, offload_device):
-    """A patcher of the incoming patcher's own class (ComfyUI-GGUF's ``GGUFModelPatcher`` patches
-    quantized weights at forward time; a plain ModelPatcher would add LoRA deltas to raw Q8_0
-    bytes and drop them). Its plain settings (``patch_on_device``...) are copied over."""
-    patcher = comfy.model_patcher.ModelPatcher(root, load_device=device, offload_device=offload_device)
-    cls = type(base)
-    if cls is not comfy.model_patcher.ModelPatcher and issubclass(cls, comfy.model_patcher.ModelPatcher):
-        patcher.__class__ = cls
-        for name, value in vars(base).items():
-            if name not in vars(patcher) and isinstance(value, (bool, int, float, str, type(None))):
-                setattr(patcher, name, value)
-    return patcher
+        yield ShardRootEntry(device, root, new_shard_patcher(base, root, device, offload_device))
 
 
 def _sharded_clone(base, state: ShardState):
@@ -317,6 +311,7 @@ def _sharded_clone(base, state: ShardState):
     m.set_attachments(ATTACHMENT_KEY, state)
     m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, prepare_sampling_wrapper)
     m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, release_shards_on_detach)
+    refuse_full_copies(m)  # core's multi-GPU nodes: no full copy of a sharded MODEL (core_multigpu)
     return m
 
 
