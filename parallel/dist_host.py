@@ -251,6 +251,12 @@ class HostSession:
         self.weight_groups = weight_groups(world, backend, self.timeout_s)
         log.info("[ShardDiT] session %d open with %s in %.1f s", self.sid, ", ".join(self.names), time.monotonic() - t0)
 
+    def forget(self, name: str, model_key: str) -> None:
+        """Worker ``name`` no longer holds the blocks of model ``model_key`` (it was told to drop
+        them): the next forward of that model sends their skeletons and weights again."""
+        self.versions[name] = {k: v for k, v in self.versions[name].items() if k[0] != model_key}
+        self.skeletons[name] = {k for k in self.skeletons[name] if k[0] != model_key}
+
     def rank_of(self, name: str) -> int:
         return self.names.index(name) + 1
 

@@ -165,6 +165,7 @@ class Worker:
                     for k in [k for k in (*self.owned, *self.skeletons) if k[0] == msg["key"]]:
                         self.owned.pop(k, None)
                         self.skeletons.pop(k, None)
+                        self.layouts.pop(k, None)
                     reply = {"ok": True}
                 elif op == "held":
                     reply = {"owned": sum(f.numel() for _, f, _ in self.owned.values()), "ring": self.ring.nbytes,
