@@ -50,3 +50,18 @@ def test_prompts_in_a_row_each_equal_core(server, tiny_models):
         # 1 vs 2 rows differs 4e-6..6e-5 per call on AVX-512 Intel; 4.8e-5 after 4 tiny-Wan steps at
         # cfg 4.5, issue 19). Exact on this AMD AVX2 host; the bound holds under MKL_CBWR=COMPATIBLE.
         torch.testing.assert_close(dist[i], core, rtol=0, atol=2e-4, msg=lambda m, i=i, p=p: f"prompt {i} {p}: {m}")
+
+
+@pytest.mark.parametrize("devices", ["cpu,cpu", "cpu,cpu,cpu", "cpu,w1/cpu"])
+def test_one_token_latent_at_cfg_1_runs_whole_and_equals_core(server, tiny_models, devices):
+    """16x16 pixels, one frame: a 1x2x2 latent, one token after Wan's 2x2 patches, fewer than the
+    ranks (issue 19: a raw TypeError from a worker thread). The forward runs whole, as blocks mode
+    does: the same GEMM shapes as core's, so the same latent bit for bit; logged with the numbers."""
+    names = tiny_models.names
+    one = {"width": 16, "height": 16, "length": 1, "cfg": 1.0}
+    ours = run_latent(server, wan_graph(names, "ours", "one_token/ours", devices, **one))
+    core = run_latent(server, wan_graph(names, "core", "one_token/core", **one))
+    assert torch.equal(ours, core), f"max diff {(ours - core).abs().max()}"
+    n = len(devices.split(","))
+    assert f"1 image token(s) per sample, fewer than the {n} ranks that split each sample's tokens" in \
+        server.log_text(), server.log_tail()
