@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 import os
 
-__all__ = ["ADDR_ENV", "ADDR_FORM", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "TIMEOUT_RANGE_S", "WEIGHTS_ENV",
-           "WEIGHTS_MODES", "dist_addr", "dist_timeout", "dist_weights", "parse_addr"]
+__all__ = ["ADDR_ENV", "ADDR_FORM", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "TIMEOUT_RANGE_S",
+           "WEIGHTS_ENV", "WEIGHTS_MODES", "dist_addr", "dist_timeout", "dist_weights", "parse_addr"]
 
 ADDR_ENV = "SHARDDIT_DIST_ADDR"
 TIMEOUT_ENV = "SHARDDIT_DIST_TIMEOUT"

@@ -29,8 +29,8 @@ from .dist_plan import compute_worker_needs
 from .dist_wire import recv_message, send_message
 
 __all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member", "check_worker_room",
-           "choose_worker_weights", "describe_workers", "member_key", "offer_free", "read_workers", "reset_after_failed_init", "split_member",
-           "weight_groups"]
+           "choose_worker_weights", "describe_workers", "member_key", "offer_free", "read_workers",
+           "reset_after_failed_init", "split_member", "weight_groups"]
 
 log = logging.getLogger("sharddit")
 

@@ -26,8 +26,8 @@ class Worker:
                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         env.pop("PYTHONPATH", None)
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, str(REPO), "worker", "--join", f"127.0.0.1:{server.dist_port}",
-                                          "--name", name, "--devices", "cpu"], stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen([sys.executable, str(REPO), "worker", "--join",
+                                          f"127.0.0.1:{server.dist_port}", "--name", name, "--devices", "cpu"], stdout=out, stderr=subprocess.STDOUT,
                                          env=env, start_new_session=True)
 
     def text(self) -> str:
@@ -108,7 +108,8 @@ def wan_graph(names, sampler: str, prefix: str, devices: str = "", cfg: float = 
     if sampler == "core":
         g["7"] = {"class_type": "KSampler", "inputs": common}
     else:
-        g["7"] = {"class_type": "ShardDiTKSampler", "inputs": {**common, "devices": devices, "parallel": parallel}}
+        g["7"] = {"class_type": "ShardDiTKSampler",
+                  "inputs": {**common, "devices": devices, "parallel": parallel}}
     if decode:
         g["9"] = {"class_type": "VAELoader", "inputs": {"vae_name": names["wan21_vae"]}}
         g["10"] = {"class_type": "VAEDecode", "inputs": {"samples": ["7", 0], "vae": ["9", 0]}}
