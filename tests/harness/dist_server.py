@@ -26,9 +26,9 @@ class Worker:
                "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         env.pop("PYTHONPATH", None)
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, str(REPO), "worker", "--join",
-                                          f"127.0.0.1:{server.dist_port}", "--name", name, "--devices", "cpu"], stdout=out, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+            cmd = [sys.executable, str(REPO), "worker", "--join", f"127.0.0.1:{server.dist_port}", "--name", name,
+                   "--devices", "cpu"]
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -102,8 +102,8 @@ def wan_graph(names, sampler: str, prefix: str, devices: str = "", cfg: float = 
     }
     if shift is not None:
         g["12"] = {"class_type": "ModelSamplingSD3", "inputs": {"model": ["2", 0], "shift": shift}}
-    common = {"model": ["12" if shift is not None else "2", 0], "seed": seed, "steps": steps, "cfg": cfg, "sampler_name": "euler",
-              "scheduler": "simple", "positive": ["4", 0], "negative": ["5", 0], "latent_image": ["6", 0],
+    common = {"model": ["12" if shift is not None else "2", 0], "seed": seed, "steps": steps, "cfg": cfg,
+              "sampler_name": "euler", "scheduler": "simple", "positive": ["4", 0], "negative": ["5", 0], "latent_image": ["6", 0],
               "denoise": 1.0}
     if sampler == "core":
         g["7"] = {"class_type": "KSampler", "inputs": common}
