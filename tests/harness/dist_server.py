@@ -103,8 +103,8 @@ def wan_graph(names, sampler: str, prefix: str, devices: str = "", cfg: float = 
     if shift is not None:
         g["12"] = {"class_type": "ModelSamplingSD3", "inputs": {"model": ["2", 0], "shift": shift}}
     common = {"model": ["12" if shift is not None else "2", 0], "seed": seed, "steps": steps, "cfg": cfg,
-              "sampler_name": "euler", "scheduler": "simple", "positive": ["4", 0], "negative": ["5", 0], "latent_image": ["6", 0],
-              "denoise": 1.0}
+              "sampler_name": "euler", "scheduler": "simple", "positive": ["4", 0], "negative": ["5", 0],
+              "latent_image": ["6", 0], "denoise": 1.0}
     if sampler == "core":
         g["7"] = {"class_type": "KSampler", "inputs": common}
     else:
