@@ -18,6 +18,7 @@ them out of the list before the host's own devices are planned.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -26,7 +27,9 @@ __all__ = [
     "DEVICE_FORM",
     "DeviceEntry",
     "DeviceList",
+    "MEMBER_NAME_FORM",
     "check_devices_exist",
+    "check_member_name",
     "parse_component_device",
     "parse_device",
     "parse_devices",
@@ -147,6 +150,19 @@ def check_devices_exist(devices: Iterable[str], available: Iterable[str]) -> Non
             raise ValueError(f"device {device!r} does not exist; this machine has {has}; {fix}")
 
 
+MEMBER_NAME_FORM = "1 to 32 letters, digits, '.', '_' or '-' (e.g. box2)"
+_MEMBER_NAME = re.compile(r"[A-Za-z0-9._-]{1,32}")
+
+
+def check_member_name(name, what: str = "worker name") -> str:
+    """A worker's ``NAME`` (the part before ``/`` in ``NAME/DEVICE``): ``name`` if it matches
+    ``MEMBER_NAME_FORM``, else ValueError naming ``what``, the value and the form. The one rule for
+    every place a name enters: ``worker --name``, the host's lobby, the nodes' ``devices``."""
+    if not isinstance(name, str) or not _MEMBER_NAME.fullmatch(name):
+        raise ValueError(f"{what} {name!r} is not {MEMBER_NAME_FORM}")
+    return name
+
+
 def split_worker_devices(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     """``"cpu,w1/cpu"`` -> (``"cpu"``, ((``"w1"``, ``"cpu"``),)): the host's own devices (as a device
     string) and the workers' (name, device), in order. No worker entry: (text, ())."""
@@ -158,10 +174,11 @@ def split_worker_devices(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
             local.append(part)
             continue
         name, _, dev = part.partition("/")
-        name = name.strip()
-        if not name or not all(c.isalnum() or c in "-_." for c in name):
-            raise ValueError(f"devices {text.strip()!r}: {part!r} is not NAME/DEVICE (a worker name of letters, "
-                             f"digits, '-', '_' or '.', e.g. 'box2/cuda:0')")
+        try:
+            name = check_member_name(name.strip())
+        except ValueError:
+            raise ValueError(f"devices {text.strip()!r}: {part!r} is not NAME/DEVICE (NAME: {MEMBER_NAME_FORM}; "
+                             "e.g. 'box2/cuda:0')") from None
         device, weight = _parse_entry(dev, context=text)
         if weight is not None:
             raise ValueError(f"devices {text.strip()!r}: {part!r}: worker devices take no weight (every rank "

@@ -4,18 +4,23 @@
   ``192.168.1.10:29555``; only that interface. Unset: the host accepts no worker and nothing
   listens. Workers give the same address with ``--join HOST:PORT``.
 - ``SHARDDIT_DIST_TIMEOUT``: seconds a worker may stay silent in a forward (block reply, attention
-  exchange) or take to join a session before the host gives up with an error naming it (60).
+  exchange) or take to join a session before the host gives up with an error naming it (60; 1 to
+  86400).
 - ``SHARDDIT_DIST_WEIGHTS``: what a worker keeps. ``share``: only the blocks its rank owns (an
   equal share), the others arrive from their owners every step; ``all``: every block, sent once,
   nothing streams per step (needs room for the whole DiT on every worker); ``auto`` (default):
   ``all`` when every worker's free memory holds every block, else ``share``.
+
+A bad value is a ValueError naming the variable, the value and the form; the ComfyUI host logs it
+once and keeps distributed mode off (``loaders/comfy/distributed.start_lobby_if_configured``).
 """
 from __future__ import annotations
 
+import math
 import os
 
-__all__ = ["ADDR_ENV", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "WEIGHTS_ENV", "WEIGHTS_MODES", "dist_addr",
-           "dist_timeout", "dist_weights", "parse_addr"]
+__all__ = ["ADDR_ENV", "ADDR_FORM", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "TIMEOUT_RANGE_S",
+           "WEIGHTS_ENV", "WEIGHTS_MODES", "dist_addr", "dist_timeout", "dist_weights", "parse_addr"]
 
 ADDR_ENV = "SHARDDIT_DIST_ADDR"
 TIMEOUT_ENV = "SHARDDIT_DIST_TIMEOUT"
@@ -25,31 +30,46 @@ DEFAULT_PORT = 29555
 DEFAULT_TIMEOUT_S = 60.0
 
 
+ADDR_FORM = f"HOST:PORT with a port 1-65535, e.g. 192.168.1.10:{DEFAULT_PORT}"
+TIMEOUT_RANGE_S = (1.0, 86400.0)
+"""Seconds ``SHARDDIT_DIST_TIMEOUT`` may be: below 1 s no gloo session opens; above a day a dead
+worker would hold the host for longer than anyone waits."""
+
+
 def parse_addr(text: str, what: str = ADDR_ENV) -> tuple[str, int]:
-    """``"HOST:PORT"`` (or ``"HOST"``: port 29555) -> (host, port); ValueError naming the text."""
+    """``"HOST:PORT"`` (or ``"HOST"``: port 29555; ``"[::1]:PORT"`` for IPv6) -> (host, port);
+    ValueError naming ``what``, the text and the form."""
     text = (text or "").strip()
     host, _, port = text.rpartition(":") if ":" in text else (text, "", str(DEFAULT_PORT))
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"[ShardDiT] {what}={text!r} is not HOST:PORT (e.g. 192.168.1.10:{DEFAULT_PORT})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    ok = host and not any(c.isspace() for c in host) and port.isascii() and port.isdigit()
+    if not ok or not 0 < int(port) < 65536:
+        raise ValueError(f"[ShardDiT] {what}={text!r} is not {ADDR_FORM}")
     return host, int(port)
 
 
 def dist_addr() -> tuple[str, int] | None:
-    """The host's listen address from ``SHARDDIT_DIST_ADDR``; None when unset (no workers)."""
+    """The host's listen address from ``SHARDDIT_DIST_ADDR``; None when unset (no workers);
+    ValueError naming the variable, the value and the form when it is not ``HOST:PORT``."""
     text = os.environ.get(ADDR_ENV, "").strip()
     return parse_addr(text) if text else None
 
 
 def dist_timeout() -> float:
+    """``SHARDDIT_DIST_TIMEOUT`` in seconds (60 when unset); ValueError naming the value and the
+    range (``TIMEOUT_RANGE_S``) for anything else: nan, inf, 0, 1e-9 or words."""
     text = os.environ.get(TIMEOUT_ENV, "").strip()
     if not text:
         return DEFAULT_TIMEOUT_S
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ValueError(f"[ShardDiT] {TIMEOUT_ENV}={text!r} must be a positive number of seconds")
+        value = math.nan
+    low, high = TIMEOUT_RANGE_S
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"[ShardDiT] {TIMEOUT_ENV}={text!r} is not a number of seconds from {low:g} to {high:g} "
+                         f"(e.g. {DEFAULT_TIMEOUT_S:g}, the default when unset)")
     return value
 
 

@@ -23,12 +23,14 @@ import time
 
 import torch.distributed as dist
 
+from .devices import MEMBER_NAME_FORM, check_member_name, parse_device
+from .dist_connect import join_address
 from .dist_plan import compute_worker_needs
 from .dist_wire import recv_message, send_message
 
-__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_worker_room", "choose_worker_weights",
-           "describe_workers", "member_key", "offer_free", "read_workers", "reset_after_failed_init", "split_member",
-           "weight_groups"]
+__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member", "check_worker_room",
+           "choose_worker_weights", "describe_workers", "member_key", "offer_free", "read_workers",
+           "reset_after_failed_init", "split_member", "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
@@ -113,15 +115,43 @@ def split_member(member: str) -> tuple[str, str]:
     return name, device
 
 
+def check_member(member: str) -> str:
+    """``member`` if it is ``NAME/DEVICE`` with a valid name (``devices.check_member_name``) and
+    device (``cpu`` / ``cuda:N``), else ValueError naming it and the form."""
+    name, slash, device = member.partition("/")
+    try:
+        check_member_name(name)
+        if not slash or parse_device(device) != device:
+            raise ValueError(f"{device!r} is not 'cpu' or 'cuda:N'")
+    except ValueError as e:
+        raise ValueError(f"{member!r} is not NAME/DEVICE (NAME: {MEMBER_NAME_FORM}; DEVICE: cpu or cuda:N): "
+                         f"{e}") from None
+    return member
+
+
+_REFUSED: set[str] = set()
+"""Members whose registration was skipped (logged once each per process)."""
+
+
 def read_workers(store) -> dict[str, dict]:
     """Offers registered in a lobby store (member ``NAME/DEVICE`` -> offer ``{"host", "pid", "name",
-    "device", "free"}``), the latest registration per member."""
+    "device", "free"}``), the latest registration per member. A registration whose member is not a
+    valid ``NAME/DEVICE`` (an old or foreign client: ``worker --name`` checks it) is skipped and
+    logged once: enrolled, it would make every ``devices=auto`` prompt of this host fail."""
     out = {}
     for i in range(store.add("workers", 0)):
         key = f"reg/{i}"
         if not store.check([key]):
             continue
-        member = store.get(key).decode()
+        member = store.get(key).decode(errors="replace")
+        try:
+            check_member(member)
+        except ValueError as e:
+            if member not in _REFUSED:
+                _REFUSED.add(member)
+                log.warning("[ShardDiT] a worker registration was skipped, not enrolled: %s; restart that worker "
+                            "with a valid --name", e)
+            continue
         out[member] = json.loads(store.get(f"offer/{member}").decode())
     return out
 
@@ -161,9 +191,13 @@ class Lobby:
         self.store = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=self.timeout_s),
                                    wait_for_workers=False, master_listen_fd=self._fd, use_libuv=False)
         self.session: HostSession | None = None
-        log.info("[ShardDiT] workers can join at %s:%d (python <pack-dir> worker --join %s:%d --name NAME "
-                 "--devices DEV[,DEV...])",
-                 host, port, host, port)
+        self.join = join_address(host, port)
+        """What workers pass to ``--join`` (this machine's address when ``host`` is a wildcard)."""
+        where = f"{host}:{port}" if self.join == f"{host}:{port}" else (
+            f"{host}:{port} (every interface; from other machines join this machine's reachable address, "
+            f"not {host})")
+        log.info("[ShardDiT] workers can join at %s (python <pack-dir> worker --join %s --name NAME "
+                 "--devices DEV[,DEV...])", where, self.join)
 
     def workers(self) -> dict[str, dict]:
         """Offers of the joined members (``NAME/DEVICE`` -> offer), latest registration per member."""
@@ -182,7 +216,7 @@ class Lobby:
             name, device = split_member(member)
             have = ", ".join(sorted(joined)) or "none yet"
             same = sorted(m for m in joined if split_member(m)[0] == name)
-            start = f"python <pack-dir> worker --join {self.host}:{self.port} --name {name} --devices"
+            start = f"python <pack-dir> worker --join {self.join} --name {name} --devices"
             if same:
                 devs = ",".join([split_member(m)[1] for m in same] + [device])
                 raise ValueError(f"[ShardDiT] worker {name!r} has joined {self.host}:{self.port} without device "
@@ -243,13 +277,19 @@ class HostSession:
                 f"[ShardDiT] worker member(s) {', '.join(self.names)} did not join session {self.sid} "
                 f"within "
                 f"{self.timeout_s:.0f} s ({type(e).__name__}); is `python <pack-dir> worker --join "
-                f"{lobby.host}:{lobby.port} --name NAME --devices DEVICE` running there?") from e
+                f"{lobby.join} --name NAME --devices DEVICE` running there?") from e
         self.ctl = {name: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
                     for r, name in enumerate(self.names, start=1)}
         self.groups = {g: dist.new_group(list(g), backend=backend, timeout=datetime.timedelta(seconds=self.timeout_s))
                        for g in self.group_keys}
         self.weight_groups = weight_groups(world, backend, self.timeout_s)
         log.info("[ShardDiT] session %d open with %s in %.1f s", self.sid, ", ".join(self.names), time.monotonic() - t0)
+
+    def forget(self, name: str, model_key: str) -> None:
+        """Worker ``name`` no longer holds the blocks of model ``model_key`` (it was told to drop
+        them): the next forward of that model sends their skeletons and weights again."""
+        self.versions[name] = {k: v for k, v in self.versions[name].items() if k[0] != model_key}
+        self.skeletons[name] = {k for k in self.skeletons[name] if k[0] != model_key}
 
     def rank_of(self, name: str) -> int:
         return self.names.index(name) + 1

@@ -280,12 +280,16 @@ class DistRanks:
 
     def close(self) -> None:
         """The model is released: the workers drop its blocks (best effort; a closed or broken
-        session took them already)."""
+        session took them already), and the session forgets that they hold them. ComfyUI may
+        sample the same sharded model again (the shipped workflows do, whenever a new prompt
+        switches clones): its blocks are then sent again. Without forgetting, every second prompt
+        failed with "block 0: its weights were not sent to this worker" (issue 19)."""
         s = self.lobby.session
         if s is None or s.broken or self.session is not None:
             return
         for name in self.names:
             if name in s.names:
+                s.forget(name, self.key)
                 try:
                     s.request(name, {"op": "drop", "key": self.key}, "dropping a released model's blocks")
                 except DistWorkerError as e:

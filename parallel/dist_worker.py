@@ -26,6 +26,7 @@ import datetime
 import functools
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -34,7 +35,9 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from .devices import check_member_name
 from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize, unpack_into
+from .dist_connect import connect_store
 from .dist_exchange import DistExchange
 from .dist_host import IDLE_TIMEOUT_S, member_key, reset_after_failed_init, weight_groups
 from .dist_wire import recv_message, send_message
@@ -47,20 +50,11 @@ log = logging.getLogger("sharddit")
 _OVERRIDE = "optimized_attention_override"
 
 
-def connect(host: str, port: int, timeout_s: float, wait_s: float = 1e9, say=print):
-    """A client of the host's lobby store, retrying every 2 s for up to ``wait_s``."""
-    deadline, said = time.monotonic() + wait_s, False
-    while True:
-        try:
-            return dist.TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout_s), use_libuv=False)
-        except Exception as e:
-            if time.monotonic() > deadline:
-                raise ConnectionError(f"[ShardDiT] no ShardDiT host at {host}:{port} ({e})") from e
-            if not said:
-                say(f"[ShardDiT] waiting for the host at {host}:{port} (set SHARDDIT_DIST_ADDR={host}:{port} "
-                    "where ComfyUI runs)")
-                said = True
-            time.sleep(2)
+def connect(host: str, port: int, timeout_s: float, wait_s: float = math.inf, say=print):
+    """A client of the host's lobby store (``dist_connect.connect_store``): the name resolved
+    first, progress said within seconds, waiting up to ``wait_s``."""
+    return connect_store(host, port, timeout_s, wait_s, say,
+                         hint=f"is ComfyUI running there with SHARDDIT_DIST_ADDR={host}:{port}?")
 
 
 def device_free_bytes(device: str) -> int:
@@ -81,7 +75,7 @@ def make_offer(name: str, device: str) -> dict:
 
 class Worker:
     def __init__(self, store, name: str, device, offer: dict | None = None, say=print):
-        self.store, self.name, self.device, self.say = store, name, torch.device(device), say
+        self.store, self.name, self.device, self.say = store, check_member_name(name), torch.device(device), say
         self.member = member_key(name, str(device))
         self.offer = offer if offer is not None else make_offer(name, str(device))
         store.set(f"offer/{self.member}", json.dumps(self.offer))
@@ -165,6 +159,7 @@ class Worker:
                     for k in [k for k in (*self.owned, *self.skeletons) if k[0] == msg["key"]]:
                         self.owned.pop(k, None)
                         self.skeletons.pop(k, None)
+                        self.layouts.pop(k, None)
                     reply = {"ok": True}
                 elif op == "held":
                     reply = {"owned": sum(f.numel() for _, f, _ in self.owned.values()), "ring": self.ring.nbytes,
@@ -305,9 +300,11 @@ def _attention(exchange, rs, main, calls, func, *args, **kwargs):
 
 
 def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=print,
-          sessions: int | None = None) -> None:
-    """Join ``host:port`` as member ``name/device`` and serve until interrupted (or ``sessions`` sessions ended)."""
-    store = connect(host, port, timeout_s, say=say)
+          sessions: int | None = None, wait_s: float = math.inf) -> None:
+    """Join ``host:port`` as member ``name/device`` (waiting up to ``wait_s`` for the host to
+    answer) and serve until interrupted (or ``sessions`` sessions ended)."""
+    check_member_name(name)
+    store = connect(host, port, timeout_s, wait_s, say=say)
     worker = Worker(store, name, device, None, say)
     offer = worker.offer
     say(f"[ShardDiT] worker {worker.member!r} (pid {offer['pid']}) joined {host}:{port}, offering {offer['device']} "

@@ -273,6 +273,7 @@ class SequenceEngine:
                             and isinstance(values.get(n), torch.Tensor)), None)
             if primary is None or primary.dim() < 2:
                 raise SequenceUnsupported("no token-carrying hidden state found")
+            _check_every_rank_has_tokens(primary.shape[0], primary.shape[1], len(self.devices))
             if self.pool is None:
                 self.pool = WorkerPool(self.devices, self.timeout_s, self.worker_context, self.serial_lock)
             self._stream_base = [s.bytes_copied for s in self.streams]
@@ -417,6 +418,17 @@ class SequenceEngine:
             return attend(*args, **kwargs)
         from .seq_ulysses import ulysses_attention
         return ulysses_attention(fwd.exchanges[group.index], rank.slice, fwd.main, attend, args, kwargs)
+
+
+def _check_every_rank_has_tokens(batch: int, main: int, n_ranks: int) -> None:
+    """SequenceUnsupported when a rank would get no image token (a one-token latent at cfg 1 on
+    two ranks): Ulysses has nothing to exchange for it. The forward then runs whole (blocks mode:
+    the unsplit forward's result); such a latent is tiny, so nothing is lost by not splitting it."""
+    per_group = n_ranks // len(plan_groups(batch, n_ranks))
+    if main < per_group:
+        raise SequenceUnsupported(f"{main} image token(s) per sample, fewer than the {per_group} ranks that split "
+                                  f"each sample's tokens (batch {batch} on {n_ranks} ranks); a rank would get none. "
+                                  f"A latent of {per_group} tokens or more splits (or use fewer devices)")
 
 
 def _check_tokens(v, dim: int, main: int, tail: int, name: str) -> None:

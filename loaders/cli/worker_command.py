@@ -9,14 +9,16 @@ patched with LoRAs, and their classes live in ComfyUI); reads no model file.
 """
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
 import sys
 import time
 
-from ...parallel.devices import parse_device
+from ...parallel.devices import MEMBER_NAME_FORM, check_member_name, parse_device
 from ...parallel.dist_config import DEFAULT_PORT, dist_timeout, parse_addr
+from ...parallel.dist_connect import HostUnreachable, HostUnresolved, resolve_host, wait_for_port
 from ..comfyui_import import import_comfyui
 
 NAME = "worker"
@@ -29,14 +31,21 @@ STOP_WAIT_S = 30.0
 def add_arguments(p) -> None:
     p.add_argument("--join", required=True, metavar="HOST:PORT",
                    help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted)")
-    p.add_argument("--name", required=True, help="this worker's name in devices strings (e.g. box2 -> 'box2/cuda:0')")
+    p.add_argument("--name", required=True, help=f"this worker's name in devices strings (e.g. box2 -> 'box2/cuda:0'): "
+                                                  f"{MEMBER_NAME_FORM}")
     p.add_argument("--devices", default=None,
                    help="the devices this worker serves, each once: 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1' "
                         "(one process per device; default: cuda:0 if present, else cpu)")
+    p.add_argument("--wait", type=float, default=math.inf, metavar="SECONDS",
+                   help="give up (exit 1) when the host has not answered within SECONDS (default: wait until it does)")
 
 
 def parse_worker_devices(text: str) -> list[str]:
-    """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; ValueError for a repeat (each device is served once)."""
+    """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; ValueError for an empty list or a repeat
+    (each device is served once)."""
+    if not text.strip():
+        raise ValueError(f"--devices {text!r} names no device: give 'cpu', 'cuda:N' or a list such as "
+                         "'cuda:0,cuda:1', or leave --devices out (cuda:0 if present, else cpu)")
     devices = [parse_device(part) for part in text.split(",")]
     for device in dict.fromkeys(devices):
         if devices.count(device) > 1:
@@ -54,9 +63,32 @@ def _check_cuda(devices: list[str], torch) -> None:
             raise ValueError(f"--devices: {device!r} does not exist; torch sees {have} here (use those or 'cpu')")
 
 
-def run(args) -> int:
+def check_arguments(args) -> tuple[str, int, list[str] | None]:
+    """(host, port, devices or None for the default): every argument checked, the host name
+    resolved, before ComfyUI is imported or anything connects (ValueError: exit 2)."""
     host, port = parse_addr(args.join, "--join")
-    requested = parse_worker_devices(args.devices) if args.devices else None
+    check_member_name(args.name, "--name")
+    requested = parse_worker_devices(args.devices) if args.devices is not None else None
+    if not args.wait > 0:
+        raise ValueError(f"--wait {args.wait!r} is not a positive number of seconds")
+    dist_timeout()  # SHARDDIT_DIST_TIMEOUT, named with its range when bad
+    try:
+        resolve_host(host, port)
+    except HostUnresolved as e:
+        raise ValueError(f"--join {args.join!r}: {str(e).removeprefix('[ShardDiT] ')}") from None
+    return host, port, requested
+
+
+def run(args) -> int:
+    host, port, requested = check_arguments(args)
+    try:  # before ComfyUI's slow import: whether the host answers is said within seconds
+        wait_for_port(host, port, args.wait, say=lambda m: print(m, flush=True), hint=_hint(host, port))
+    except HostUnreachable as e:
+        print(f"{e}; worker {args.name!r} gives up (--wait {args.wait:g})", flush=True)
+        return 1
+    except KeyboardInterrupt:
+        print(f"[ShardDiT] worker {args.name!r}: stopped", flush=True)
+        return 0
     try:
         import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
     except KeyboardInterrupt:  # stopped while starting (e.g. by the parent of several members)
@@ -68,17 +100,24 @@ def run(args) -> int:
     _check_cuda(devices, torch)
     if len(devices) > 1:
         return _run_members(args, devices)
-    return _serve_one(host, port, args.name, devices[0])
+    return _serve_one(host, port, args.name, devices[0], args.wait)
 
 
-def _serve_one(host: str, port: int, name: str, device: str) -> int:
+def _hint(host: str, port: int) -> str:
+    return f"is ComfyUI running there with SHARDDIT_DIST_ADDR={host}:{port}?"
+
+
+def _serve_one(host: str, port: int, name: str, device: str, wait_s: float = math.inf) -> int:
     import torch.distributed as dist
 
     from ...parallel.dist_worker import serve
 
     print(f"[ShardDiT] worker {name!r}: serving {device} as {name}/{device}; joining {host}:{port}", flush=True)
     try:
-        serve(host, port, name, device, dist_timeout(), say=lambda m: print(m, flush=True))
+        serve(host, port, name, device, dist_timeout(), say=lambda m: print(m, flush=True), wait_s=wait_s)
+    except (HostUnreachable, HostUnresolved) as e:
+        print(f"{e}; worker {name!r} gives up (--wait {wait_s:g})", flush=True)
+        return 1
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl+C must not break the cleanup
         if dist.is_initialized():
@@ -92,8 +131,9 @@ def _run_members(args, devices: list[str]) -> int:
     head = [sys.executable, PACK_DIR] + (["-v"] if getattr(args, "verbose", False) else []) + ["worker"]
     children = {}
     for device in devices:  # own session: Ctrl+C reaches this process only, which stops each child once
-        children[device] = subprocess.Popen(head + ["--join", args.join, "--name", args.name, "--devices", device],
-                                            start_new_session=True)
+        wait = ["--wait", f"{args.wait:g}"] if math.isfinite(getattr(args, "wait", math.inf)) else []
+        children[device] = subprocess.Popen(head + ["--join", args.join, "--name", args.name, "--devices", device]
+                                            + wait, start_new_session=True)
         print(f"[ShardDiT] worker {args.name!r}: started {args.name}/{device} (pid {children[device].pid})", flush=True)
     try:
         while True:

@@ -36,12 +36,16 @@ def get_lobby(devices: str = "") -> Lobby:
 
 
 def start_lobby_if_configured() -> None:
-    if dist_addr() is None:
-        return
+    """Start listening for workers when ``SHARDDIT_DIST_ADDR`` is set. Called from the extension
+    entrypoint, so it never raises: a bad setting (address, port, timeout) or an address that
+    cannot be bound is one ``[ShardDiT]`` error line, distributed mode stays off, and every node
+    works with this machine's devices (a prompt naming worker devices then gets the same message)."""
     try:
-        get_lobby()
-    except (OSError, ValueError) as e:
-        log.error("%s", e)
+        if dist_addr() is not None:
+            get_lobby()
+    except Exception as e:  # noqa: BLE001 - an exception here would remove every ShardDiT node
+        text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        log.error("%s; distributed sequence mode is off (this machine's devices work as usual)", text)
 
 
 def describe_workers() -> str:
