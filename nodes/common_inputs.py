@@ -10,8 +10,9 @@ from ..parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ..parallel.cost_inputs import DEFAULT_LINK_GBPS
 from ..parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 
-__all__ = ["DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DEVICES_TOOLTIP", "cfg_input",
-           "devices_input", "gpu_input", "link_gbps_input", "parallel_input", "reserve_vram_input"]
+__all__ = ["CheckedCombo", "DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DEVICES_TOOLTIP",
+           "cfg_input", "devices_input", "gpu_input", "link_gbps_input", "parallel_input", "reserve_vram_input",
+           "validate_one"]
 
 DEVICES_TOOLTIP = (
     "Where the DiT blocks run. 'auto' plans from the free VRAM of every GPU (fewest GPUs that fit). "
@@ -44,10 +45,37 @@ PARALLEL_TOOLTIP = (
 )
 
 
+class CheckedCombo(io.Combo.Input):
+    """A combo whose value ComfyUI itself checks before anything runs: a value not in the list is
+    one "Value not in list" error, under this input, naming the value and the list.
+
+    ComfyUI checks a combo whose type is its options list (the V1 form, core's own nodes), in
+    0.3.64 and later; a V3 combo's type is "COMBO", which 0.3.64 passes unchecked ('', 'ring' or
+    null reached ``execute``). A check in ``validate_inputs`` instead is shown under every input
+    that method takes (ComfyUI 0.3.64 and 0.29), so each node's ``validate_inputs`` takes one input
+    and combos are checked here."""
+
+    def get_io_type(self):
+        return list(self.options)
+
+
+def validate_one(check, value) -> bool | str:
+    """``validate_inputs`` form of ``check(value)``: True, or the message ComfyUI shows under the
+    one input the method takes. None is a linked input (its value is made later, ComfyUI passes
+    None while validating): checked when the node runs."""
+    if value is None:
+        return True
+    try:
+        check(value)
+    except ValueError as e:
+        return str(e)
+    return True
+
+
 def parallel_input() -> io.Combo.Input:
     # optional: workflows saved before the input existed keep validating (execute defaults to auto)
-    return io.Combo.Input("parallel", options=list(PARALLEL_MODES), default=DEFAULT_PARALLEL, optional=True,
-                          tooltip=PARALLEL_TOOLTIP)
+    return CheckedCombo("parallel", options=list(PARALLEL_MODES), default=DEFAULT_PARALLEL, optional=True,
+                        tooltip=PARALLEL_TOOLTIP)
 
 
 DEFAULT_PLAN_CFG = 6.0

@@ -6,8 +6,8 @@ from comfy_api.latest import io, ui
 
 from ..loaders.simulator import plan_node, presets, simulator
 from ..parallel.inventory import read_hidden_note
-from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, cfg_input, devices_input, gpu_input,
-                            link_gbps_input, parallel_input, reserve_vram_input)
+from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, CheckedCombo, cfg_input, devices_input, gpu_input,
+                            link_gbps_input, parallel_input, reserve_vram_input, validate_one)
 
 CATEGORY = "sharddit/debug"
 PLAN_DEVICES_TOOLTIP = (
@@ -29,17 +29,17 @@ class ShardDiTPlan(io.ComfyNode):
             is_output_node=True,
             inputs=[
                 devices_input(tooltip=PLAN_DEVICES_TOOLTIP),
-                io.Combo.Input("model", options=presets.preset_names(), default="wan2.1-t2v-14b",
-                               tooltip="Model architecture to simulate (ComfyUI's own class, built without weights)."),
+                CheckedCombo("model", options=presets.preset_names(), default="wan2.1-t2v-14b",
+                             tooltip="Model architecture to simulate (ComfyUI's own class, built without weights)."),
                 io.Int.Input("width", default=832, min=16, max=8192, step=16, tooltip="Video width in pixels."),
                 io.Int.Input("height", default=480, min=16, max=8192, step=16, tooltip="Video height in pixels."),
                 io.Int.Input("frames", default=81, min=1, max=1025, step=4,
                              tooltip="Frames (Wan/Hunyuan: 4k+1, LTX-Video: 8k+1)."),
-                io.Combo.Input("batch", options=list(plan_node.BATCH_CHOICES), default="auto", tooltip=(
+                CheckedCombo("batch", options=list(plan_node.BATCH_CHOICES), default="auto", tooltip=(
                     "'2': cond+uncond in one batch; '1': one at a time; 'auto': 2 if it fits, else 1 "
                     "(what ComfyUI's sampler does).")),
-                io.Combo.Input("dtype", options=list(simulator.DTYPES), default="bf16",
-                               tooltip="Weight dtype; fp8 = 1-byte weights computed in bf16."),
+                CheckedCombo("dtype", options=list(simulator.DTYPES), default="bf16",
+                             tooltip="Weight dtype; fp8 = 1-byte weights computed in bf16."),
                 reserve_vram_input(),
                 parallel_input(),
                 cfg_input(),
@@ -50,13 +50,10 @@ class ShardDiTPlan(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, batch="auto", parallel=DEFAULT_PARALLEL, cfg=DEFAULT_PLAN_CFG, gpu="", link_gbps=0.0):
-        try:
-            plan_node.check_batch(batch)
-            plan_node.check_strategy_inputs(parallel, cfg, gpu, link_gbps)
-        except ValueError as e:
-            return str(e)
-        return True
+    def validate_inputs(cls, gpu=""):
+        # one input: ComfyUI shows the message under every input this method takes. Combos are
+        # CheckedCombo, cfg and link_gbps get core's min/max; execute checks them all again (NaN).
+        return validate_one(plan_node.check_gpu, gpu)
 
     @classmethod
     def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb,

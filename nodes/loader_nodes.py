@@ -3,8 +3,8 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..loaders.comfy import component_loading, model_loading
-from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, DEFAULT_RESERVE_VRAM_GB, devices_input, parallel_input,
-                            reserve_vram_input)
+from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, CheckedCombo, devices_input, parallel_input,
+                            reserve_vram_input, validate_one)
 
 CATEGORY = "sharddit/loaders"
 
@@ -28,8 +28,8 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
                 io.Combo.Input("unet_name", options=folder_paths.get_filename_list("diffusion_models"),
                                default=_first_file("diffusion_models"),
                                tooltip="A diffusion model file in ComfyUI/models/diffusion_models."),
-                io.Combo.Input("weight_dtype", options=model_loading.WEIGHT_DTYPES, default="default",
-                               tooltip="Weight dtype, as in core's loader: fp8 halves the VRAM the blocks need."),
+                CheckedCombo("weight_dtype", options=model_loading.WEIGHT_DTYPES, default="default",
+                             tooltip="Weight dtype, as in core's loader: fp8 halves the VRAM the blocks need."),
                 devices_input(),
                 reserve_vram_input(),
                 parallel_input(),
@@ -38,10 +38,11 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices=DEFAULT_DEVICES, reserve_vram_gb=DEFAULT_RESERVE_VRAM_GB):
-        # ComfyUI 0.3.64 shows a validate_inputs message on EVERY input the method takes: it takes
-        # only the placement inputs; file names and contents are checked at the start of execute.
-        return _validate((model_loading.check_placement, devices, reserve_vram_gb))
+    def validate_inputs(cls, devices=DEFAULT_DEVICES):
+        # ComfyUI shows a validate_inputs message under EVERY input the method takes: it takes only
+        # devices. reserve_vram_gb: core's min/max (NaN and a linked devices: checked first thing in
+        # execute); combos: CheckedCombo; file names and contents: at the start of execute.
+        return validate_one(model_loading.check_devices, devices)
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
@@ -66,8 +67,8 @@ class ShardDiTLoadTextEncoder(io.ComfyNode):
                 io.Combo.Input("clip_name", options=folder_paths.get_filename_list("text_encoders"),
                                default=_first_file("text_encoders"),
                                tooltip="A text encoder file in ComfyUI/models/text_encoders (e.g. umt5_xxl for Wan)."),
-                io.Combo.Input("type", options=component_loading.clip_types(), default="wan",
-                               tooltip="The model family the text encoder is for (core CLIPLoader's list)."),
+                CheckedCombo("type", options=component_loading.clip_types(), default="wan",
+                             tooltip="The model family the text encoder is for (core CLIPLoader's list)."),
                 devices_input("device", tooltip=DEVICE_TOOLTIP),
             ],
             outputs=[io.Clip.Output(tooltip="A CLIP for the text encode nodes; it runs on the chosen device.")],
@@ -75,7 +76,7 @@ class ShardDiTLoadTextEncoder(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
-        return _validate((model_loading.check_component_device, device))
+        return validate_one(model_loading.check_component_device, device)
 
     @classmethod
     def execute(cls, clip_name, type, device) -> io.NodeOutput:
@@ -100,22 +101,11 @@ class ShardDiTLoadVAE(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
-        return _validate((model_loading.check_component_device, device))
+        return validate_one(model_loading.check_component_device, device)
 
     @classmethod
     def execute(cls, vae_name, device) -> io.NodeOutput:
         return io.NodeOutput(component_loading.load_vae(vae_name, device))
-
-
-def _validate(*checks):
-    """``validate_inputs`` form of ``(check, *args)`` calls: True, or the first error message,
-    which ComfyUI shows on the node before anything runs."""
-    for check, *args in checks:
-        try:
-            check(*args)
-        except ValueError as e:
-            return str(e)
-    return True
 
 
 NODES = [ShardDiTLoadDiffusionModel, ShardDiTLoadTextEncoder, ShardDiTLoadVAE]

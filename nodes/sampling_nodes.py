@@ -2,9 +2,9 @@
 import comfy.samplers
 from comfy_api.latest import io
 
-from ..loaders.comfy import sampling, sharded_model
-from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, DEFAULT_RESERVE_VRAM_GB, devices_input, parallel_input,
-                            reserve_vram_input)
+from ..loaders.comfy import model_loading, sampling, sharded_model
+from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, CheckedCombo, devices_input, parallel_input,
+                            reserve_vram_input, validate_one)
 
 CATEGORY = "sharddit/sampling"
 
@@ -28,11 +28,14 @@ class ShardDiTShardModel(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices=DEFAULT_DEVICES, reserve_vram_gb=DEFAULT_RESERVE_VRAM_GB):
-        return sampling.validate_devices(devices, reserve_vram_gb)
+    def validate_inputs(cls, devices=DEFAULT_DEVICES):
+        # one input: ComfyUI shows the message under every input this method takes; reserve_vram_gb
+        # gets core's min/max check, parallel is a CheckedCombo (see common_inputs)
+        return validate_one(model_loading.check_devices, devices)
 
     @classmethod
     def execute(cls, model, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
+        model_loading.check_placement(devices, reserve_vram_gb)  # a linked devices, a NaN reserve: unseen until now
         return io.NodeOutput(sharded_model.shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb,
                                                        parallel=parallel))
 
@@ -53,10 +56,10 @@ class ShardDiTKSampler(io.ComfyNode):
                 io.Int.Input("steps", default=20, min=1, max=10000, tooltip="The number of steps used in the denoising process."),
                 io.Float.Input("cfg", default=8.0, min=0.0, max=100.0, step=0.1, round=0.01,
                                tooltip="Classifier-free guidance scale; > 1 runs cond and uncond."),
-                io.Combo.Input("sampler_name", options=comfy.samplers.KSampler.SAMPLERS, default="euler",
-                               tooltip="The sampling algorithm (core's list)."),
-                io.Combo.Input("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
-                               tooltip="How noise is removed over the steps (core's list)."),
+                CheckedCombo("sampler_name", options=comfy.samplers.KSampler.SAMPLERS, default="euler",
+                             tooltip="The sampling algorithm (core's list)."),
+                CheckedCombo("scheduler", options=comfy.samplers.KSampler.SCHEDULERS, default="simple",
+                             tooltip="How noise is removed over the steps (core's list)."),
                 io.Conditioning.Input("positive", tooltip="What to include in the video."),
                 io.Conditioning.Input("negative", tooltip="What to exclude from the video."),
                 io.Latent.Input("latent_image", tooltip="The latent to denoise."),
@@ -69,8 +72,8 @@ class ShardDiTKSampler(io.ComfyNode):
         )
 
     @classmethod
-    def validate_inputs(cls, devices=DEFAULT_DEVICES):
-        return sampling.validate_devices(devices)
+    def validate_inputs(cls, devices=DEFAULT_DEVICES):  # one input: see ShardDiTShardModel
+        return validate_one(model_loading.check_devices, devices)
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,

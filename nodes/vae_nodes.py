@@ -2,7 +2,7 @@
 from comfy_api.latest import io
 
 from ..loaders.comfy import vae_decode
-from .common_inputs import devices_input
+from .common_inputs import devices_input, validate_one
 
 CATEGORY = "sharddit/vae"
 
@@ -52,13 +52,9 @@ class ShardDiTVAEDecodeTiled(io.ComfyNode):
 
     @classmethod
     def validate_inputs(cls, devices="auto") -> bool | str:
-        # ComfyUI 0.3.64 shows a validate_inputs message on EVERY input the method takes, so it takes
+        # ComfyUI shows a validate_inputs message under EVERY input the method takes, so it takes
         # only `devices`; tile_batch_size is parsed first thing in execute, before any VAE copy.
-        try:
-            vae_decode.check_decode_devices(devices)
-        except ValueError as err:
-            return str(err)
-        return True
+        return validate_one(vae_decode.check_decode_devices, devices)
 
     @classmethod
     def execute(cls, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8,

@@ -184,10 +184,23 @@ def split_worker_devices(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
             raise ValueError(f"devices {text.strip()!r}: {part!r}: worker devices take no weight (every rank "
                              "computes every block in sequence mode)")
         remote.append((name, device))
+    _check_members_once(text, remote)
     if not local:
         raise ValueError(f"devices {text.strip()!r} lists only worker devices; add at least one device of this "
                          "machine (the host is rank 0), e.g. 'cpu," + text.strip() + "'")
     return ",".join(local), tuple(remote)
+
+
+def _check_members_once(text: str, remote) -> None:
+    """A worker serves each device as one rank (member ``NAME/DEVICE``): listed twice, it cannot run.
+    Checked before the other rules so that the fix they suggest is one that runs."""
+    members = [f"{name}/{dev}" for name, dev in remote]
+    for member in dict.fromkeys(members):
+        if members.count(member) > 1:
+            raise ValueError(f"devices {text.strip()!r} lists the worker device {member!r} {members.count(member)} "
+                             "times: a worker serves each of its devices as one rank; list it once (for more ranks "
+                             "on that machine, start its worker with --devices cuda:0,cuda:1 and list "
+                             "NAME/cuda:0,NAME/cuda:1)")
 
 
 def with_worker_shares(local: str, n_workers: int) -> str:

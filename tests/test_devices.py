@@ -112,3 +112,23 @@ def test_split_worker_devices():
         split_worker_devices("cpu,w1/gpu0")
     with pytest.raises(ValueError, match="no weight"):
         split_worker_devices("cpu,w1/cuda:0:2")
+
+
+@pytest.mark.parametrize("text", ["w1/cpu,w1/cpu", "cpu,w1/cpu,w1/CPU", "w1/cuda:0, w2/cuda:0,w1/cuda:0"])
+def test_a_worker_device_listed_twice_is_refused_first(text):
+    """One member ``NAME/DEVICE`` is one rank: listed twice it cannot run. Refused before the
+    "only worker devices" rule, whose suggested fix would otherwise carry the repeat along."""
+    from sharddit.parallel.devices import split_worker_devices
+    with pytest.raises(ValueError, match=r"lists the worker device '\w+/\w+(:\d)?' 2 times.*list it once"):
+        split_worker_devices(text)
+
+
+@pytest.mark.parametrize("text", ["w1/cpu", "w1/cuda:0,w2/cuda:1"])
+def test_the_fix_for_only_worker_devices_is_accepted(text):
+    import re
+
+    from sharddit.parallel.devices import split_worker_devices
+    with pytest.raises(ValueError, match="only worker devices") as err:
+        split_worker_devices(text)
+    fix = re.search(r"e\.g\. '([^']+)'", str(err.value)).group(1)
+    assert split_worker_devices(fix)[1] == split_worker_devices("cpu," + text)[1]

@@ -251,10 +251,12 @@ def test_worker_devices_without_dist_addr_are_refused_with_the_fix(comfy_env, mo
     monkeypatch.delenv("SHARDDIT_DIST_ADDR", raising=False)
     dist = pack_module(comfy_env, "loaders.comfy.distributed")
     monkeypatch.setattr(dist, "_LOBBY", [])
-    msg = pack_module(comfy_env, "loaders.comfy.sampling").validate_devices("cpu,w1/cpu")
-    assert isinstance(msg, str) and "SHARDDIT_DIST_ADDR" in msg and "--join" in msg, msg
-    msg = pack_module(comfy_env, "loaders.comfy.sampling").validate_devices("cpu,w1/gpu")
-    assert isinstance(msg, str) and "'gpu' is not a device" in msg, msg
+    check_devices = pack_module(comfy_env, "loaders.comfy.model_loading").check_devices  # the nodes' validate_inputs
+    with pytest.raises(ValueError) as err:
+        check_devices("cpu,w1/cpu")
+    assert "SHARDDIT_DIST_ADDR" in str(err.value) and "--join" in str(err.value), err.value
+    with pytest.raises(ValueError, match="'gpu' is not a device"):
+        check_devices("cpu,w1/gpu")
 
 
 def test_unknown_worker_is_refused_and_ctrl_c_stops_a_worker(dist_server, tiny_models):

@@ -4,8 +4,8 @@ wrong, with the value and the fix; the server stays up and the next good prompt 
 - a 500-entry VAE ``devices`` list is refused at validation; a 40-entry one decodes a one-tile
   latent with the VAE alone and logs the entries it left out (one VAE copy per entry used to be
   built first: 43 copies of a 484 MiB VAE killed the server);
-- device errors sit on ``devices``/``device`` only; ``reserve_vram_gb`` NaN is refused at
-  validation; ``cuda:²`` is "not a device";
+- device errors sit on ``devices``/``device`` only; ``reserve_vram_gb`` out of range is refused at
+  validation, NaN when the loader starts (before loading); ``cuda:²`` is "not a device";
 - broken model files fail before loading, naming the file and the fix.
 """
 import json
@@ -32,7 +32,7 @@ def _vae_graph(tiny_models, devices: str) -> dict:
 def _errors(answer, node_id):
     assert answer["status"] == 400, answer
     errors = answer["body"]["node_errors"][node_id]["errors"]
-    return {e["extra_info"]["input_name"] for e in errors}, " ".join(e["details"] for e in errors)
+    return {e["extra_info"]["input_name"] for e in errors}, " ".join(f'{e["message"]}: {e["details"]}' for e in errors)
 
 
 def test_long_vae_devices_list_refused_or_bounded(comfy_server, tiny_models):
@@ -68,10 +68,10 @@ def _loader_graph(tiny_models, node, **override):
 @pytest.mark.parametrize("value,words", [("cuda:7", "does not exist"), ("cuda:\u00b2", "'cuda:\u00b2' is not ")])
 def test_device_errors_sit_on_the_device_input_only(comfy_server, tiny_models, node, value, words):
     """ComfyUI 0.3.64 puts a validate_inputs message on every input the method takes: the loaders
-    take only their placement inputs (the DiT loader: devices and reserve_vram_gb), never the file."""
+    take only their device input, never the file or the reserve."""
     dev = LOADERS[node][1]
     inputs, text = _errors(comfy_server.validate(_loader_graph(tiny_models, node, **{dev: value})), "1")
-    assert dev in inputs and inputs <= {dev, "reserve_vram_gb"}, text
+    assert inputs == {dev}, text
     assert words in text and "invalid literal" not in text, text
 
 
@@ -80,13 +80,31 @@ def test_vae_decode_device_error_not_on_tile_batch_size(comfy_server, tiny_model
     assert inputs == {"devices"} and "'cuda:5' does not exist" in text, text
 
 
-@pytest.mark.parametrize("value", [math.nan, -1.0, 5000.0])
-def test_reserve_vram_nan_refused_at_validation(comfy_server, tiny_models, value):
+def _post_raw(server, graph):
+    body = json.dumps({"prompt": graph, "client_id": server.client_id})  # NaN as a careless client sends it
+    r = requests.post(f"{server.url}/prompt", data=body, timeout=30)
+    return {"status": r.status_code, "body": r.json()}
+
+
+@pytest.mark.parametrize("value,words", [(-1.0, "smaller than min of 0"), (5000.0, "bigger than max of 1024")])
+def test_reserve_vram_out_of_range_refused_at_validation(comfy_server, tiny_models, value, words):
+    """Core's own min/max check, on reserve_vram_gb only (validate_inputs takes devices alone)."""
     graph = _loader_graph(tiny_models, "ShardDiTLoadDiffusionModel", reserve_vram_gb=value)
-    body = json.dumps({"prompt": graph, "client_id": comfy_server.client_id})  # NaN as a careless client sends it
-    r = requests.post(f"{comfy_server.url}/prompt", data=body, timeout=30)
-    inputs, text = _errors({"status": r.status_code, "body": r.json()}, "1")
-    assert "reserve_vram_gb" in inputs and "from 0 to 1024" in text, text
+    inputs, text = _errors(_post_raw(comfy_server, graph), "1")
+    assert inputs == {"reserve_vram_gb"} and words in text, text
+
+
+def test_reserve_vram_nan_refused_before_loading(comfy_server, tiny_models):
+    """NaN passes core's min/max (every comparison is False) and a second validate_inputs input
+    would repeat each devices message under it: the loader refuses it first thing when it runs."""
+    answer = _post_raw(comfy_server, _loader_graph(tiny_models, "ShardDiTLoadDiffusionModel", reserve_vram_gb=math.nan))
+    assert answer["status"] == 200, answer
+    pid = answer["body"]["prompt_id"]
+    with pytest.raises(Exception):
+        comfy_server.wait(pid, timeout=120)
+    msg = [m for m in comfy_server.history(pid)[pid]["status"]["messages"] if m[0] == "execution_error"][0][1]
+    assert msg["node_id"] == "1" and "reserve_vram_gb nan is not valid" in msg["exception_message"], msg
+    assert "from 0 to 1024" in msg["exception_message"], msg
 
 
 @pytest.fixture

@@ -144,7 +144,8 @@ def test_sharddit_schemas_read_by_ast_match_define_schema(comfy_env):
     for node_id, spec in ours.items():
         schema = mappings[node_id].define_schema()
         assert spec.extra["display_name"] == schema.display_name, node_id
-        real = [(i.id, str(i.get_io_type()), bool(getattr(i, "optional", False)),
+        real = [(i.id, "COMBO" if isinstance(i.get_io_type(), list) else str(i.get_io_type()),  # CheckedCombo
+                 bool(getattr(i, "optional", False)),
                  bool(getattr(i, "control_after_generate", False)), bool(getattr(i, "multiline", False)))
                 for i in schema.inputs]
         assert real == [(i.name, i.type, i.optional, i.control, i.multiline) for i in spec.inputs], node_id

@@ -160,8 +160,11 @@ _IO_TYPES = {"Int": "INT", "Float": "FLOAT", "String": "STRING", "Boolean": "BOO
 
 
 def _io_call_type(call: ast.Call) -> tuple[str, str] | None:
-    """``io.Int.Input(...)`` → ("Int", "Input"); anything else → None."""
+    """``io.Int.Input(...)`` → ("Int", "Input"), ``CheckedCombo(...)`` (nodes/common_inputs.py: a
+    combo ComfyUI checks) → ("Combo", "Input"); anything else → None."""
     f = call.func
+    if isinstance(f, ast.Name) and f.id == "CheckedCombo":
+        return "Combo", "Input"
     if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Attribute) and isinstance(f.value.value, ast.Name) \
             and f.value.value.id == "io":
         return f.value.attr, f.attr

@@ -2,21 +2,27 @@
 
 Exit codes: 0 fits, 3 does not fit (the shortfall per device, worker devices too, is printed), 2 bad
 input or no ComfyUI. Worker devices (``box2/cuda:0=24GiB``): ``loaders/simulator/simulator_workers``.
+Order (``run``): every argument, ComfyUI's import, the model's own checks, the host's lobby
+(``--workers``, ``plan_lobby``), the simulation; so nothing is printed before an error.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import re
 import sys
 
 from ...parallel.cost_inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
-from ...parallel.dist_config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights
+from ...parallel.devices import parse_devices
+from ...parallel.dist_config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights, parse_addr
 from ...parallel.dist_plan import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
-from ...parallel.inventory import read_hidden_note
+from ...parallel.inventory import inventory_from_spec, read_hidden_note
 from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfyui_import import import_comfyui
+from .plan_lobby import read_lobby
 from ..simulator.presets import preset_names
 from ..simulator.simulator_strategies import DEFAULT_CFG, DEFAULT_GPU, check_cfg
 
@@ -105,19 +111,22 @@ def _link(text: str) -> float:
 
 
 def run(args) -> int:
+    """Check every argument (exit 2 before ComfyUI's import), then what needs the model (its size
+    grid, a file's header), then read the host's lobby (``--workers``), and only then simulate: a
+    bad argument or an absent host never comes after a printed plan."""
+    check_plan_args(args)
     import_comfyui()
-    from ..simulator.simulator import (
-        simulate,  # imports ComfyUI's model code: after import_comfyui
-    )
+    from ..simulator.simulator import check_simulation, run_simulation  # ComfyUI's model code: after the import
 
-    width, height = args.size
     devices, workers = split_worker_spec(args.devices)
-    if workers and args.workers:
-        workers = _with_offers(workers, args.workers)
-    report = simulate(args.model, devices=devices, width=width, height=height, frames=args.frames,
-                      batch=args.batch, dtype=args.dtype, reserve_vram_gb=args.reserve_vram_gb,
-                      parallel=args.parallel, cfg=args.cfg, gpu=args.gpu, link_gbps=args.link_gbps,
-                      workers=workers, dist_weights=args.dist_weights or dist_weights(), net_gbps=args.net_gbps)
+    weights = args.dist_weights or dist_weights()
+    setup = check_simulation(args.model, devices, *args.size, args.frames, args.batch, args.dtype,
+                             args.reserve_vram_gb, None, args.parallel, args.cfg, args.gpu, args.link_gbps,
+                             len(workers))
+    lobby = read_lobby(args.workers) if args.workers is not None else None
+    if workers and lobby is not None:
+        workers = _with_offers(workers, lobby)
+    report = run_simulation(setup, args.gpu, args.link_gbps, workers, weights, args.net_gbps)
     note = read_hidden_note(devices)  # GPUs the driver has but this process cannot use
     if note:
         print(note, file=sys.stderr if args.json else sys.stdout)
@@ -127,36 +136,54 @@ def run(args) -> int:
 
         draw_plan_picture(picture_from_report(report)).save(args.png)
         print(f"[ShardDiT] plan picture written to {args.png}")
-    if args.workers:  # after the JSON, on stderr, so stdout stays one JSON document
-        print(_workers_text(args.workers), file=sys.stderr if args.json else sys.stdout)
+    if lobby is not None:  # after the JSON, on stderr, so stdout stays one JSON document
+        print(lobby.text, file=sys.stderr if args.json else sys.stdout)
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
 
 
-def _lobby(addr: str):
-    """(store, host, port) of the host's lobby at ``addr`` (``--workers``)."""
-    from ...parallel.dist_config import parse_addr
-    from ...parallel.dist_worker import connect
+def check_plan_args(args) -> None:
+    """Every argument that needs no ComfyUI: ValueError naming the value and the fix (exit 2)."""
+    if args.model not in preset_names() and not os.path.isfile(args.model):
+        raise ValueError(f"[ShardDiT] --model {args.model!r} is neither a preset ({', '.join(preset_names())}) nor "
+                         "an existing .safetensors file: pass a preset or the path of a diffusion model file")
+    local, _ = split_worker_spec(args.devices)  # worker parts: NAME/DEVICE[=SIZE], each listed once
+    if "=" in local:
+        inventory_from_spec(local)
+    else:
+        parse_devices(local)  # '' is refused here, as the nodes refuse it
+    reserve = args.reserve_vram_gb
+    if not math.isfinite(reserve) or reserve < 0:
+        raise ValueError(f"[ShardDiT] --reserve-vram-gb {reserve!r} is not valid: give the GiB to keep free on every "
+                         f"GPU, a number >= 0 (default {DEFAULT_RESERVE_VRAM_GB:g})")
+    if args.frames < 1:
+        raise ValueError(f"[ShardDiT] --frames {args.frames} is not valid: give at least 1 frame (Wan and "
+                         "HunyuanVideo take 4k+1 frames, e.g. 81; LTX-Video 8k+1, e.g. 97)")
+    if args.png:
+        _check_png(args.png)
+    if args.workers is not None:
+        parse_addr(args.workers, "--workers")
+    if not args.dist_weights:
+        dist_weights()  # SHARDDIT_DIST_WEIGHTS set to something else than auto, share, all
 
-    host, port = parse_addr(addr, "--workers")
-    try:
-        return connect(host, port, 5.0, wait_s=0, say=lambda _: None), host, port
-    except ConnectionError as e:
-        raise ValueError(f"{e}: is ComfyUI running there with SHARDDIT_DIST_ADDR={host}:{port}?") from e
+
+def _check_png(path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"[ShardDiT] --png {path!r} is a folder: give a file name, e.g. "
+                         f"{os.path.join(path, 'plan.png')}")
+    if not os.path.isdir(folder):
+        raise ValueError(f"[ShardDiT] --png {path!r}: the folder {folder!r} does not exist; create it or give "
+                         "another path")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"[ShardDiT] --png {path!r}: the folder {folder!r} is not writable; give another path")
 
 
-def _workers_text(addr: str) -> str:
-    from ...parallel.dist_host import describe_workers
-
-    return describe_workers(*_lobby(addr))
-
-
-def _with_offers(workers, addr: str):
+def _with_offers(workers, lobby):
     """Worker devices without a stated free memory take it from the joined worker's offer (registered
     as NAME or NAME/DEVICE). A worker that has not joined: ValueError naming the joined ones."""
-    from ...parallel.dist_host import offer_free, read_workers
+    from ...parallel.dist_host import offer_free
 
-    store, host, port = _lobby(addr)
-    offers = read_workers(store)
+    offers, host, port = lobby.offers, lobby.host, lobby.port
     out = []
     for name, dev, free in workers:
         offer = offers.get(f"{name}/{dev}", offers.get(name))

@@ -6,22 +6,12 @@ from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .checks import check_latent
 from .core_multigpu import check_home_device
 from .distributed import auto_members
-from .model_loading import check_placement
 from .sharded_model import get_shard_state, is_current_state, is_sharded, set_parallel_mode, shard_model
 
 # On an incoming (unsharded) ModelPatcher: its sharded clone per ``devices``, so that repeated
 # prompts sample the SAME clone and ComfyUI finds it loaded (nothing unloads or reloads). ComfyUI
 # keeps a loader's output object between prompts; a changed upstream (new LoRA...) is a new object.
 _CLONES_ATTR = "_sharddit_sampler_clones"
-
-
-def validate_devices(devices: str, reserve_vram_gb=0.0):
-    """``validate_inputs`` form of ``check_placement``: True or the message."""
-    try:
-        check_placement(devices, reserve_vram_gb)
-    except ValueError as e:
-        return str(e)
-    return True
 
 
 def ksample(model, devices, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent, denoise=1.0,

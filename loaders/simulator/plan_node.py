@@ -8,7 +8,8 @@ from ..comfy.placement import read_loaded
 from ..comfy.shard_hooks import get_shard_state
 from . import simulator
 
-__all__ = ["BATCH_CHOICES", "picture_tensor", "read_holdings", "run_plan"]
+__all__ = ["BATCH_CHOICES", "check_batch", "check_gpu", "check_strategy_inputs", "picture_tensor", "read_holdings",
+           "run_plan"]
 
 BATCH_CHOICES = ("auto", "1", "2")
 
@@ -31,16 +32,23 @@ def check_batch(batch) -> None:
 
 def check_strategy_inputs(parallel, cfg, gpu, link_gbps) -> None:
     """ValueError naming the bad value and the fix (``gpu`` '' and ``link_gbps`` 0 mean the defaults)."""
-    from ...parallel.cost_inputs import normalize_gpu_name, parse_link_gbps
+    from ...parallel.cost_inputs import parse_link_gbps
     from ...parallel.parallel_mode import check_parallel
     from .simulator_strategies import check_cfg
 
     check_parallel(parallel)
     check_cfg(cfg)
-    if str(gpu or "").strip():
-        normalize_gpu_name(gpu)
+    check_gpu(gpu)
     if link_gbps:
         parse_link_gbps(link_gbps)
+
+
+def check_gpu(gpu) -> None:
+    """The Plan node's ``gpu``: '' (the devices' own names) or a name in the throughput table."""
+    from ...parallel.cost_inputs import normalize_gpu_name
+
+    if str(gpu or "").strip():
+        normalize_gpu_name(gpu)
 
 
 def run_plan(model: str, devices: str, width: int, height: int, frames: int, batch: str,

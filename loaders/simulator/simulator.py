@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,11 +31,28 @@ from .simulator_workers import compute_worker_report
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["simulate", "SimulationReport", "DeviceReport", "DTYPES"]
+__all__ = ["simulate", "check_simulation", "run_simulation", "SimulationSetup", "SimulationReport", "DeviceReport",
+           "DTYPES"]
 
 DTYPES = ("bf16", "fp16", "fp8")
 _WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn,
                   "fp32": torch.float32}
+
+
+@dataclass(frozen=True)
+class SimulationSetup:
+    """What ``check_simulation`` checked and resolved; ``run_simulation`` runs from it."""
+
+    spec: presets.ModelSpec
+    inventory: Inventory
+    request: PlacementRequest
+    devices: str
+    size: tuple
+    dtype: str | None
+    batch: int | None
+    parallel: str | None
+    cfg: float | None
+    n_workers: int
 
 
 def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: int = 480, frames: int = 81,
@@ -59,6 +76,20 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
     (``simulator_workers``) says what each worker must hold under ``dist_weights`` and what crosses
     the network per step at ``net_gbps`` Gbit/s; ``report.fits`` then also needs every worker to fit.
     """
+    setup = check_simulation(model, devices, width, height, frames, batch, dtype, reserve_vram_gb, inventory,
+                             parallel, cfg, gpu, link_gbps, len(workers))
+    return run_simulation(setup, gpu, link_gbps, workers, dist_weights, net_gbps)
+
+
+def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: int = 480, frames: int = 81,
+                     batch: int | None = None, dtype: str | None = "bf16",
+                     reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB, inventory: Inventory | None = None,
+                     parallel: str | None = None, cfg: float | None = None, gpu: str | None = None, link_gbps=None,
+                     n_workers: int = 0) -> SimulationSetup:
+    """Every check ``simulate`` makes before it builds or runs anything (ValueError naming the value
+    and the fix; reads a model file's header, not its weights), so that ``plan`` refuses a bad
+    argument before it contacts a host (``--workers``) or simulates. Same arguments as ``simulate``;
+    ``n_workers``: how many worker devices will be given to ``run_simulation``."""
     if batch not in (None, 1, 2):
         raise ValueError(f"[ShardDiT] batch {batch!r} is not valid: 1 (cond and uncond one after the other), "
                          f"2 (together, as ComfyUI does when it fits) or None/'auto' (2 if it fits, else 1)")
@@ -69,20 +100,33 @@ def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: in
         link_bandwidth(link_gbps)
         if batch is None and cfg <= 1:
             batch = 1
-    if workers:
+    if n_workers:
         if parallel == "blocks":
             raise ValueError("[ShardDiT] worker devices run in parallel 'sequence' only; use --parallel sequence "
                              "or auto, or list this machine's devices only")
         parallel, cfg = None, check_cfg(DEFAULT_CFG if cfg is None else cfg)
         batch = 1 if cfg <= 1 else 2  # sequence runs cond + uncond together, split over the ranks
-        inventory, devices = _host_devices(devices, inventory, len(workers))
-    started = time.monotonic()
+        inventory, devices = _host_devices(devices, inventory, n_workers)
     spec = _resolve(model)
+    _check_size(spec, width, height, frames)
+    _dtypes(dtype or spec.file_dtype or "bf16", spec)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
     if parallel == "sequence" and len(inventory.gpus) < 2:
         raise ValueError(f"[ShardDiT] parallel 'sequence' needs two or more GPUs; devices {devices!r} has "
                          f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
-    ctx = replace(_build_context(spec, width, height, frames, dtype), inventory=inventory, request=request)
+    return SimulationSetup(spec, inventory, request, devices, (width, height, frames), dtype, batch, parallel, cfg,
+                           n_workers)
+
+
+def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=None, workers=(),
+                   dist_weights: str = "auto", net_gbps=None) -> SimulationReport:
+    """The simulation ``check_simulation`` checked (``workers``: as many as it was told)."""
+    if len(workers) != setup.n_workers:
+        raise ValueError(f"[ShardDiT] {len(workers)} worker devices given, {setup.n_workers} checked")
+    started = time.monotonic()
+    ctx = replace(_build_context(setup.spec, *setup.size, setup.dtype), inventory=setup.inventory,
+                  request=setup.request)
+    batch, parallel, cfg = setup.batch, setup.parallel, setup.cfg
     report = rejected = None
     for b in ([batch] if batch else [2, 1]):
         rejected, report = report, _simulate_batch(ctx, b, batch_given=bool(batch))
@@ -124,7 +168,6 @@ def _build_context(spec, width: int, height: int, frames: int, dtype: str | None
     from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
     from ..comfy.specs import get_arch_spec
 
-    _check_size(spec, width, height, frames)
     dtype = dtype or spec.file_dtype or "bf16"
     weight_dtype, compute_dtype = _dtypes(dtype, spec)
     manual_cast = None if compute_dtype == weight_dtype else compute_dtype
