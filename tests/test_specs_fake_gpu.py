@@ -17,6 +17,7 @@ from sharddit.parallel.inventory import inventory_from_spec
 from sharddit.parallel.planner import Footprint, PlacementRequest, plan_placement
 from sharddit.parallel.routing import BlockRouter
 from sharddit.parallel.sharding import attach_block_sharding
+from sharddit.loaders.comfy.model_params import fit_params
 from sharddit.parallel.simulate import fake_device_mode, materialize_planned
 from sharddit.parallel.sizing import compute_block_bytes, compute_non_block_bytes, get_blocks
 
@@ -47,7 +48,8 @@ def _build(comfy, family):
         return comfy["wan"].WanModel(**WAN_14B, **kw)
     if family == "ltxv":
         return comfy["ltxv"].LTXVModel(**LTXV_13B, **kw)
-    return comfy["hunyuan"].HunyuanVideo(**HUNYUAN_13B, **kw)
+    cls = comfy["hunyuan"].HunyuanVideo
+    return cls(**fit_params(cls, HUNYUAN_13B), **kw)
 
 
 # Per family: latent at 480p x 81 (batch 2), text context, extra forward kwargs, and the distinct

@@ -27,6 +27,7 @@ import torch
 from .pack import import_pack
 
 import_pack()
+from sharddit.loaders.comfy.model_params import fit_params  # noqa: E402
 from sharddit.parallel.random_weights import random_generator, random_state_dict, random_tensor  # noqa: E402
 
 from .tiny_te_hook import TE_CONFIG_KEY, install_tiny_te_hook  # noqa: F401  (re-exported)
@@ -115,7 +116,7 @@ def hunyuan_video_state_dict(seed: int = SEED, dtype=torch.float32, **overrides)
     """HunyuanVideo t2v DiT (``comfy.ldm.hunyuan_video.model.HunyuanVideo``)."""
     from comfy.ldm.hunyuan_video.model import HunyuanVideo
 
-    cfg = {**HUNYUAN_VIDEO_CONFIG, **overrides}
+    cfg = fit_params(HunyuanVideo, {**HUNYUAN_VIDEO_CONFIG, **overrides})  # fields differ by version
     model = HunyuanVideo(**cfg, device="meta", operations=_meta_ops())
     return fill_state_dict(model, seed, dtype)
 
