@@ -3,6 +3,7 @@
 Tier 1 (CPU ranks): the split forward equals the unsharded forward bit for bit — batch groups,
 uneven token ranges, more ranks than heads, per-token modulation, a replicated text tail.
 """
+import dataclasses
 import threading
 
 import pytest
@@ -85,19 +86,22 @@ def test_exchange_bytes_match_the_analytic_figure():
     engine.close()
 
 
+@pytest.mark.parametrize("text_first", [False, True], ids=["text-tail", "text-head"])
 @pytest.mark.parametrize("ranks,batch", [(["cpu", "cpu"], 1), (["cpu", "cpu", "cpu"], 1), (["cpu", "cpu"], 2)])
-def test_mmdit_text_tail_bit_identical(ranks, batch):
-    """Bit-exact, except one measured case: with a batch split the double blocks' modulation
+def test_mmdit_text_tokens_bit_identical(ranks, batch, text_first):
+    """Text after the image tokens (HunyuanVideo in ComfyUI < 0.14) or before them (>= 0.14).
+    Bit-exact, except one measured case: with a batch split the double blocks' modulation
     ``Linear(vec)`` runs on 1 row instead of 2, and CPU BLAS takes its matrix-vector path for one
     row, which sums in another order (measured: 1.2e-7 here, the same as ``Linear`` on rows 1 and
     2 separately vs together). Token-split rows keep M = tokens and stay bit-exact."""
     torch.manual_seed(0)
-    model = SeqToyMMDiT().eval()
+    model = SeqToyMMDiT(text_first=text_first).eval()
     x, t, ctx = torch.randn(batch, 11, 8), torch.rand(batch), torch.randn(batch, 5, 64)
     mask = torch.tensor([0.0, 0.0, 0.0, -1e4, -1e4])
     with torch.no_grad():
         ref = model(x, t, ctx, txt_mask=mask)
-    handle, engine = _shard(model, MM, MM_SPEC, ranks)
+    specs = tuple(dataclasses.replace(s, text_first=text_first) for s in MM_SPEC)
+    handle, engine = _shard(model, MM, specs, ranks)
     out = _run(handle, lambda: model(x, t, ctx, txt_mask=mask))
     if batch == 1:
         assert torch.equal(out, ref), f"max diff {(out - ref).abs().max()}"
@@ -151,3 +155,20 @@ def test_unsupported_argument_runs_whole_in_blocks_mode():
     assert torch.equal(out, ref)
     assert engine.stats.fallbacks == 1
     engine.close()
+
+
+@pytest.mark.parametrize("text_first", [False, True], ids=["text-tail", "text-head"])
+def test_mmdit_with_the_wrong_token_order_differs(text_first):
+    """The order matters (why it is read off the model): a spec with the other order gives a
+    different result at cfg 1, so the tests above would catch a mix-up."""
+    torch.manual_seed(0)
+    model = SeqToyMMDiT(text_first=text_first).eval()
+    x, t, ctx = torch.randn(1, 11, 8), torch.rand(1), torch.randn(1, 5, 64)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    wrong = tuple(dataclasses.replace(s, text_first=not text_first) for s in MM_SPEC)
+    handle, engine = _shard(model, MM, wrong, ["cpu", "cpu"])
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert (out - ref).abs().max() > 1e-3
+    engine.close()
+    handle.detach()
