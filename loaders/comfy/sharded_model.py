@@ -221,7 +221,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     if remote and token_specs is None:
         raise ValueError(f"[ShardDiT] {blocks_only}; worker devices in {request_key[0]!r} "
                          "need sequence mode: use this machine's devices only")
-    if blocks_only:
+    if token_specs is None and arch.token_specs is not None:  # sequence refused for this model: say why
         log.warning("[ShardDiT] %s", blocks_only)
     runtime = ShardRuntime()
     if token_specs is not None:

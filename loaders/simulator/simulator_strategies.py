@@ -137,8 +137,9 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     fits["blocks"] = report.blocks_fit
 
     seq, seq_reports = [], []
-    seq_specs, blocks_only = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
-    if blocks_only:
+    arch = find_arch_spec(type(ctx.dit).__name__)
+    seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
+    if seq_specs is None and arch.token_specs is not None:
         log.warning("[ShardDiT] %s", blocks_only)
     if len(gpus) > 1 and seq_specs is not None:
         seq_ctx = replace(ctx, request=replace(ctx.request, devices=",".join(gpus)))
