@@ -219,6 +219,7 @@ class DistRanks:
                "args": [self._encode(name, v) for v in values],
                "kwargs": {k: self._encode(name, v) for k, v in kwvalues.items()},
                "streams": list(stream_names), "slice": _slice_data(rank.slice), "main": fwd.main,
+               "text_first": fwd.text_first,
                "group": [self.dist_rank[r] for r in rank.slice.group.ranks],
                "peers": [self._label(r) for r in rank.slice.group.ranks],
                "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled()}

@@ -232,7 +232,8 @@ class Worker:
                               timeout_s, backend)
             calls = [0]
             kwargs["transformer_options"] = {**kwargs["transformer_options"],
-                                             _OVERRIDE: functools.partial(_attention, ex, rs, main, calls)}
+                                             _OVERRIDE: functools.partial(_attention, ex, rs, main, calls,
+                                                                          msg.get("text_first", False))}
         with torch.inference_mode(msg["inference"]), torch.set_grad_enabled(msg["grad"]):
             out = module(*args, **kwargs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
@@ -291,12 +292,12 @@ def _to(obj, device):
     return obj
 
 
-def _attention(exchange, rs, main, calls, func, *args, **kwargs):
+def _attention(exchange, rs, main, calls, text_first, func, *args, **kwargs):
     """The first attention call of a block is its self-attention (as in ``seq_engine``)."""
     calls[0] += 1
     if calls[0] != 1:
         return func(*args, **kwargs)
-    return ulysses_attention(exchange, rs, main, func, args, kwargs)
+    return ulysses_attention(exchange, rs, main, func, args, kwargs, text_first)
 
 
 def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=print,

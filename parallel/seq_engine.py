@@ -81,6 +81,7 @@ class _Rank:
 class _Forward:
     def __init__(self, engine: SequenceEngine, batch: int, main: int):
         self.batch, self.main, self.tail = batch, main, 0
+        self.text_first = any(s.text_first for s in engine.token_specs)
         n = len(engine.devices)
         self.groups: list[Group] = plan_groups(batch, n)
         self.ranks = [_Rank(rs, engine.devices[rs.rank], engine.streams[rs.rank])
@@ -310,9 +311,16 @@ class SequenceEngine:
                         full[b0:b1].copy_(local)
                     continue
                 t0, t1 = fwd.ranks[r].slice.tokens
-                full[b0:b1, t0:t1].copy_(local[:, : t1 - t0])
-                if pos == 0 and local.shape[1] > t1 - t0:  # the replicated tail, once per group
-                    full[b0:b1, fwd.main:].copy_(local[:, t1 - t0:])
+                mine = t1 - t0
+                text = local.shape[1] - mine  # the replicated text tokens this stream carries (0: none)
+                if fwd.text_first:  # [text, rows]
+                    full[b0:b1, text + t0:text + t1].copy_(local[:, text:])
+                    if pos == 0 and text:  # the text, once per group
+                        full[b0:b1, :text].copy_(local[:, :text])
+                else:  # [rows, text]
+                    full[b0:b1, t0:t1].copy_(local[:, :mine])
+                    if pos == 0 and text:
+                        full[b0:b1, fwd.main:].copy_(local[:, mine:])
         return full
 
     def _rank_stream(self, fwd: _Forward, r: int, name: str) -> torch.Tensor:
@@ -392,7 +400,7 @@ class SequenceEngine:
         is_stream = name in stream_names
         dim = None if name in spec.replicated_streams else spec.token_dims.get(name)
         make = functools.partial(_to_rank, split_arg(value, dim, rank.slice, fwd.batch, fwd.main, fwd.tail,
-                                                      name or "?"), rank.device, is_stream)
+                                                      name or "?", fwd.text_first), rank.device, is_stream)
         return make() if is_stream else self._cached(rank, value, make)
 
     @staticmethod
@@ -417,7 +425,8 @@ class SequenceEngine:
         if call != 0 or len(group.ranks) == 1:
             return attend(*args, **kwargs)
         from .seq_ulysses import ulysses_attention
-        return ulysses_attention(fwd.exchanges[group.index], rank.slice, fwd.main, attend, args, kwargs)
+        return ulysses_attention(fwd.exchanges[group.index], rank.slice, fwd.main, attend, args, kwargs,
+                                 fwd.text_first)
 
 
 def _check_every_rank_has_tokens(batch: int, main: int, n_ranks: int) -> None:

@@ -7,14 +7,18 @@ Work is split by batch first, then by tokens inside a batch group (``plan_groups
   slice of the batch and its ``N / G`` ranks split that slice's tokens. B = 2, N = 2: two groups of
   one rank each (a CFG split: no attention exchange at all); B = 1 (cfg = 1): one group of N.
 - tokens: the *main* tokens (image/video tokens, ``L``) are cut in contiguous ranges that differ by
-  at most one token; a *tail* of ``T`` replicated tokens (HunyuanVideo's text tokens, which ride
-  after the image tokens in its single blocks and in its rotary table) is kept whole by every rank.
-  Nothing is padded, so every rank computes exactly the unsharded maths on its rows.
+  at most one token; ``T`` replicated text tokens (HunyuanVideo's, which ride beside the image
+  tokens in its single blocks and in its rotary table) are kept whole by every rank, on the side
+  the model puts them: after the image tokens (a *tail*: ComfyUI < 0.14) or before them (a *head*:
+  ``TokenSpec.text_first``, ComfyUI >= 0.14). A rank's rows keep the model's order: its image
+  range then the text, or the text then its image range. Nothing is padded, so every rank computes
+  exactly the unsharded maths on its rows.
 - heads: ``H`` attention heads are cut the same way (a rank may get none when N > H).
 
 ``TokenSpec`` says, per block list, which block arguments carry a token axis (and where). A tensor
 argument's size on that axis decides: ``L`` -> split, ``L + T`` -> split + tail, ``1`` -> broadcast
 (kept whole), anything else -> ``ValueError`` (the caller falls back to ``blocks`` mode).
+("tail" below names the ``T`` replicated text tokens wherever they sit.)
 Every other tensor whose first dimension is the batch is sliced by batch group; the rest is kept
 whole.
 """
@@ -42,6 +46,9 @@ class TokenSpec:
     tail_stream: str | None = None
     """Name of the stream argument whose token count is the replicated tail ``T`` of this forward
     (HunyuanVideo: ``txt``); None when the model has no tail."""
+    text_first: bool = False
+    """The ``T`` replicated tokens come *before* the main tokens in joint tensors (``L + T`` on the
+    token axis), as in ComfyUI's HunyuanVideo since 0.14; False: after them. Read off the model."""
 
 
 def even_ranges(total: int, parts: int) -> list[tuple[int, int]]:
@@ -97,8 +104,10 @@ def rank_slices(groups: list[Group], main_tokens: int) -> list[RankSlice]:
     return sorted(out, key=lambda s: s.rank)
 
 
-def slice_tokens(t: torch.Tensor, dim: int, rs: RankSlice, main: int, tail: int, what: str) -> torch.Tensor:
-    """The rank's rows of ``t`` along ``dim``: its main range, then the whole tail (if present)."""
+def slice_tokens(t: torch.Tensor, dim: int, rs: RankSlice, main: int, tail: int, what: str,
+                 text_first: bool = False) -> torch.Tensor:
+    """The rank's rows of ``t`` along ``dim``: its main range and the whole text (if present), in
+    the model's order (text after the image tokens, or before them when ``text_first``)."""
     size = t.shape[dim]
     if size == 1:
         return t
@@ -106,6 +115,8 @@ def slice_tokens(t: torch.Tensor, dim: int, rs: RankSlice, main: int, tail: int,
     if size == main:
         return t.narrow(dim, start, stop - start)
     if tail and size == main + tail:
+        if text_first:
+            return torch.cat([t.narrow(dim, 0, tail), t.narrow(dim, tail + start, stop - start)], dim=dim)
         return torch.cat([t.narrow(dim, start, stop - start), t.narrow(dim, main, tail)], dim=dim)
     raise ValueError(f"[ShardDiT] sequence mode: argument {what!r} has {size} tokens on dim {dim}, expected "
                      f"{main} (image tokens), {main + tail} (with {tail} text tokens) or 1")
@@ -119,15 +130,17 @@ def slice_batch(t: torch.Tensor, batch: int, rs: RankSlice) -> torch.Tensor:
     return t[b0:b1]
 
 
-def split_arg(obj, token_dim: int | None, rs: RankSlice, batch: int, main: int, tail: int, what: str):
+def split_arg(obj, token_dim: int | None, rs: RankSlice, batch: int, main: int, tail: int, what: str,
+              text_first: bool = False):
     """A block argument cut for one rank: batch group first, then tokens (tensors, or one level of
     tuple/list of tensors); non-tensors are returned as they are."""
     if isinstance(obj, torch.Tensor):
         t = slice_batch(obj, batch, rs)
         if token_dim is not None:
-            t = slice_tokens(t, token_dim if token_dim >= 0 else t.dim() + token_dim, rs, main, tail, what)
+            t = slice_tokens(t, token_dim if token_dim >= 0 else t.dim() + token_dim, rs, main, tail, what,
+                             text_first)
         return t
     if isinstance(obj, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in obj):
-        items = [split_arg(v, token_dim, rs, batch, main, tail, what) for v in obj]
+        items = [split_arg(v, token_dim, rs, batch, main, tail, what, text_first) for v in obj]
         return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
     return obj

@@ -1,7 +1,7 @@
 """Ulysses self-attention across the ranks of one batch group (pure PyTorch).
 
-Each rank holds its own token rows of q, k, v (all heads) and, optionally, a replicated tail of
-text tokens. One all-to-all gives every rank *all* tokens of its share of the heads; the user's
+Each rank holds its own token rows of q, k, v (all heads) and, optionally, the replicated text
+tokens, after its rows or (``text_first``) before them, as the model orders them. One all-to-all gives every rank *all* tokens of its share of the heads; the user's
 attention function runs on that (full sequence, fewer heads: per head exactly the unsharded
 maths); a second all-to-all gives every rank its own rows back with all heads. ``heads`` that the
 group size does not divide are split unevenly; a rank with no heads sends and receives but does
@@ -26,8 +26,11 @@ def _head_slice(x: torch.Tensor, h0: int, h1: int, head_dim: int, heads_first: b
     return x[..., h0 * head_dim:h1 * head_dim]
 
 
-def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, kwargs: dict):
-    """``attend(q, k, v, heads, **kwargs)`` over the group's whole sequence, this rank's rows back."""
+def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, kwargs: dict,
+                      text_first: bool = False):
+    """``attend(q, k, v, heads, **kwargs)`` over the group's whole sequence in the model's token
+    order (text tokens after the image tokens, or before them when ``text_first``), this rank's
+    rows back."""
     kwargs = dict(kwargs)
     q, k, v = args[:3]
     heads = args[3] if len(args) > 3 else kwargs.pop("heads")
@@ -47,26 +50,31 @@ def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, k
     def heads_of(x, h0, h1):
         return _head_slice(x, h0, h1, head_dim, heads_first)
 
-    parts = [tuple(heads_of(x.narrow(tok, 0, mine), h0, h1) for x in (q, k, v)) for h0, h1 in head_ranges]
+    own, text = (tail, 0) if text_first else (0, mine)  # where this rank's rows and the text start
+    parts = [tuple(heads_of(x.narrow(tok, own, mine), h0, h1) for x in (q, k, v)) for h0, h1 in head_ranges]
     recv = exchange.all_to_all(pos, parts)
     h0, h1 = head_ranges[pos]
     full = []
     for i, x in enumerate((q, k, v)):
         pieces = [recv[j][i] for j in range(n)]
         if tail:
-            pieces.append(heads_of(x.narrow(tok, mine, tail), h0, h1))
+            t = heads_of(x.narrow(tok, text, tail), h0, h1)
+            pieces = [t] + pieces if text_first else pieces + [t]
         full.append(torch.cat(pieces, dim=tok))
     out = _attend_heads(attend, full, h1 - h0, heads, head_dim, extra, kwargs)
 
     out_heads_first = bool(kwargs.get("skip_output_reshape", False))
     otok = 2 if out_heads_first else 1
-    back = [(out.narrow(otok, a, b - a), out.narrow(otok, main, tail) if tail else None) for a, b in token_ranges]
+    rows_at, text_at = (tail, 0) if text_first else (0, main)  # in the whole sequence
+    back = [(out.narrow(otok, rows_at + a, b - a), out.narrow(otok, text_at, tail) if tail else None)
+            for a, b in token_ranges]
     recv = exchange.all_to_all(pos, back)
     hdim = 1 if out_heads_first else -1
     rows = torch.cat([recv[j][0] for j in range(n)], dim=hdim)
     if not tail:
         return rows
-    return torch.cat([rows, torch.cat([recv[j][1] for j in range(n)], dim=hdim)], dim=otok)
+    text_rows = torch.cat([recv[j][1] for j in range(n)], dim=hdim)
+    return torch.cat([text_rows, rows] if text_first else [rows, text_rows], dim=otok)
 
 
 def _attend_heads(attend, qkv, n_heads: int, heads: int, head_dim: int, extra, kwargs):

@@ -83,10 +83,11 @@ def test_fp8_lora_sharded_stays_bit_exact(comfy_env, tiny_models, tmp_path, vari
     lora_path = tmp_path / "tiny_wan_lora_fp8.safetensors"
     comfy.utils.save_torch_file(tm.wan_lora_state_dict(sd), str(lora_path))
     env.folder_paths.add_model_folder_path("loras", str(tmp_path))
-    if variant == "scaled_fp8":
-        base = comfy.sd.load_diffusion_model_state_dict(_scaled_fp8(sd))
-    else:
-        base = comfy.sd.load_diffusion_model_state_dict(dict(sd), model_options={"dtype": torch.float8_e4m3fn})
+    with torch.inference_mode():  # a server loads inside the executor (0.29's scaled fp8 QuantizedTensor needs it)
+        if variant == "scaled_fp8":
+            base = comfy.sd.load_diffusion_model_state_dict(_scaled_fp8(sd))
+        else:
+            base = comfy.sd.load_diffusion_model_state_dict(dict(sd), model_options={"dtype": torch.float8_e4m3fn})
     lora = env.nodes.LoraLoaderModelOnly()
 
     def apply_lora(model):

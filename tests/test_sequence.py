@@ -6,6 +6,7 @@ some GEMM fewer rows than in the reference (a rank's tokens, one sample of two),
 in another order: equal or within the split bound of tests/harness/numerics.py (its table gives
 the figures measured across MKL kernel paths and torch versions).
 """
+import dataclasses
 import threading
 
 import pytest
@@ -89,18 +90,21 @@ def test_exchange_bytes_match_the_analytic_figure():
     engine.close()
 
 
+@pytest.mark.parametrize("text_first", [False, True], ids=["text-tail", "text-head"])
 @pytest.mark.parametrize("ranks,batch", [(["cpu", "cpu"], 1), (["cpu", "cpu", "cpu"], 1), (["cpu", "cpu"], 2)])
-def test_mmdit_text_tail_matches_unsharded(ranks, batch):
-    """With a batch split the double blocks' modulation ``Linear(vec)`` runs on 1 row instead of 2
-    (CPU BLAS's matrix-vector path); with a token split each rank's Linears run on its rows only:
-    either may sum in another order (tests/harness/numerics.py)."""
+def test_mmdit_text_tokens_match_unsharded(ranks, batch, text_first):
+    """Text after the image tokens (HunyuanVideo in ComfyUI < 0.14) or before them (>= 0.14). With a
+    batch split the double blocks' modulation ``Linear(vec)`` runs on 1 row instead of 2 (CPU BLAS's
+    matrix-vector path); with a token split each rank's Linears run on its rows only: either may sum
+    in another order (tests/harness/numerics.py)."""
     torch.manual_seed(0)
-    model = SeqToyMMDiT().eval()
+    model = SeqToyMMDiT(text_first=text_first).eval()
     x, t, ctx = torch.randn(batch, 11, 8), torch.rand(batch), torch.randn(batch, 5, 64)
     mask = torch.tensor([0.0, 0.0, 0.0, -1e4, -1e4])
     with torch.no_grad():
         ref = model(x, t, ctx, txt_mask=mask)
-    handle, engine = _shard(model, MM, MM_SPEC, ranks)
+    specs = tuple(dataclasses.replace(s, text_first=text_first) for s in MM_SPEC)
+    handle, engine = _shard(model, MM, specs, ranks)
     out = _run(handle, lambda: model(x, t, ctx, txt_mask=mask))
     assert_split_close(out, ref, what=f"mmdit {len(ranks)} ranks batch {batch}")
     assert engine.stats.fallbacks == 0 and engine.stats.gathers == 3  # img + txt after doubles, x after singles
@@ -151,3 +155,20 @@ def test_unsupported_argument_runs_whole_in_blocks_mode():
     assert_split_close(out, ref, what="one block whole, the others split")  # the other 3 blocks still split tokens
     assert engine.stats.fallbacks == 1
     engine.close()
+
+
+@pytest.mark.parametrize("text_first", [False, True], ids=["text-tail", "text-head"])
+def test_mmdit_with_the_wrong_token_order_differs(text_first):
+    """The order matters (why it is read off the model): a spec with the other order gives a
+    different result at cfg 1, so the tests above would catch a mix-up."""
+    torch.manual_seed(0)
+    model = SeqToyMMDiT(text_first=text_first).eval()
+    x, t, ctx = torch.randn(1, 11, 8), torch.rand(1), torch.randn(1, 5, 64)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    wrong = tuple(dataclasses.replace(s, text_first=not text_first) for s in MM_SPEC)
+    handle, engine = _shard(model, MM, wrong, ["cpu", "cpu"])
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert (out - ref).abs().max() > 1e-3
+    engine.close()
+    handle.detach()

@@ -73,6 +73,27 @@ def test_sequence_matches_core_ksampler(env, tiny, family, cfg, devices):
     assert_split_close(got, ref, COMFY_SPLIT_BOUND, f"{family} {devices} cfg {cfg} ({split} split)")
 
 
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_hunyuan_sequence_on_three_ranks_matches_core(env, tiny, cfg):
+    """HunyuanVideo with 3 blocks (1 double + 2 single), so ``cpu,cpu,cpu`` plans three ranks: one
+    group of three at both cfgs (2 samples do not split in 3), 32 image tokens cut 11/11/10, 2 heads
+    (the third rank only relays), the text tokens on every rank on the side the model puts them
+    (after the image tokens before ComfyUI 0.14, before them since). Uneven rows change GEMM shapes,
+    so a bound: measured max diff on ComfyUI 0.29.0 and 0.3.64 (torch 2.14.1, AMD EPYC AVX2): 0 with
+    the default and MKL_CBWR=AVX2 kernels, 2.9e-6 (cfg 1) and 9.3e-6 (cfg 3) with MKL_CBWR=COMPATIBLE;
+    the token order taken the wrong way round gives 0.9995 (cfg 1, cpu,cpu)."""
+    _, shape, extras = _family(tiny, "hunyuan_video")
+    model = _load(tiny.hunyuan_video_state_dict(depth_single_blocks=2))
+    latent = torch.zeros(shape)
+    ref = _stock(env, model, latent, extras, cfg)
+    got = _ours(env, model, latent, extras, "cpu,cpu,cpu", cfg)
+    stats = _engine(env, model).stats
+    assert stats.fallbacks == 0 and stats.blocks_run == [3, 3, 3] and len(stats.groups) == 1
+    diff = (got - ref).abs().max().item()
+    print(f"hunyuan cpu,cpu,cpu cfg {cfg}: max diff {diff:.3g}")
+    assert diff <= _UNEVEN_SPLIT_TOLERANCE, f"cfg {cfg} (uneven rows): max diff {diff}"
+
+
 def _n_blocks(family):
     return {"wan21": 4, "ltxv": 2, "hunyuan_video": 2}[family]
 

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.comfy
 def _token_specs(dit):
     from sharddit.loaders.comfy.specs import find_arch_spec
 
-    return find_arch_spec(type(dit).__name__).token_specs
+    return find_arch_spec(type(dit).__name__).sequence_specs(dit)[0]
 
 
 def _run_sequence(dit, layout, devices, family, mode):

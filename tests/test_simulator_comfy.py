@@ -196,6 +196,29 @@ def test_cli_plan_single_24gib_exit_3_with_shortfall(sim):
     assert float(short.group(1)) == pytest.approx(whole + _act_gib(TOKENS_480P, 2) - (24 - 1.0), abs=0.6)
 
 
+PRESETS = ("wan2.1-t2v-14b", "wan2.1-t2v-1.3b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b", "ltxv-13b", "ltxv-2b",
+           "hunyuanvideo-13b")
+
+
+def test_preset_list_is_complete():
+    from sharddit.loaders.simulator.presets import preset_names
+
+    assert tuple(preset_names()) == PRESETS
+
+
+@pytest.mark.comfy
+@pytest.mark.parametrize("name", PRESETS)
+def test_cli_plan_every_preset_exits_0_or_3(sim, name, capsys):
+    """``plan`` answers for every preset on this ComfyUI (in-process: one ComfyUI import for all;
+    an exception here is the traceback a user would see). Small size: the answer, not the figures."""
+    from sharddit.loaders.cli.main import main
+
+    rc = main(["plan", "--model", name, "--devices", TWO_24, "--size", "256x256", "--frames", "9"])
+    out = capsys.readouterr()
+    assert rc in (0, 3), out.out + out.err
+    assert ("FITS:" in out.out) if rc == 0 else ("DOES NOT FIT" in out.out), out.out
+
+
 def test_cli_without_comfyui_path_says_how_to_set_it():
     out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24)
     assert out.returncode == 2

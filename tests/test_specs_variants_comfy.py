@@ -117,10 +117,13 @@ def test_wan_variant_spec_routes_inter_block_code(comfy, name):
 def test_flux_spec_matches_block_signatures(comfy):
     from sharddit.loaders.comfy.specs import get_arch_spec
 
-    dit = comfy.ldm.flux.model.Flux(
+    from sharddit.loaders.comfy.model_params import fit_params
+
+    cls = comfy.ldm.flux.model.Flux
+    dit = cls(**fit_params(cls, dict(
         in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64, mlp_ratio=4.0,
         num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[8, 12, 12], theta=10000, patch_size=2,
-        qkv_bias=True, guidance_embed=False, **_meta(comfy))
+        qkv_bias=True, guidance_embed=False)), **_meta(comfy))
     layout = get_arch_spec(dit)
     handle = attach_block_sharding(dit, layout, ["meta"] * 4, "meta")
     slots = [p._sharddit_slot for path in layout.block_lists for p in getattr(dit, path)]
@@ -135,10 +138,13 @@ def test_hunyuan_controlnet_brings_every_block_home(comfy, with_control):
     from sharddit.loaders.comfy.specs import get_arch_spec
     from sharddit.parallel.sharding import needs_home_every_block
 
-    dit = comfy.ldm.hunyuan_video.model.HunyuanVideo(
+    from sharddit.loaders.comfy.model_params import fit_params
+
+    cls = comfy.ldm.hunyuan_video.model.HunyuanVideo
+    dit = cls(**fit_params(cls, dict(
         in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=32, hidden_size=64, mlp_ratio=4.0,
         num_heads=2, depth=2, depth_single_blocks=3, axes_dim=[8, 12, 12], theta=256, patch_size=[1, 2, 2],
-        qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False, **_meta(comfy))
+        qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False)), **_meta(comfy))
     layout = get_arch_spec(dit)
     devices = [torch.device(f"cuda:{i}") for i in (0, 1, 1, 2, 2)]
     img_tokens = T * 4 * 4

@@ -104,12 +104,14 @@ def latent(shape, seed=0):
 
 
 def core_decode(env, vae, samples, *tiles):
-    return env.nodes.VAEDecodeTiled().decode(vae, samples, *tiles)[0]
+    with torch.inference_mode():  # as ComfyUI's executor runs nodes (core's decode works in place since 0.18)
+        return env.nodes.VAEDecodeTiled().decode(vae, samples, *tiles)[0]
 
 
 def ours(env, vae, samples, *tiles, batch="auto", devices="auto"):
     node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTVAEDecodeTiled"]
-    return node.execute(samples, vae, *tiles, tile_batch_size=batch, devices=devices).result[0]
+    with torch.inference_mode():
+        return node.execute(samples, vae, *tiles, tile_batch_size=batch, devices=devices).result[0]
 
 
 @pytest.fixture(scope="module")
@@ -174,19 +176,30 @@ def test_bad_inputs_name_the_value(env):
     assert node.validate_inputs(devices="cpu,cpu") is True
 
 
-def test_progress_per_batch_and_interrupt_leaves_vae_usable(env):
+def test_progress_per_batch_and_interrupt_leaves_vae_usable(env, monkeypatch):
     import comfy.model_management as mm
     import comfy.utils
 
     kind, (shape, *tiles) = "wan21", SETTINGS["wan21"][0]
     vae, samples = make_vae(kind), latent(shape)
-    seen = []
+    updates, seen = [], []
+    update = comfy.utils.ProgressBar.update_absolute
+
+    def recording(self, value, total=None, preview=None):
+        updates.append((value, total))
+        return update(self, value, total, preview)
+
+    monkeypatch.setattr(comfy.utils.ProgressBar, "update_absolute", recording)  # core's own, recorded
     comfy.utils.set_progress_bar_global_hook(lambda value, total, preview, node_id=None: seen.append((value, total)))
     try:
         ours(env, vae, samples, *tiles, batch="2", devices="cpu")
     finally:
         comfy.utils.set_progress_bar_global_hook(None)
-    assert seen == [(k, 8) for k in range(1, 9)]  # 12 tiles in 4 shape groups of 3 -> 2 calls each
+    every = [(k, 8) for k in range(1, 9)]  # 12 tiles in 4 shape groups of 3 -> 2 calls each
+    assert updates == every
+    # what reaches the UI: all of them (0.3.64), or core's throttled share (0.29: first, last, and
+    # those >= its interval apart), in order
+    assert seen[0] == every[0] and seen[-1] == every[-1] and seen == sorted(set(seen)) and set(seen) <= set(every)
 
     decode, calls = vae.first_stage_model.decode, []
 

@@ -88,7 +88,9 @@ def _core(node_id, inputs, outputs, output_node=False):
 
 # Core ComfyUI 0.3.64 nodes used by the workflows: inputs in INPUT_TYPES order (required, then
 # optional); `*` = control_after_generate, `+` = multiline, `?` = optional. Checked against the real
-# NODE_CLASS_MAPPINGS by tests/test_workflows_comfy.py::test_core_node_table_matches_comfyui.
+# NODE_CLASS_MAPPINGS by tests/test_workflows_comfy.py::test_core_node_table_matches_comfyui. A
+# newer ComfyUI may append optional inputs (0.29: CreateVideo's `bit_depth`) and outputs (0.29:
+# SaveVideo returns its VIDEO): the workflows stay valid, and the check allows exactly that.
 CORE_NODES = {n.node_id: n for n in [
     _core("CheckpointLoaderSimple", "ckpt_name:COMBO", "MODEL CLIP VAE"),
     _core("DualCLIPLoader", "clip_name1:COMBO clip_name2:COMBO type:COMBO device:COMBO?", "CLIP"),
@@ -119,10 +121,13 @@ CORE_NODES = {n.node_id: n for n in [
 
 
 # Display names (what the frontend writes as an untitled node's API ``_meta.title``); a core node
-# not listed here has none and shows its id.
+# not listed here has none and shows its id. The workflows carry 0.3.64's; NEWER_DISPLAY_NAMES are
+# the names newer ComfyUI gave nodes since (0.29.0), a label only: titles do not affect a run.
 CORE_DISPLAY_NAMES = {"CheckpointLoaderSimple": "Load Checkpoint", "CLIPTextEncode": "CLIP Text Encode (Prompt)",
                       "KSamplerAdvanced": "KSampler (Advanced)", "CreateVideo": "Create Video",
                       "SaveVideo": "Save Video"}
+NEWER_DISPLAY_NAMES = {"DualCLIPLoader": "Load CLIP (Dual)", "EmptyHunyuanLatentVideo": "Empty HunyuanVideo 1.0 Latent",
+                       "BasicGuider": "Basic Guider"}
 
 
 def display_name(spec: NodeSpec) -> str:

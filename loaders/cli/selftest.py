@@ -248,8 +248,10 @@ def time_hop(src: torch.device, dst: torch.device, repeats: int = 3) -> tuple[fl
     return ms, torch.equal(y.cpu(), x.cpu())
 
 
+@torch.inference_mode()
 def check_vae(check: Check, devices: list[str]) -> None:
-    """The pack's batched tiled decode over ``devices`` vs core ``vae.decode_tiled``, same tiles."""
+    """The pack's batched tiled decode over ``devices`` vs core ``vae.decode_tiled``, same tiles.
+    Both decode under inference mode, as ComfyUI's executor runs them (core's decode works in place)."""
     vae = build_wan_vae(torch.device(devices[0]))
     latent = torch.randn(LATENT, generator=torch.Generator().manual_seed(SEED))
     tile, overlap = core_tile_params(vae, **VAE_TILES)

@@ -62,6 +62,7 @@ class ShardState:
     auto_mode: ModeDecision | None = None  # what parallel=auto means for this plan (decided with it)
     arch_name: str = ""  # architecture family, for messages
     remote: tuple = ()  # ((worker name, device), ...): ranks in worker processes (distributed sequence mode)
+    blocks_only: str = ""  # why this model runs in blocks mode only ('' when sequence mode splits it)
 
 
 def is_sharded(model) -> bool:

@@ -145,8 +145,7 @@ def _decide(state: ShardState, parallel: str) -> ModeDecision:
     if state.remote and state.router.engine is not None and parallel in ("auto", "sequence"):
         return ModeDecision("sequence", f"sequence: ranks on workers {', '.join(n for n, _ in state.remote)}")
     if state.router.engine is None and parallel != "blocks":
-        return ModeDecision("blocks", f"blocks: {state.arch_name} runs in blocks mode only (sequence mode does "
-                                      "not split this architecture yet)")
+        return ModeDecision("blocks", f"blocks: {state.blocks_only}")
     if parallel == "auto":
         return state.auto_mode
     return decide_parallel(parallel, state.plan, None, None)
@@ -226,13 +225,16 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                                 global_indices=idx, block_list=path))
     roots = tuple(_build_roots(blocks, plan, base.model_dtype(), base.offload_device, base))
     arch = find_arch_spec(type(dit).__name__)
-    if remote and arch.token_specs is None:
-        raise ValueError(f"[ShardDiT] {arch.name} runs in blocks mode only; worker devices in {request_key[0]!r} "
+    token_specs, blocks_only = arch.sequence_specs(dit)
+    if remote and token_specs is None:
+        raise ValueError(f"[ShardDiT] {blocks_only}; worker devices in {request_key[0]!r} "
                          "need sequence mode: use this machine's devices only")
+    if token_specs is None and arch.token_specs is not None:  # sequence refused for this model: say why
+        log.warning("[ShardDiT] %s", blocks_only)
     runtime = ShardRuntime()
-    if arch.token_specs is not None:
+    if token_specs is not None:
         ranks = [r.device for r in plan.block_ranges]  # a worker rank's host side is a proxy (its share: cpu)
-        engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], arch.token_specs, ranks)
+        engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], token_specs, ranks)
         engine.should_stop = mm.throw_exception_if_processing_interrupted
         engine.interrupt_exceptions = (mm.InterruptProcessingException,)
         if remote:
@@ -246,7 +248,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                                                                                       strict=True)))
     return ShardState(plan=plan, layout=layout, router=router, proxies=proxies, roots=roots,
                       request_key=request_key, runtime=runtime, auto_mode=auto_mode, arch_name=arch.name,
-                      remote=remote)
+                      remote=remote, blocks_only=blocks_only)
 
 
 def _footprint(block_bytes, non_block: int) -> Footprint:
@@ -256,8 +258,8 @@ def _footprint(block_bytes, non_block: int) -> Footprint:
 
 def _blocks_only(model) -> str:
     """Why ``model`` runs in blocks mode only ('' when sequence mode splits its architecture)."""
-    arch = find_arch_spec(type(model.get_model_object("diffusion_model")).__name__)
-    return "" if arch.token_specs is not None else f"{arch.name} runs in blocks mode only"
+    dit = model.get_model_object("diffusion_model")
+    return find_arch_spec(type(dit).__name__).sequence_specs(dit)[1]
 
 
 def _local_auto_devices(model, reserve_vram_gb, inventory) -> str:

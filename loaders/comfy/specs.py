@@ -12,10 +12,16 @@ blocks after which the model runs code on its home device:
 - Wan Animate: after every fifth block (``face_adapter.fuser_blocks[i // 5]``).
 - HunyuanVideo / Flux: a ControlNet (``control``) adds into the hidden state after every block,
   so ``home_every_block_kwargs = ("control",)``; double blocks take and return ``(img, txt)``.
-- LTXV: ``pe`` is a ``(cos, sin)`` tuple: routed as a constant like any tensor.
+- LTXV: ``pe`` is a ``(cos, sin)`` tuple (0.3.64) or ``(rotation matrix, split flag)`` (0.29):
+  routed as a constant like any tensor.
+
+`sequence` on HunyuanVideo needs the side its text tokens are on (after the image tokens before
+ComfyUI 0.14, before them since): ``token_order`` reads it off the model (``token_order.py``);
+``sequence_specs`` refuses `sequence` when it cannot.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +29,7 @@ import torch
 
 from ...parallel.seq_split import TokenSpec
 from ...parallel.sharding import BlockLayout
+from .token_order import TEXT_FIRST, read_text_order
 
 __all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures"]
 
@@ -60,6 +67,24 @@ class ArchSpec:
     token_specs: tuple[TokenSpec, ...] | None = None
     """Per block list, the token axes `sequence` mode splits; None: this family runs `blocks` only
     (its blocks do not pass ComfyUI's attention override on, or its token order is not handled)."""
+    token_order: Callable[[torch.nn.Module], str | None] | None = None
+    """Families with replicated text tokens in joint tensors: reads ``TEXT_FIRST``/``IMAGE_FIRST``
+    off the model, None when it cannot (then `sequence` is refused for that model)."""
+
+    def sequence_specs(self, dit: torch.nn.Module) -> tuple[tuple[TokenSpec, ...] | None, str]:
+        """(token specs for `sequence` on ``dit``, '') or (None, why ``dit`` runs in blocks mode only)."""
+        if self.token_specs is None:
+            return None, (f"{self.name} runs in blocks mode only (sequence mode does not split this "
+                          "architecture yet)")
+        if self.token_order is None:
+            return self.token_specs, ""
+        order = self.token_order(dit)
+        if order is None:
+            return None, (f"{self.name} runs in blocks mode only: ShardDiT cannot read where this ComfyUI's "
+                          f"{type(dit).__name__} puts its text tokens (before or after the image tokens), and "
+                          "splitting them at the wrong place would give a wrong video; please report your "
+                          "ComfyUI version at https://github.com/sharddit/sharddit/issues")
+        return tuple(dataclasses.replace(s, text_first=order == TEXT_FIRST) for s in self.token_specs), ""
 
     def layout(self, dit: torch.nn.Module | None) -> BlockLayout:
         return BlockLayout(self.block_lists, self.stream_args, frozenset(self.home_after(dit)),
@@ -69,13 +94,15 @@ class ArchSpec:
 _WAN = (("blocks",), (("x",),))
 _MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 
-# `sequence` token axes (ComfyUI 0.3.64). Wan: x [B, L, C], e [B, 1|L, 6, C] (per token in Wan 2.2
-# 5B), freqs [B|1, L, 1, D/2, 2, 2]. LTXV: x [B, L, C], timestep [B, 1|L, 6C], pe = (cos, sin) with
-# tokens on dim 1. HunyuanVideo: image tokens then text tokens; double blocks split img and keep
-# txt whole, single blocks split x = cat(img, txt) with txt as the replicated tail; pe [B, 1, L+T,
-# ...] covers both. Its per-token modulation_dims (image-to-video token replace) is not split yet.
+# `sequence` token axes (ComfyUI 0.3.64 and 0.29). Wan: x [B, L, C], e [B, 1|L, 6, C] (per token in
+# Wan 2.2 5B), freqs [B|1, L, 1, D/2, 2, 2]. LTXV: x [B, L, C], timestep [B, 1|L, 6C], pe = (cos,
+# sin) (0.3.64) or (rotation [B, L, H, D/2, 2, 2], split flag) (0.29) with tokens on dim 1; its
+# guide self_attention_mask (0.29) is not split yet. HunyuanVideo: double blocks split img and keep
+# txt whole, single blocks split x = cat of img and txt with txt replicated; pe [B, 1, L+T, ...]
+# covers both, text after the image tokens (< 0.14) or before them (>= 0.14, ``text_first``, read
+# off the model). Its per-token modulation_dims (image-to-video token replace) is not split yet.
 _WAN_TOKENS = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
-_LTXV_TOKENS = (TokenSpec({"x": 1, "timestep": 1, "pe": 1}),)
+_LTXV_TOKENS = (TokenSpec({"x": 1, "timestep": 1, "pe": 1}, must_be_none=("self_attention_mask",)),)
 _HUNYUAN_TOKENS = (
     TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",
               must_be_none=("modulation_dims_img", "modulation_dims_txt")),
@@ -90,7 +117,7 @@ SPECS: tuple[ArchSpec, ...] = (
     ArchSpec("Wan Animate", ("AnimateWanModel",), *_WAN, home_after=_animate_face_layers),
     ArchSpec("LTX-Video", ("LTXVModel",), ("transformer_blocks",), (("x",),), token_specs=_LTXV_TOKENS),
     ArchSpec("HunyuanVideo", ("HunyuanVideo",), *_MMDIT, home_every_block_kwargs=("control",),
-             token_specs=_HUNYUAN_TOKENS),
+             token_specs=_HUNYUAN_TOKENS, token_order=read_text_order),
     ArchSpec("Flux", ("Flux",), *_MMDIT, home_every_block_kwargs=("control",)),
 )
 

@@ -211,9 +211,15 @@ def plan_video_decode(vae, reps, latent_shape, spec: TileSpec, batch: int | None
     return plan_decode(latent_shape, spec, vae.output_channels, auto)
 
 
+@torch.inference_mode()
 def decode_tiled(vae, samples: dict, tile_size: int, overlap: int, temporal_size: int, temporal_overlap: int,
                  tile_batch_size="auto", devices: str = "auto") -> torch.Tensor:
-    """Node entry: IMAGE ``(frames, H, W, C)`` exactly as core ``VAEDecodeTiled`` returns it."""
+    """Node entry: IMAGE ``(frames, H, W, C)`` exactly as core ``VAEDecodeTiled`` returns it.
+
+    Runs under ``torch.inference_mode()`` as ComfyUI's executor runs nodes, so callers outside the
+    executor (``selftest``, scripts) work too: core's VAE post-processes in place
+    (``process_output``: ``add_().div_().clamp_()`` since ComfyUI 0.18), which raises on an
+    inference tensor outside inference mode."""
     vae.throw_exception_if_invalid()
     latent = samples["samples"]
     batch = parse_tile_batch_size(tile_batch_size)

@@ -27,6 +27,7 @@ from ...parallel.model_geometry import (
     geometry_of,
 )
 from ..comfy import checks
+from ..comfy.model_params import fit_params_for
 
 __all__ = ["Geometry", "ModelSpec", "PRESETS", "preset_names", "resolve_model",
            "read_safetensors_header", "meta_state_dict", "build_meta_model", "spec_from_model_config"]
@@ -153,12 +154,13 @@ def build_meta_model(spec: ModelSpec, weight_dtype: torch.dtype, manual_cast_dty
     """ComfyUI's own model (``comfy.model_base.BaseModel`` subclass) with weights on ``meta``.
 
     Mirrors ``comfy.sd.load_diffusion_model_state_dict``: ``set_inference_dtype`` then
-    ``get_model``; the ops (plain or manual-cast for fp8) are ComfyUI's own choice.
+    ``get_model``; the ops (plain or manual-cast for fp8) are ComfyUI's own choice. The config is
+    fitted to the installed parameter dataclass first (``model_params.fit_params_for``).
     """
     import comfy.model_detection
 
-    model_config = comfy.model_detection.model_config_from_unet_config(dict(spec.unet_config),
-                                                                       spec.state_dict or None)
+    unet = fit_params_for(spec.unet_config)  # presets name the fields of every ComfyUI version
+    model_config = comfy.model_detection.model_config_from_unet_config(unet, spec.state_dict or None)
     if model_config is None:
         raise ValueError(f"[ShardDiT] ComfyUI has no model class for {spec.name!r} ({spec.unet_config})")
     model_config.set_inference_dtype(weight_dtype, manual_cast_dtype)

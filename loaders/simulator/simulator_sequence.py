@@ -49,7 +49,9 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     dit, layout = ctx.dit, ctx.layout
     blocks = get_blocks(dit, layout)
     ranks = list(dict.fromkeys(block_devices))
-    token_specs = find_arch_spec(type(dit).__name__).token_specs
+    token_specs, why = find_arch_spec(type(dit).__name__).sequence_specs(dit)
+    if token_specs is None:
+        raise ValueError(f"[ShardDiT] {why}")
     try:
         with fake_device_mode() as mode:
             materialize_planned(dit, blocks, block_devices, home)

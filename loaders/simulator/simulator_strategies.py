@@ -102,6 +102,7 @@ class StrategyReport:
 def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, link_gbps) -> StrategyReport:
     """Strategy rows for a finished `blocks` ``report`` (``simulator.SimulationReport``)."""
     from .simulator import _block_devices, _plan
+    from ..comfy.specs import find_arch_spec
     from .simulator_sequence import run_fake_sequence_forward
 
     parallel = check_parallel(parallel)
@@ -136,7 +137,11 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     fits["blocks"] = report.blocks_fit
 
     seq, seq_reports = [], []
-    if len(gpus) > 1:
+    arch = find_arch_spec(type(ctx.dit).__name__)
+    seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
+    if seq_specs is None and arch.token_specs is not None:
+        log.warning("[ShardDiT] %s", blocks_only)
+    if len(gpus) > 1 and seq_specs is not None:
         seq_ctx = replace(ctx, request=replace(ctx.request, devices=",".join(gpus)))
         # plan as the loader does (two blocks of activation room, before any latent is known); the
         # measured peaks below decide whether it fits
@@ -183,7 +188,7 @@ def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
     if parallel == "blocks" and "blocks" not in costs:  # the planner put the whole DiT on one device
         return "one_gpu", "blocks: the whole DiT fits on one device, which runs it alone (1 GPU, 1.00×)"
     if parallel not in costs:
-        return None, f"{parallel}: needs two or more GPUs holding blocks"
+        return None, f"{parallel}: needs two or more GPUs holding blocks (and a model sequence mode splits)"
     c = costs[parallel]
     others = "; ".join(f"{'1 GPU' if k == 'one_gpu' else k} {v.speedup:.2f}×" for k, v in costs.items() if k != parallel)
     tail = "" if fits.get(parallel) else " (does NOT fit)"

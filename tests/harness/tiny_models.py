@@ -27,6 +27,7 @@ import torch
 from .pack import import_pack
 
 import_pack()
+from sharddit.loaders.comfy.model_params import fit_params  # noqa: E402
 from sharddit.parallel.random_weights import random_generator, random_state_dict, random_tensor  # noqa: E402
 
 from .tiny_te_hook import TE_CONFIG_KEY, install_tiny_te_hook  # noqa: F401  (re-exported)
@@ -41,14 +42,17 @@ WAN_CONFIG = dict(model_type="t2v", patch_size=(1, 2, 2), text_len=512, in_dim=1
 # UMT5 for CLIPLoader type "wan". The DiT's text_embedding takes 4096 features, so d_model stays
 # 4096; everything else is tiny. ComfyUI builds the text encoder from its fixed
 # umt5_config_xxl.json (5.7B params) unless model_options["umt5xxl_model_config"] overrides it
-# (see ``tiny_clip_model_options``). ComfyUI detects T5-XXL only by the key UMT5_DETECT_KEY
-# (block 23, 4096 input features): the file carries that one tensor as a marker beside the 2
-# real blocks (the loader ignores it as an unexpected key; 24 real blocks made every CPU encode
-# of the 512 padded tokens ~12x slower).
+# (see ``tiny_clip_model_options``). ComfyUI detects T5-XXL only by the key UMT5_DETECT_KEY and
+# its shape: 4096 input features (``shape[-1]``, 0.3.64) or 10240 rows (``shape[0]``, 0.29). The
+# file carries that one tensor as a marker beside the 2 real blocks, shaped UMT5_DETECT_SHAPE:
+# both rules hold and it has no elements (nothing to store, and ``weight_dtype`` counts none). The
+# loader ignores it as an unexpected key; 24 real blocks made every CPU encode of the 512 padded
+# tokens ~12x slower.
 UMT5_CONFIG = dict(d_ff=16, d_kv=8, d_model=4096, num_heads=2, num_layers=2, vocab_size=256,
                    dense_act_fn="gelu_pytorch_tanh", is_gated_act=True, model_type="umt5",
                    layer_norm_epsilon=1e-6, relative_attention_num_buckets=32)
 UMT5_DETECT_KEY = "encoder.block.23.layer.1.DenseReluDense.wi_1.weight"
+UMT5_DETECT_SHAPE = (10240, 0, 4096)  # T5-XXL's wi_1 rows, no elements, its input features
 
 # ComfyUI's VAE() picks the Wan 2.1 config itself (dim 96, 127M params): no smaller one exists.
 WAN21_VAE_CONFIG = dict(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
@@ -115,7 +119,7 @@ def hunyuan_video_state_dict(seed: int = SEED, dtype=torch.float32, **overrides)
     """HunyuanVideo t2v DiT (``comfy.ldm.hunyuan_video.model.HunyuanVideo``)."""
     from comfy.ldm.hunyuan_video.model import HunyuanVideo
 
-    cfg = {**HUNYUAN_VIDEO_CONFIG, **overrides}
+    cfg = fit_params(HunyuanVideo, {**HUNYUAN_VIDEO_CONFIG, **overrides})  # fields differ by version
     model = HunyuanVideo(**cfg, device="meta", operations=_meta_ops())
     return fill_state_dict(model, seed, dtype)
 
@@ -157,7 +161,7 @@ def umt5_state_dict(seed: int = SEED, dtype=torch.float32) -> dict:
     config.update(UMT5_CONFIG)
     model = comfy.text_encoders.t5.T5(config, None, "meta", _meta_ops())
     sd = fill_state_dict(model, seed, dtype)
-    sd[UMT5_DETECT_KEY] = _fill(UMT5_DETECT_KEY, torch.Size([config["d_ff"], config["d_model"]]), seed).to(dtype)
+    sd[UMT5_DETECT_KEY] = torch.zeros(UMT5_DETECT_SHAPE, dtype=dtype)
     sd["spiece_model"] = torch.frombuffer(bytearray(tiny_spiece_model()), dtype=torch.uint8).clone()
     sd[TE_CONFIG_KEY] = _bytes_tensor(json.dumps({"umt5xxl_model_config": UMT5_CONFIG}).encode())
     return sd

@@ -8,7 +8,8 @@
 ``[B, L, H*D]`` then cross-attention to the text; ``e`` may be per token (Wan 2.2 5B).
 ``SeqToyMMDiT`` (HunyuanVideo-like): double blocks ``(img, txt, vec, pe)`` with joint attention
 over ``cat(img, txt)`` in ``[B, H, L, D]`` layout (``skip_reshape``), then single blocks over the
-concatenation ``x``; ``pe`` covers image then text tokens on dim 2.
+concatenation ``x``; ``pe`` covers image then text tokens on dim 2. With ``text_first=True`` every
+one of those puts the text tokens first, as ComfyUI's HunyuanVideo does since 0.14.
 """
 from __future__ import annotations
 
@@ -85,9 +86,9 @@ class SeqToyDiT(nn.Module):
 
 
 class MMDouble(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, text_first=False):
         super().__init__()
-        self.heads = heads
+        self.heads, self.text_first = heads, text_first
         self.img_qkv, self.txt_qkv = nn.Linear(dim, 3 * dim), nn.Linear(dim, 3 * dim)
         self.img_o, self.txt_o = nn.Linear(dim, dim), nn.Linear(dim, dim)
         self.mod = nn.Linear(dim, dim)
@@ -98,9 +99,11 @@ class MMDouble(nn.Module):
         split = lambda t: t.view(b, -1, 3, self.heads, d).permute(2, 0, 3, 1, 4)  # noqa: E731
         iq, ik, iv = split(self.img_qkv(img))
         tq, tk, tv = split(self.txt_qkv(txt))
-        q, k, v = (torch.cat(p, dim=2) * pe for p in ((iq, tq), (ik, tk), (iv, tv)))
+        pairs = ((tq, iq), (tk, ik), (tv, iv)) if self.text_first else ((iq, tq), (ik, tk), (iv, tv))
+        q, k, v = (torch.cat(p, dim=2) * pe for p in pairs)
         a = attention(q, k, v, self.heads, transformer_options=transformer_options, skip_reshape=True, mask=attn_mask)
-        ia, ta = a[:, :li], a[:, li:]
+        lt = txt.shape[1]
+        ia, ta = (a[:, lt:], a[:, :lt]) if self.text_first else (a[:, :li], a[:, li:])
         m = self.mod(vec).unsqueeze(1)
         txt += self.txt_o(ta)  # in place, as HunyuanVideo does: each rank must own its copy
         return img + self.img_o(ia) * m, txt
@@ -121,11 +124,12 @@ class MMSingle(nn.Module):
 
 
 class SeqToyMMDiT(nn.Module):
-    def __init__(self, dim=64, heads=4, n_double=2, n_single=2, in_dim=8):
+    def __init__(self, dim=64, heads=4, n_double=2, n_single=2, in_dim=8, text_first=False):
         super().__init__()
         self.embed, self.text = nn.Linear(in_dim, dim), nn.Linear(dim, dim)
         self.time = nn.Linear(1, dim)
-        self.double_blocks = nn.ModuleList(MMDouble(dim, heads) for _ in range(n_double))
+        self.text_first = text_first
+        self.double_blocks = nn.ModuleList(MMDouble(dim, heads, text_first) for _ in range(n_double))
         self.single_blocks = nn.ModuleList(MMSingle(dim, heads) for _ in range(n_single))
         self.head = nn.Linear(dim, in_dim)
         self.dim, self.heads = dim, heads
@@ -141,10 +145,10 @@ class SeqToyMMDiT(nn.Module):
         mask = None
         if txt_mask is not None:
             mask = torch.zeros(1, 1, li + lt)
-            mask[:, 0, li:] = txt_mask
+            mask[:, 0, slice(0, lt) if self.text_first else slice(li, None)] = txt_mask
         for block in self.double_blocks:
             img, txt = block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=mask, transformer_options=opts)
-        xx = torch.cat((img, txt), 1)
+        xx = torch.cat((txt, img) if self.text_first else (img, txt), 1)
         for block in self.single_blocks:
             xx = block(xx, vec=vec, pe=pe, attn_mask=mask, transformer_options=opts)
-        return self.head(xx[:, :li])
+        return self.head(xx[:, lt:] if self.text_first else xx[:, :li])
