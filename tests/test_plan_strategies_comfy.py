@@ -5,8 +5,8 @@ ComfyUI's Wan 2.1 14B (40 blocks, dim 5120, ffn 13824, 40 heads) on ``meta``, on
 strategy inside FakeTensorMode. Each simulation takes ~10-30 s of CPU here.
 """
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -158,7 +158,7 @@ def test_core_options_beside_sharddits_modes(sim):
         assert 1.9 < split["speedup"] <= 2.0
         assert f"core's CFG split predicted {split['speedup']:.2f}× (fits: full copy {whole / GiB:.1f} GiB per GPU) " \
                "— as fast as sequence; use it if you prefer core" in st.decision_line()
-        assert re.search(r"^core_cfg_split +\| .* \| yes$", text, re.M), text
+        assert re.search(r"^core_cfg_split +\| .* \| yes$", text, re.MULTILINE), text
     else:
         assert "core_cfg_split" not in st.costs and "core's CFG split" not in text
     if _core_has_dynamic_vram():

@@ -18,8 +18,20 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from ...parallel.cost_baselines import compare_with_core
-from ...parallel.cost_inputs import DEFAULT_GPU, normalize_gpu_name, shape_from_spec, table_gpu_name
-from ...parallel.cost_model import STRATEGIES, Workload, estimate_blocks, estimate_one_gpu, estimate_sequence, hardware_from_options
+from ...parallel.cost_inputs import (
+    DEFAULT_GPU,
+    normalize_gpu_name,
+    shape_from_spec,
+    table_gpu_name,
+)
+from ...parallel.cost_model import (
+    STRATEGIES,
+    Workload,
+    estimate_blocks,
+    estimate_one_gpu,
+    estimate_sequence,
+    hardware_from_options,
+)
 from ...parallel.cost_report import DevicePeak, choose_strategy, format_strategy_rows
 from ...parallel.parallel_mode import check_parallel, prefetch_bytes
 from .simulator_baselines import absent_note, baseline_rows
