@@ -31,28 +31,54 @@ from __future__ import annotations
 import functools
 import logging
 
-import torch
-
 import comfy.model_management as mm
+import torch
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ...parallel.devices import split_worker_devices, with_worker_shares
+from ...parallel.parallel_mode import (
+    DEFAULT_PARALLEL,
+    ModeDecision,
+    check_parallel,
+    decide_parallel,
+)
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
-from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
 from ...parallel.routing import BlockRouter
 from ...parallel.seq_engine import attach_sequence_engine
 from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
-from .core_multigpu import check_no_core_copies, note_incoming_device, original_patcher_init, refuse_full_copies
+from .core_multigpu import (
+    check_no_core_copies,
+    note_incoming_device,
+    original_patcher_init,
+    refuse_full_copies,
+)
+from .distributed import (
+    attach_workers,
+    check_workers,
+    decide_worker_weights,
+    patch_versions,
+    resolve_auto_devices,
+)
 from .dynamic_vram import new_shard_patcher, non_dynamic_clone
-from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions, resolve_auto_devices
 from .placement import current_inventory, record_dit
-from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
-                          get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
-                          release_shards_on_detach, sync_shard_patches)
+from .shard_hooks import (
+    ATTACHMENT_KEY,
+    SHARD_KEY,
+    ShardRootEntry,
+    ShardRuntime,
+    ShardState,
+    get_shard_patchers,
+    get_shard_state,
+    is_sharded,
+    prepare_sampling_wrapper,
+    release_roots,
+    release_shards_on_detach,
+    sync_shard_patches,
+)
 from .specs import find_arch_spec, get_arch_spec
 
 log = logging.getLogger("sharddit")
@@ -121,12 +147,23 @@ def set_parallel_mode(m, parallel: str):
     m.set_attachments(MODE_KEY, decision)
     m.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY)
     mode = decision.mode
-    if check_parallel(parallel) == "auto" and decision.mode == "sequence":
-        mode = AutoMode(state, m.model.model_config, _weight_bytes(state))  # the cost model decides per latent
+    if check_parallel(parallel) == "auto" and (decision.mode == "sequence" or _compares_core(state, decision)):
+        # the cost model decides per latent (and names core's own options when as fast)
+        home, shards = m.model_size(), get_shard_patchers(m)
+        whole = home + sum(s.model_size() for s in shards) if shards else 0  # 0: no comparison with core
+        mode = AutoMode(state, m.model.model_config, _weight_bytes(state), memory=decision, dit_bytes=whole,
+                        home_bytes=home)
     m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY,
                            functools.partial(guarded_routing_scope, state, mode))
     log.info("[ShardDiT] parallel %s -> %s", parallel, decision.reason)
     return m
+
+
+def _compares_core(state: ShardState, decision) -> bool:
+    """``auto`` kept `blocks` by the memory rule over two or more GPUs: ``AutoMode`` keeps it and says
+    when core's own options would be as fast (per latent)."""
+    return decision is state.auto_mode and len({r.device for r in state.plan.block_ranges
+                                                if r.device.startswith("cuda")}) > 1
 
 
 def _weight_bytes(state: ShardState) -> float:
