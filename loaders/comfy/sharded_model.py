@@ -31,54 +31,28 @@ from __future__ import annotations
 import functools
 import logging
 
-import comfy.model_management as mm
 import torch
+
+import comfy.model_management as mm
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
 from ...parallel.devices import split_worker_devices, with_worker_shares
-from ...parallel.parallel_mode import (
-    DEFAULT_PARALLEL,
-    ModeDecision,
-    check_parallel,
-    decide_parallel,
-)
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
+from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
 from ...parallel.routing import BlockRouter
 from ...parallel.seq_engine import attach_sequence_engine
 from ...parallel.sharding import build_block_proxies, get_block_list
 from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
-from .core_multigpu import (
-    check_no_core_copies,
-    note_incoming_device,
-    original_patcher_init,
-    refuse_full_copies,
-)
-from .distributed import (
-    attach_workers,
-    check_workers,
-    decide_worker_weights,
-    patch_versions,
-    resolve_auto_devices,
-)
+from .core_multigpu import check_no_core_copies, note_incoming_device, original_patcher_init, refuse_full_copies
 from .dynamic_vram import new_shard_patcher, non_dynamic_clone
+from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions, resolve_auto_devices
 from .placement import current_inventory, record_dit
-from .shard_hooks import (
-    ATTACHMENT_KEY,
-    SHARD_KEY,
-    ShardRootEntry,
-    ShardRuntime,
-    ShardState,
-    get_shard_patchers,
-    get_shard_state,
-    is_sharded,
-    prepare_sampling_wrapper,
-    release_roots,
-    release_shards_on_detach,
-    sync_shard_patches,
-)
+from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
+                          get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
+                          release_shards_on_detach, sync_shard_patches)
 from .specs import find_arch_spec, get_arch_spec
 
 log = logging.getLogger("sharddit")
