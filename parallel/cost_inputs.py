@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_GPU",
+    "DEFAULT_HOST_LINK_GBPS",
     "DEFAULT_LINK_GBPS",
     "EFFICIENCY",
     "GPU_PEAK_TFLOPS",
@@ -43,6 +44,10 @@ for every GPU and test: 0.6 × 165 TFLOPS = 99 effective on an RTX 4090 (ANCHORS
 DEFAULT_LINK_GBPS = 12.0
 """PCIe 4.0 x16 without peer-to-peer, copies staged through pinned host memory (two copies in
 series): ANCHORS.md, one 335.5 MB hop in ~26 ms ≈ 12.9 GB/s."""
+
+DEFAULT_HOST_LINK_GBPS = 25.0
+"""PCIe 4.0 x16 from pinned host memory to one GPU (one copy): ANCHORS.md, one 335.5 MB hop in
+~13 ms over PCIe 4.0 x16 ≈ 25 GB/s. What ComfyUI's dynamic VRAM streams non-resident weights over."""
 
 DEFAULT_GPU = "RTX 4090"
 """Throughput assumed for a GPU whose name is not in the table (said in the output)."""

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .cost_inputs import (
+    DEFAULT_HOST_LINK_GBPS,
     EFFICIENCY,
     GPU_PEAK_TFLOPS,
     BlockShape,
@@ -41,6 +42,7 @@ from .cost_inputs import (
 )
 
 __all__ = [
+    "BASELINES",
     "STRATEGIES",
     "TRANSFER_LATENCY_S",
     "Hardware",
@@ -56,6 +58,9 @@ __all__ = [
 TRANSFER_LATENCY_S = 50e-6
 """Fixed cost of one transfer (launch, event wait, host staging), seconds."""
 STRATEGIES = ("one_gpu", "blocks", "sequence")
+BASELINES = ("dynamic_vram", "core_cfg_split")
+"""Core ComfyUI's own options on the same GPUs (``cost_baselines``): shown beside ShardDiT's modes,
+never picked by ``auto``."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,8 @@ class Hardware:
     """Device names for the text (e.g. ``RTX 4090``)."""
     note: str = ""
     """Where the numbers come from (printed under the strategy rows)."""
+    host_link_bytes_per_s: float = DEFAULT_HOST_LINK_GBPS * 1e9
+    """Pinned host memory to the first device (weights streamed by dynamic VRAM)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", tuple(float(f) for f in self.flops))

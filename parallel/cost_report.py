@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .cost_model import STRATEGIES, StrategyCost
+from .cost_model import BASELINES, STRATEGIES, StrategyCost
 
 __all__ = ["DevicePeak", "choose_strategy", "format_strategy_rows"]
 
@@ -31,8 +31,10 @@ def choose_strategy(costs: Mapping[str, StrategyCost], fits_by_strategy: Mapping
     """The fastest strategy that fits, and why: ``"sequence: predicted 1.87× vs 1 GPU; blocks 1.00×"``.
 
     ``fits_by_strategy`` comes from the simulator/planner; a strategy missing there counts as not
-    fitting. ValueError when none fits (the planner's error says what to change).
+    fitting. Core's own options (``BASELINES``) are never picked. ValueError when none fits (the
+    planner's error says what to change).
     """
+    costs = {k: v for k, v in costs.items() if k not in BASELINES}
     unknown = set(costs) - set(STRATEGIES)
     if unknown:
         raise ValueError(f"unknown strategies {sorted(unknown)}: costs are keyed by {', '.join(STRATEGIES)}")
@@ -64,11 +66,12 @@ def _gib(n: float) -> str:
 def format_strategy_rows(costs: Mapping[str, StrategyCost], peaks: Mapping[str, DevicePeak],
                          fits_by_strategy: Mapping[str, bool], baseline_name: str = "GPU",
                          hardware_note: str = "") -> str:
-    """strategy | per-device peak GiB (weights + activations + prefetch) | s/step | speed-up | fits."""
+    """strategy | per-device peak GiB (weights + activations + prefetch) | s/step | speed-up | fits;
+    ShardDiT's modes, then core's own options (``BASELINES``) where present."""
     header = ("strategy", "per-device peak GiB (weights + activations + prefetch)", "pred. s/step",
               "speed-up vs 1 GPU", "fits")
     rows = [header]
-    for name in STRATEGIES:
+    for name in STRATEGIES + BASELINES:
         if name not in costs:
             continue
         c, p = costs[name], peaks.get(name)
@@ -83,7 +86,7 @@ def format_strategy_rows(costs: Mapping[str, StrategyCost], peaks: Mapping[str, 
                  "does not fit: same kind of GPU, unlimited memory)")
     if hardware_note:
         lines.append(hardware_note)
-    for name in STRATEGIES:
+    for name in STRATEGIES + BASELINES:
         if name in costs and costs[name].note:
             lines.append(f"{name}: {costs[name].note}")
     return "\n".join(lines)

@@ -8,12 +8,15 @@
 
 ``decide_parallel`` is the memory rule of ``auto`` (decided with the plan, at load time);
 ``decide_auto_for_latent`` refines it at sampling time with the cost model: `sequence` only where
-it fits AND is predicted faster than `blocks` for this latent on these GPUs over this link.
+it fits AND is predicted faster than `blocks` for this latent on these GPUs over this link. Given
+core's options on the same GPUs (``cost_baselines.CoreSetup``), its reason also names those
+predicted as fast or faster (never picked: the MODEL is ShardDiT's already).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from .cost_baselines import compare_with_core, core_baselines, estimate_activation_bytes
 from .cost_inputs import DEFAULT_GPU, ModelShape, table_gpu_name
 from .cost_model import Workload, estimate_costs, hardware_from_options
 from .cost_report import choose_strategy
@@ -84,17 +87,33 @@ def workload_from_latent(shape: ModelShape, latent_shape, weight_bytes: float = 
 
 
 def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape, ranks, owned,
-                           gpu_names, link_gbps=None, weight_bytes: float = 2.0) -> ModeDecision:
+                           gpu_names, link_gbps=None, weight_bytes: float = 2.0, core=None) -> ModeDecision:
     """``auto`` for one latent: the memory rule's ``blocks`` stands; its ``sequence`` stands only
     when the cost model predicts it faster than ``blocks`` on ``ranks`` (``owned`` blocks each).
 
     ``gpu_names``: device -> NVML name; names not in the throughput table count as ``DEFAULT_GPU``.
+    ``core``: a ``CoreSetup`` for the distinct GPUs of ``ranks`` (``activation_per_sample`` 0: estimated
+    from the latent), or None (then a ``blocks`` memory decision comes back as is).
     """
-    if memory.mode != "sequence" or len(ranks) < 2:
+    gpus = list(dict.fromkeys(d for d in ranks if d.startswith("cuda")))
+    if len(ranks) < 2 or (memory.mode != "sequence" and (core is None or len(gpus) < 2)):
         return memory
     names = [table_gpu_name(gpu_names.get(d, "")) or DEFAULT_GPU for d in ranks]
     hw = hardware_from_options(names, link_gbps=link_gbps)
-    costs = estimate_costs(workload_from_latent(shape, latent_shape, weight_bytes), hw, owned)
-    costs = {k: costs[k] for k in ("blocks", "sequence")}
-    best, why = choose_strategy(costs, {"blocks": True, "sequence": True})
-    return ModeDecision(best, f"{why} ({hw.note}; memory: {memory.reason})")
+    work = workload_from_latent(shape, latent_shape, weight_bytes)
+    costs = estimate_costs(work, hw, owned)
+    decision = memory
+    if memory.mode == "sequence":
+        best, why = choose_strategy({k: costs[k] for k in ("blocks", "sequence")}, {"blocks": True, "sequence": True})
+        decision = ModeDecision(best, f"{why} ({hw.note}; memory: {memory.reason})")
+    if core is None or len(gpus) < 2:
+        return decision
+    if core.activation_per_sample <= 0:
+        core = replace(core, activation_per_sample=estimate_activation_bytes(work))
+    core_hw = hardware_from_options([table_gpu_name(gpu_names.get(d, "")) or DEFAULT_GPU for d in gpus],
+                                    link_gbps=link_gbps)
+    rows = core_baselines(work, core_hw, core, gpus)
+    base = costs["one_gpu"].seconds_per_step  # the same one-GPU baseline as the decision's speed-ups
+    rows = {k: replace(r, cost=replace(r.cost, speedup=base / r.cost.seconds_per_step)) for k, r in rows.items()}
+    said = compare_with_core(decision.mode, costs[decision.mode], rows)
+    return ModeDecision(decision.mode, f"{decision.reason}; {said}") if said else decision

@@ -119,3 +119,27 @@ def test_good_strategy_inputs_pass_validation(env):
     node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
     assert node.validate_inputs(gpu="H100") is True
     assert node.validate_inputs(gpu="") is True  # the default: the devices' NVML names
+
+
+def test_execute_lists_core_options_where_this_comfyui_has_them(env):
+    """The node's text carries core's own options (0.29: dynamic VRAM and the MultiGPU CFG Split,
+    feature-detected) or says this core has neither (0.3.64). Wan 1.3B bf16 on two 8 GiB GPUs: a full
+    copy fits each (832×480×33), so core's CFG split is as fast as sequence and the decision line says so."""
+    import os
+
+    root = Path(os.environ["COMFYUI_PATH"])
+    has_split = (root / "comfy" / "multigpu.py").exists() and (root / "comfy_extras" / "nodes_multigpu.py").exists()
+    has_dynamic = "class ModelPatcherDynamic" in (root / "comfy" / "model_patcher.py").read_text()
+    node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
+    text = node.execute(devices="cuda:0=8GiB,cuda:1=8GiB", model="wan2.1-t2v-1.3b", width=832, height=480, frames=33,
+                        batch="auto", dtype="bf16", reserve_vram_gb=1.0, parallel="auto", cfg=6.0, gpu="RTX 4090").result[0]
+    decision = next(line for line in text.splitlines() if line.startswith("auto → "))
+    assert decision.startswith("auto → sequence: predicted")
+    assert bool(re.search(r"^core_cfg_split +\| .* \| yes$", text, re.MULTILINE)) == has_split, text
+    assert ("core's CFG split predicted" in decision and "— as fast as sequence; use it if you prefer core"
+            in decision) == has_split, decision
+    assert ("core_cfg_split on cuda:0,cuda:1 (core's MultiGPU CFG Split node: a full copy of the DiT on each)"
+            in text) == has_split
+    assert bool(re.search(r"^dynamic_vram +\| .* \| yes$", text, re.MULTILINE)) == has_dynamic, text
+    assert ("dynamic_vram: on ComfyUI with dynamic VRAM (NVIDIA)" in text) == has_dynamic
+    assert ("core's own options: neither in this ComfyUI" in text) == (not has_split and not has_dynamic)

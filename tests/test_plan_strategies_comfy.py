@@ -6,6 +6,7 @@ strategy inside FakeTensorMode. Each simulation takes ~10-30 s of CPU here.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,7 +88,8 @@ def test_done_when_two_4090s_720p_auto_picks_sequence(cfg, least):
     out = _plan(*args)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert any(line.startswith("sequence | 13.") for line in lines), out.stdout  # per-device peak GiB
+    # per-device peak GiB (the name column is as wide as the longest row name: core_cfg_split on 0.29)
+    assert any(re.match(r"sequence +\| 13\.", line) for line in lines), out.stdout
     assert "Simulated forward (sequence, per device):" in out.stdout
     decision = next(line for line in lines if line.startswith("auto → "))
     assert decision.startswith("auto → sequence: predicted"), decision
@@ -128,3 +130,46 @@ def test_bad_strategy_flags_exit_2_naming_value_and_fix(flag, value, words):
     for w in words:
         assert w in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def _core_has_cfg_split():
+    root = Path(os.environ["COMFYUI_PATH"])
+    return (root / "comfy" / "multigpu.py").exists() and (root / "comfy_extras" / "nodes_multigpu.py").exists()
+
+
+def _core_has_dynamic_vram():
+    return "class ModelPatcherDynamic" in (Path(os.environ["COMFYUI_PATH"]) / "comfy" / "model_patcher.py").read_text()
+
+
+@pytest.mark.comfy
+def test_core_options_beside_sharddits_modes(sim):
+    """Wan 2.1 1.3B bf16 at 832×480×33, cfg 6, on two 8 GiB GPUs: a full copy (2.6 GiB) fits each, so
+    core's CFG split puts cond and uncond on their own GPU as sequence does, streaming nothing: the
+    decision names it as fast as sequence. One GPU with dynamic VRAM holds everything here (1.00×).
+    On a core without them (0.3.64) the rows are absent and the plan says so."""
+    report = sim.simulate("wan2.1-t2v-1.3b", "cuda:0=8GiB,cuda:1=8GiB", 832, 480, 33, parallel="auto", cfg=6,
+                          gpu="RTX 4090")
+    st, text = report.strategies, report.to_text()
+    whole, act = st.peaks["one_gpu"].weights_bytes, max(d.peak_activations for d in report.devices)
+    assert st.chosen == "sequence"  # auto picks among ShardDiT's modes only
+    if _core_has_cfg_split():
+        split = st.to_dict()["strategies"]["core_cfg_split"]
+        assert split["devices"] == ["cuda:0", "cuda:1"] and split["fits"]
+        assert split["peak"] == {"weights_bytes": whole, "activation_bytes": act // report.batch, "prefetch_bytes": 0}
+        assert 1.9 < split["speedup"] <= 2.0
+        assert f"core's CFG split predicted {split['speedup']:.2f}× (fits: full copy {whole / GiB:.1f} GiB per GPU) " \
+               "— as fast as sequence; use it if you prefer core" in st.decision_line()
+        assert re.search(r"^core_cfg_split +\| .* \| yes$", text, re.MULTILINE), text
+    else:
+        assert "core_cfg_split" not in st.costs and "core's CFG split" not in text
+    if _core_has_dynamic_vram():
+        dyn = st.to_dict()["strategies"]["dynamic_vram"]
+        assert dyn["devices"] == ["cuda:0"] and dyn["fits"] and dyn["speedup"] == pytest.approx(1.0)
+        assert dyn["peak"]["weights_bytes"] >= whole - GiB // 4  # everything resident (cost model's block bytes)
+        # no GPU in this process: the row states the condition it holds under
+        assert "dynamic_vram: on ComfyUI with dynamic VRAM (NVIDIA): whole model resident" in text
+    else:
+        assert "dynamic_vram" not in st.costs
+    if not _core_has_cfg_split() and not _core_has_dynamic_vram():
+        assert "core's own options: neither in this ComfyUI (one GPU with dynamic VRAM needs core 0.16+, " \
+               "core's MultiGPU CFG Split 0.23+)" in text

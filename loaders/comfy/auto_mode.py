@@ -4,14 +4,26 @@ shape by the cost model (``parallel/parallel_mode.decide_auto_for_latent``).
 The DiT wrapper calls ``AutoMode`` with the forward's arguments; the first call for a latent shape
 decides (GPU names from the inventory, the default PCIe 4.0 link) and logs why, later calls reuse
 it. Models the cost model has no shape for keep the memory rule's choice.
+
+With two or more GPUs the log line also names core's own options on the same GPUs (one GPU with
+dynamic VRAM, core's MultiGPU CFG Split, where this ComfyUI has them: ``core_features``) when they
+are predicted as fast or faster; ``auto`` still runs ShardDiT's mode. Their memory: the whole DiT
+(``dit_bytes``), activations estimated from the latent, each GPU's free memory (ShardDiT's own
+holdings counted free) minus the plan's reserve.
 """
 from __future__ import annotations
 
 import logging
 
+from ...parallel.cost_baselines import CoreSetup
 from ...parallel.cost_inputs import shape_from_config
 from ...parallel.model_geometry import family_of, geometry_of
 from ...parallel.parallel_mode import ModeDecision, decide_auto_for_latent
+from .core_features import (
+    core_cfg_split_available,
+    dynamic_vram_available,
+    dynamic_vram_condition,
+)
 from .placement import current_inventory
 
 log = logging.getLogger("sharddit")
@@ -22,8 +34,10 @@ __all__ = ["AutoMode"]
 class AutoMode:
     """Callable ``(args, kwargs) -> "blocks" | "sequence"`` for one sharded model's ``auto``."""
 
-    def __init__(self, state, model_config, weight_bytes: float = 2.0):
-        self.memory: ModeDecision = state.auto_mode
+    def __init__(self, state, model_config, weight_bytes: float = 2.0, memory: ModeDecision | None = None,
+                 dit_bytes: int = 0, home_bytes: int = 0):
+        self.memory: ModeDecision = memory or state.auto_mode
+        self.state, self.dit_bytes, self.home_bytes = state, int(dit_bytes), int(home_bytes)
         self.ranks = [r.device for r in state.plan.block_ranges]
         self.owned = [r.stop - r.start for r in state.plan.block_ranges]
         self.weight_bytes = weight_bytes
@@ -43,9 +57,20 @@ class AutoMode:
     def decide(self, latent_shape) -> ModeDecision:
         if self.shape is None or len(latent_shape) != 5:
             return self.memory
-        names = {g.device: g.name for g in current_inventory().gpus}
+        inventory = current_inventory()
+        names = {g.device: g.name for g in inventory.gpus}
         return decide_auto_for_latent(self.memory, self.shape, latent_shape, self.ranks, self.owned, names,
-                                      weight_bytes=self.weight_bytes)
+                                      weight_bytes=self.weight_bytes, core=self._core_setup(inventory))
+
+    def _core_setup(self, inventory):
+        """Core's options on the plan's GPUs (None without the DiT's size: nothing to compare)."""
+        if self.dit_bytes <= 0:
+            return None
+        gpus = list(dict.fromkeys(d for d in self.ranks if d.startswith("cuda")))
+        reserve = int(float(getattr(self.state, "request_key", ("", 0.0))[1]) * (1 << 30))
+        usable = tuple(inventory.get(d).available_bytes - reserve if d in inventory.names else None for d in gpus)
+        return CoreSetup(self.dit_bytes, self.home_bytes, 0, usable, core_cfg_split_available(),
+                         dynamic_vram_available(), dynamic_vram_condition())
 
 
 def _model_shape(model_config):

@@ -121,12 +121,23 @@ def set_parallel_mode(m, parallel: str):
     m.set_attachments(MODE_KEY, decision)
     m.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY)
     mode = decision.mode
-    if check_parallel(parallel) == "auto" and decision.mode == "sequence":
-        mode = AutoMode(state, m.model.model_config, _weight_bytes(state))  # the cost model decides per latent
+    if check_parallel(parallel) == "auto" and (decision.mode == "sequence" or _compares_core(state, decision)):
+        # the cost model decides per latent (and names core's own options when as fast)
+        home, shards = m.model_size(), get_shard_patchers(m)
+        whole = home + sum(s.model_size() for s in shards) if shards else 0  # 0: no comparison with core
+        mode = AutoMode(state, m.model.model_config, _weight_bytes(state), memory=decision, dit_bytes=whole,
+                        home_bytes=home)
     m.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY,
                            functools.partial(guarded_routing_scope, state, mode))
     log.info("[ShardDiT] parallel %s -> %s", parallel, decision.reason)
     return m
+
+
+def _compares_core(state: ShardState, decision) -> bool:
+    """``auto`` kept `blocks` by the memory rule over two or more GPUs: ``AutoMode`` keeps it and says
+    when core's own options would be as fast (per latent)."""
+    return decision is state.auto_mode and len({r.device for r in state.plan.block_ranges
+                                                if r.device.startswith("cuda")}) > 1
 
 
 def _weight_bytes(state: ShardState) -> float:

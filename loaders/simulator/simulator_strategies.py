@@ -6,18 +6,35 @@
   first at cfg > 1, then tokens; every rank holds its blocks + two streamed blocks.
 - one GPU: every weight on the first GPU with the activations the `blocks` run measured per device
   (both run the whole batch over all tokens).
+- core's own options where this ComfyUI has them (``simulator_baselines``): one GPU with dynamic
+  VRAM, core's MultiGPU CFG Split — shown, never picked; the decision line names them when they are
+  predicted as fast or faster (``cost_baselines.compare_with_core``).
 Speed: ``parallel/cost_model`` (FLOPs / throughput, bytes / link) for the same devices; ``auto``
-picks the fastest that fits (``cost_report.choose_strategy``).
+picks the fastest of ShardDiT's modes that fits (``cost_report.choose_strategy``).
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
 
-from ...parallel.cost_inputs import DEFAULT_GPU, normalize_gpu_name, shape_from_spec, table_gpu_name
-from ...parallel.cost_model import Workload, estimate_blocks, estimate_one_gpu, estimate_sequence, hardware_from_options
+from ...parallel.cost_baselines import compare_with_core
+from ...parallel.cost_inputs import (
+    DEFAULT_GPU,
+    normalize_gpu_name,
+    shape_from_spec,
+    table_gpu_name,
+)
+from ...parallel.cost_model import (
+    STRATEGIES,
+    Workload,
+    estimate_blocks,
+    estimate_one_gpu,
+    estimate_sequence,
+    hardware_from_options,
+)
 from ...parallel.cost_report import DevicePeak, choose_strategy, format_strategy_rows
 from ...parallel.parallel_mode import check_parallel, prefetch_bytes
+from .simulator_baselines import absent_note, baseline_rows
 from .simulator_report import DeviceReport, format_gib, format_table
 
 log = logging.getLogger("sharddit")
@@ -29,7 +46,10 @@ DEFAULT_CFG = 6.0
 
 
 _DEVICE_NOTES = {"blocks": " (the planner's fewest GPUs)",
-                 "sequence": " (every listed GPU: give the loader these devices)"}
+                 "sequence": " (every listed GPU: give the loader these devices)",
+                 "dynamic_vram": " (core, no ShardDiT: one GPU, the weights that do not fit streamed from pinned "
+                                 "host RAM every step)",
+                 "core_cfg_split": " (core's MultiGPU CFG Split node: a full copy of the DiT on each)"}
 
 
 def check_cfg(value) -> float:
@@ -61,6 +81,8 @@ class StrategyReport:
     baseline_name: str = "GPU"
     devices: dict = field(default_factory=dict)
     """Strategy -> the devices it runs on."""
+    core_note: str = ""
+    """Which of core's own options this ComfyUI lacks ('' when it has both)."""
 
     @property
     def ok(self) -> bool:
@@ -70,6 +92,8 @@ class StrategyReport:
         batch = "cond + uncond every step (sequence splits them first)" if self.cfg > 1 else "cond only, batch 1"
         lines = [f"Strategies (cfg {self.cfg:g}: {batch}):",
                  format_strategy_rows(self.costs, self.peaks, self.fits, self.baseline_name, self.hardware_note)]
+        if self.core_note:
+            lines.append(self.core_note)
         for name, devs in self.devices.items():
             if name in self.costs:
                 lines.append(f"{name} on {','.join(devs)}" + _DEVICE_NOTES.get(name, ""))
@@ -90,6 +114,7 @@ class StrategyReport:
 
     def to_dict(self) -> dict:
         return {"requested": self.requested, "chosen": self.chosen, "reason": self.reason, "cfg": self.cfg,
+                "core_note": self.core_note,
                 "sequence_devices": {p.device: {"weights": p.weights, "activations": p.activations,
                                                 "prefetch": p.prefetch, "usable": self.usable.get(p.device)}
                                      for p in self.sequence_devices},
@@ -160,15 +185,24 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
             fits["sequence"] = all(usable[p.device] is None or p.total <= usable[p.device]
                                                         for p in seq)
+    devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
+    core = baseline_rows(ctx, report, work, names, link_gbps,
+                         lambda d: _usable_of(inventory, d, ctx.request.reserve_bytes))
+    for name, row in core.items():
+        costs[name], peaks[name], fits[name], devices[name] = row.cost, row.peak, row.fits, list(row.devices)
     costs = _rebase(costs)
     chosen, reason = _choose(parallel, costs, fits)
+    if chosen in costs:
+        rebased = {k: replace(r, cost=costs[k]) for k, r in core.items()}
+        said = compare_with_core(_label(chosen), costs[chosen], rebased)
+        reason = f"{reason}; {said}" if said else reason
     hw_note = hardware_from_options(names["*"], 1, link_gbps=link_gbps).note
     if names.get("default"):
         hw_note = f"{DEFAULT_GPU} assumed (no GPU name in the throughput table; pass --gpu NAME): {hw_note}"
-    devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
     out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, sequence_devices=seq,
                          sequence_reports=seq_reports, usable=usable, hardware_note=hw_note,
-                         baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices)
+                         baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices,
+                         core_note=absent_note())
     log.info("[ShardDiT] %s", out.decision_line())
     return out
 
@@ -190,9 +224,13 @@ def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
     if parallel not in costs:
         return None, f"{parallel}: needs two or more GPUs holding blocks (and a model sequence mode splits)"
     c = costs[parallel]
-    others = "; ".join(f"{'1 GPU' if k == 'one_gpu' else k} {v.speedup:.2f}×" for k, v in costs.items() if k != parallel)
+    others = "; ".join(f"{_label(k)} {v.speedup:.2f}×" for k, v in costs.items() if k != parallel and k in STRATEGIES)
     tail = "" if fits.get(parallel) else " (does NOT fit)"
     return parallel, f"{parallel}: predicted {c.speedup:.2f}× vs 1 GPU{tail}; {others}"
+
+
+def _label(name: str) -> str:
+    return "1 GPU" if name == "one_gpu" else name
 
 
 def _gpu_names(inventory, gpu: str | None) -> dict:

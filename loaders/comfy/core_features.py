@@ -1,0 +1,48 @@
+"""Which of core's own multi-GPU options the running ComfyUI has (feature-detected, never from a
+version string), for the plan's and ``auto``'s baseline rows (``parallel/cost_baselines``).
+
+- Core's CFG split: ``comfy/multigpu.py`` and ``comfy_extras/nodes_multigpu.py`` (core 0.23+,
+  node ``MultiGPU_WorkUnits``, "MultiGPU CFG Split").
+- Dynamic VRAM: ``comfy.model_patcher.ModelPatcherDynamic`` (core 0.16+). It is *on* in this
+  process when ``main.py`` made it the ``CoreModelPatcher`` (NVIDIA, or ROCm >= 7.14 / forced on
+  newer cores); otherwise (``plan`` without GPUs, ``--disable-dynamic-vram``, CPU) the rows name the
+  condition instead.
+
+ComfyUI is imported inside the functions: ``plan`` imports this module before ``import_comfyui``.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+__all__ = ["DYNAMIC_CONDITION", "NONE_HERE", "core_cfg_split_available", "dynamic_vram_available",
+           "dynamic_vram_condition"]
+
+DYNAMIC_CONDITION = "on ComfyUI with dynamic VRAM (NVIDIA)"
+NONE_HERE = ("core's own options: neither in this ComfyUI (one GPU with dynamic VRAM needs core 0.16+, "
+             "core's MultiGPU CFG Split 0.23+)")
+
+
+def _has_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def core_cfg_split_available() -> bool:
+    return _has_module("comfy.multigpu") and _has_module("comfy_extras.nodes_multigpu")
+
+
+def dynamic_vram_available() -> bool:
+    import comfy.model_patcher
+
+    return hasattr(comfy.model_patcher, "ModelPatcherDynamic")
+
+
+def dynamic_vram_condition() -> str:
+    """'' when dynamic VRAM is on in this process, else the condition under which core uses it."""
+    import comfy.model_patcher
+
+    dynamic = getattr(comfy.model_patcher, "ModelPatcherDynamic", None)
+    on = dynamic is not None and getattr(comfy.model_patcher, "CoreModelPatcher", None) is dynamic
+    return "" if on else DYNAMIC_CONDITION
