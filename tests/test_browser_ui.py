@@ -43,6 +43,16 @@ def ui(comfy_server, workflow_models):
             chromium.close()
 
 
+@pytest.fixture(autouse=True)
+def no_page_errors(request):
+    """After every test on the page: no uncaught error in ComfyUI's frontend (a broken node
+    widget or extension often shows only there)."""
+    yield
+    if "ui" in request.fixturenames:
+        errors = browser.take_page_errors(request.getfixturevalue("ui"))
+        assert errors == [], f"uncaught errors in the page during {request.node.name}: {errors}"
+
+
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory):
     return tmp_path_factory.mktemp("screenshots")

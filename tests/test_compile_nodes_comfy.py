@@ -61,14 +61,31 @@ def test_per_block_compile_refused_with_the_order_that_works(comfy_env, kj, wan,
 
 
 def test_whole_model_compile_composes_in_either_order(comfy_env, wan):
+    """The backend counts the graphs dynamo hands it and the times they run: a wrapper dropped on
+    the way (by sharding, or by our sampler) would leave both at 0 and still match the reference."""
     from comfy_api.torch_helpers import set_torch_compile_wrapper
+
+    seen = {"graphs": 0, "runs": 0}
+
+    def counting_eager(gm, example_inputs):  # like backend="eager": runs the traced graph as is
+        seen["graphs"] += 1
+
+        def run(*args):
+            seen["runs"] += 1
+            return gm.forward(*args)
+        return run
 
     def compile_(model):
         m = model.clone()
-        set_torch_compile_wrapper(model=m, backend="eager")
+        set_torch_compile_wrapper(model=m, backend=counting_eager)
         return m
 
     torch._dynamo.reset()
     ref = _stock(comfy_env, wan)
-    assert torch.equal(_ours(comfy_env, compile_(wan)), ref)
-    assert torch.equal(_ours(comfy_env, compile_(_shard(comfy_env, wan))), ref)
+    assert seen == {"graphs": 0, "runs": 0}  # the plain model compiles nothing
+    for order, model in (("compile then sample", lambda: compile_(wan)),
+                         ("shard then compile", lambda: compile_(_shard(comfy_env, wan)))):
+        torch._dynamo.reset()
+        seen.update(graphs=0, runs=0)
+        assert torch.equal(_ours(comfy_env, model()), ref), order  # blocks mode: the reference's shapes
+        assert seen["graphs"] > 0 and seen["runs"] >= sampling.STEPS, (order, seen)  # the wrapper ran

@@ -2,7 +2,8 @@
 
 Every number asserted here comes out of the one set of constants in ``parallel/cost_inputs.py``
 (``EFFICIENCY`` 0.6, ``DEFAULT_LINK_GBPS`` 12) and ``parallel/cost_model.py``
-(``TRANSFER_LATENCY_S``); nothing is tuned per test.
+(``TRANSFER_LATENCY_S``); nothing is tuned per test. (The calibration against published end-to-end
+tables solves one number per table, the seconds no run splits; see ``_calibrate``.)
 """
 import ast
 import importlib
@@ -157,30 +158,90 @@ def test_ulysses_exchange_share_matches_anchors_table(size, gpus, share):
 
 
 # ------------------------------------------------------------------ calibration (published)
-@pytest.mark.parametrize("gpus, published", [(2, 1.94), (4, 3.70)])
-def test_calibration_wan_official_fsdp_ulysses_h100(gpus, published):
-    # Source: Wan-Video/Wan2.1 README, "Computational efficiency": T2V-14B 720p (1280×720×81),
-    # FSDP + Ulysses on H100: 1837.9 s -> 945.1 s (2 GPUs, 1.94×) / 497.0 s (4, 3.70×).
-    # Wan runs cond and uncond one after the other, each over all GPUs: the ratio is that of one
-    # forward with the tokens split, i.e. cfg 1 here. FSDP gathers every block it does not hold,
-    # the bytes our streaming moves. Link: H100 SXM NVLink 4, 450 GB/s per direction.
-    # (Their totals include the serial T5 and VAE, ~55 s; a per-step model leaves that out and
-    # so runs ahead of their 8-GPU 6.38×, predicting ~7.7×.)
-    costs = estimate_costs(Workload(_wan14b(), 1280, 720, 81, cfg=1),
-                           hardware_from_options(["NVIDIA H100 80GB HBM3"] * gpus, link_gbps=450))
-    assert abs(costs["sequence"].speedup - published) / published < 0.15, costs["sequence"]
+H100 = "NVIDIA H100 80GB HBM3"
+# Published end-to-end tables: {GPUs: total seconds}. Sources:
+# - Wan-Video/Wan2.1 README, "Computational Efficiency on Different GPUs": T2V-14B 1280×720×81,
+#   50 steps, FSDP + Ulysses on H100 (NVLink 4, 450 GB/s): 1837.9 / 945.1 / 497.0 / 287.9 s.
+#   Wan runs cond and uncond one after the other, each over all GPUs: cfg 1 here.
+# - xDiT performance table (ANCHORS.md "Published speed-ups"): HunyuanVideo 1280×720×129 on
+#   H100: 1904 / 925 / 514 / 338 s (guidance-distilled: one forward per step, cfg 1).
+TABLES = [
+    ("Wan 2.1 T2V-14B 720p×81 H100", lambda: Workload(_wan14b(), 1280, 720, 81, cfg=1), H100, 450,
+     {1: 1837.9, 2: 945.1, 4: 497.0, 8: 287.9}),
+    ("HunyuanVideo 720p×129 H100 (xDiT)", lambda: Workload(_shape("hunyuanvideo-13b"), 1280, 720, 129, cfg=1),
+     H100, 450, {1: 1904, 2: 925, 4: 514, 8: 338}),
+]
+# Per-step ratios (s/it: nothing serial in them): (label, workload, GPUs, link GB/s, replicas, published).
+# - Comfy-Org/ComfyUI PR #7063 ("MultiGPU Work Units"), 1x vs 2x RTX 3090, Wan I2V 480p fp8
+#   (512×512×33): 10.80 -> 5.63 s/it = 1.92×. Core gives each GPU a full copy and one of cond /
+#   uncond: sequence mode at cfg > 1 with groups of one device and replicas (nothing streamed).
+# - Link-bound: ANCHORS.md "Communication arithmetic": a short clip (480p×33) on 4 GPUs over PCIe
+#   without P2P is weight-bound, "~1.8× at best" (an analysis of the same bytes, not a timing;
+#   it is here because ideal scaling, 4×, misses it by far, as xDiT's 8×L40-over-PCIe report does).
+STEP_ROWS = [
+    ("core CFG split 2×3090 Wan I2V 512×512×33 fp8", lambda: Workload(_wan14b_i2v(), 512, 512, 33, cfg=5, weight_bytes=1),
+     ["NVIDIA GeForce RTX 3090"] * 2, None, True, 1.92),
+    ("short clip 480p×33 on 4×4090, 12 GB/s", lambda: Workload(_wan14b(), 832, 480, 33, cfg=1),
+     ["RTX 4090"] * 4, 12, False, 1.8),
+]
+CALIBRATION_TOLERANCE = 0.10
+"""Largest relative miss the rows allow the cost model: HunyuanVideo's 2 and 4 GPUs (-9 %; its
+2-GPU run is superlinear, 2.06×, which no per-step model predicts). Ideal scaling misses the
+link-bound row by 120 %."""
+MAX_SERIAL_SHARE = 0.10
+"""Serial seconds (text encoder, VAE decode) as a share of the one-GPU total: a 720p clip's VAE
+decode and text encoding take tens of seconds of a ~30-minute run, not minutes."""
 
 
-def test_calibration_core_cfg_split_full_replica_2x3090():
-    # Source: Comfy-Org/ComfyUI PR #7063 ("MultiGPU Work Units"), comment with 1x3090 vs 2x3090:
-    # Wan I2V 480p fp8 from ComfyUI's example workflow (512×512, 33 frames): 10.80 -> 5.63 s/it
-    # (1.92×). Core gives each GPU a full model copy and one of cond / uncond: our sequence
-    # mode at cfg > 1 with groups of one device and replicas=True (nothing streamed).
-    costs = estimate_costs(Workload(_wan14b_i2v(), 512, 512, 33, cfg=5, weight_bytes=1),
-                           hardware_from_options(["NVIDIA GeForce RTX 3090"] * 2), replicas=True)
-    seq = costs["sequence"]
-    assert seq.stream_s == 0 and seq.exchange_s == 0
-    assert abs(seq.speedup - 1.92) / 1.92 < 0.15, seq
+def _model_speedup(work, hw, replicas):
+    return estimate_costs(work, hw, replicas=replicas)["sequence"].speedup
+
+
+def _ideal_speedup(work, hw, replicas):
+    return float(len(hw.flops))  # N× on N GPUs: what the calibration must be able to reject
+
+
+def _calibrate(predict):
+    """([(label, predicted, published)], {table: serial share}) for a per-step ``predict``.
+
+    A table's totals include the parts no run splits: the same serial seconds S in every row
+    (T_N = S + (T_1 - S) / p_N). S is solved from the table's largest-N row (one number per table,
+    the same work in each of its rows) and must be a plausible share; the other rows are then
+    predictions. Per-step rows compare the ratio directly."""
+    rows, serial = [], {}
+    for label, work, gpu, link, totals in TABLES:
+        t1, n_max = totals[1], max(totals)
+        p = {n: predict(work(), hardware_from_options([gpu] * n, link_gbps=link), False) for n in totals if n > 1}
+        s = (totals[n_max] - t1 / p[n_max]) / (1 - 1 / p[n_max])
+        serial[label] = s / t1
+        rows += [(f"{label} {n} GPUs", t1 / (s + (t1 - s) / p[n]), t1 / totals[n]) for n in p if n != n_max]
+    for label, work, gpus, link, replicas, published in STEP_ROWS:
+        rows.append((label, predict(work(), hardware_from_options(gpus, link_gbps=link), replicas), published))
+    return rows, serial
+
+
+def _misses(rows):
+    return {label: (predicted - published) / published for label, predicted, published in rows}
+
+
+def test_calibration_against_published_speedups():
+    rows, serial = _calibrate(_model_speedup)
+    misses = _misses(rows)
+    assert len(misses) == 6
+    assert all(abs(m) <= CALIBRATION_TOLERANCE for m in misses.values()), misses
+    assert all(0 <= share <= MAX_SERIAL_SHARE for share in serial.values()), serial  # Wan 3 %, HunyuanVideo 6 %
+
+
+def test_ideal_scaling_fails_the_calibration():
+    """The calibration can fail: a model that predicts N× on N GPUs misses the link-bound row."""
+    misses = _misses(_calibrate(_ideal_speedup)[0])
+    assert max(abs(m) for m in misses.values()) > CALIBRATION_TOLERANCE, misses
+    assert misses["short clip 480p×33 on 4×4090, 12 GB/s"] > 1.0
+
+
+def test_core_cfg_split_streams_and_exchanges_nothing():
+    costs = estimate_costs(STEP_ROWS[0][1](), hardware_from_options(STEP_ROWS[0][2]), replicas=True)
+    assert costs["sequence"].stream_s == 0 and costs["sequence"].exchange_s == 0
 
 
 # ------------------------------------------------------------------ done-when (issue 12)

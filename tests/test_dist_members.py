@@ -1,7 +1,8 @@
 """Worker members (pure torch, gloo on 127.0.0.1): every serving process joins the lobby as the
 member ``NAME/DEVICE``. Two spawned workers (``w1/cpu``, ``w2/cpu``; this machine has one ``cpu``,
 so two names stand for two members) register real offers; the lobby lists, describes and checks
-members; a 3-rank forward over the host and both members is bit-identical to the unsharded model.
+members; a 3-rank forward over the host and both members matches the unsharded model (equal or
+within the split bound of tests/harness/numerics.py: the split gives GEMMs fewer rows).
 The worker command refuses a device listed twice (one process per device) before importing ComfyUI.
 Several devices per worker start one child each; that path needs two devices (a GPU) and is run
 on a GPU machine; the one-device path is ``test_distributed_server_comfy``'s worker."""
@@ -13,6 +14,7 @@ import pytest
 import torch
 from conftest import REPO
 from harness import dist_procs
+from harness.numerics import assert_split_close
 from sharddit.parallel.dist_host import member_key, split_member
 from sharddit.parallel.dist_ranks import attach_remote_ranks
 from test_dist_sequence import _copies, _engine, _inputs, _run
@@ -55,7 +57,7 @@ def test_check_names_names_the_member_and_the_command(lobby):
         lobby.check_names(["w3/cuda:0"])
 
 
-def test_two_members_in_one_session_bit_identical(lobby):
+def test_two_members_in_one_session_match_unsharded(lobby):
     model, ref_model = _copies(2)
     handle, engine = _engine(model, ["cpu", "cpu", "cpu"])
     ranks = attach_remote_ranks(engine, lobby, {1: "w1/cpu", 2: "w2/cpu"}, {"w1/cpu": "cpu", "w2/cpu": "cpu"})
@@ -65,7 +67,7 @@ def test_two_members_in_one_session_bit_identical(lobby):
             with torch.no_grad():
                 ref = ref_model(*x)
             out = _run(handle, model, *x)
-            assert torch.equal(out, ref), f"batch {batch}: {(out - ref).abs().max()}"
+            assert_split_close(out, ref, what=f"cpu,w1/cpu,w2/cpu batch {batch}")
         assert lobby.session.names == ("w1/cpu", "w2/cpu") and lobby.session.sid == 1
         assert ranks.bytes_sent["w1/cpu"] > 0 and ranks.bytes_sent["w2/cpu"] > 0
         assert lobby.session.label("w2/cpu") == "worker 'w2' (rank 2, cpu)"

@@ -2,7 +2,8 @@
 ``python <pack-dir> worker`` process on 127.0.0.1 joins it over gloo (issue 14).
 
 - ``devices=cpu,w1/cpu``, ``parallel=sequence``, Wan 2.1 tiny with a LoRA: latents bit-identical
-  to core's KSampler and to the local ``cpu,cpu`` run, at cfg > 1 (batch split: the worker runs
+  to the local ``cpu,cpu`` run (the same split, the same GEMM shapes) and equal to core's KSampler
+  or within the split bound of tests/harness/numerics.py (a split gives GEMMs fewer rows), at cfg > 1 (batch split: the worker runs
   the uncond half) and cfg = 1 (token split: Ulysses exchanges cross the processes).
 - ``devices=auto`` with w1 joined resolves to ``cpu,w1/cpu`` (bit-identical latents, logged).
 - Killing the worker mid-sampling fails the prompt within the timeout with the worker named; the
@@ -19,6 +20,7 @@ import time
 
 import pytest
 import torch
+from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
 from harness.server import REPO, ComfyServer, free_port
 
 pytestmark = pytest.mark.comfy
@@ -136,15 +138,14 @@ def _run(server, graph):
 
 @pytest.fixture(scope="module")
 def core_latents(dist_server, tiny_models):
-    """Core's KSampler first, before any ShardDiT prompt on this server: a core run on the same
-    LoRA'd MODEL after a ShardDiT run differs today (also with cpu,cpu only; see the report of
-    issue 14), which is not what this test is about."""
+    """Core's KSampler first, before any ShardDiT prompt on this server (the shards then start from
+    a fresh MODEL); ``test_core_after_sharddit_matches_core_before`` runs the other order."""
     return {cfg: _run(dist_server, _graph(tiny_models.names, "core", "", cfg, 2, f"dist/core_{cfg}"))
             for cfg in (3.0, 1.0)}
 
 
 @pytest.mark.parametrize("cfg", [3.0, 1.0])
-def test_worker_rank_bit_identical_to_core_and_local(dist_server, tiny_models, core_latents, cfg):
+def test_worker_rank_matches_core_and_local(dist_server, tiny_models, core_latents, cfg):
     server, names = dist_server, tiny_models.names
     if not any(w.proc.poll() is None for w in server.workers):
         _worker(server)
@@ -153,8 +154,8 @@ def test_worker_rank_bit_identical_to_core_and_local(dist_server, tiny_models, c
     worker = next(w for w in server.workers if w.proc.poll() is None)
     before = len(worker.text())
     dist = _run(server, _graph(names, "ours", "cpu,w1/cpu", cfg, 2, f"dist/dist_{cfg}"))
-    assert torch.equal(dist, local), f"max diff {(dist - local).abs().max()}"
-    assert torch.equal(dist, core), f"max diff {(dist - core).abs().max()}"
+    assert torch.equal(dist, local), f"max diff {(dist - local).abs().max()}"  # same split, same shapes
+    assert_split_close(dist, core, COMFY_SPLIT_BOUND, f"cpu,w1/cpu vs core, cfg {cfg}")
     # the worker owns the second half of the blocks and keeps only those; sent once for two steps
     first, last = map(int, re.findall(r"w1/cpu owns blocks (\d+)-(\d+)", server.log_text())[-1])
     n_blocks = int(re.findall(r"(\d+) blocks sharded over 'cpu'", server.log_text())[-1])
@@ -167,12 +168,30 @@ def test_worker_rank_bit_identical_to_core_and_local(dist_server, tiny_models, c
 
 def test_two_host_ranks_and_a_worker_in_one_group(dist_server, tiny_models, core_latents):
     """cpu,cpu,w1/cpu at cfg 1: one batch group, two positions in the server's process (threads
-    sharing one exchange) and one in the worker; bit-identical to core's KSampler."""
+    sharing one exchange) and one in the worker; equal to core's KSampler or within the split bound."""
     server, names = dist_server, tiny_models.names
     if not any(w.proc.poll() is None for w in server.workers):
         _worker(server)
     dist = _run(server, _graph(names, "ours", "cpu,cpu,w1/cpu", 1.0, 2, "dist/three"))
-    assert torch.equal(dist, core_latents[1.0]), f"max diff {(dist - core_latents[1.0]).abs().max()}"
+    assert_split_close(dist, core_latents[1.0], COMFY_SPLIT_BOUND, "cpu,cpu,w1/cpu vs core, cfg 1")
+
+
+@pytest.mark.parametrize("cfg", [3.0, 1.0])
+def test_core_after_sharddit_matches_core_before(dist_server, tiny_models, core_latents, cfg):
+    """The other order: a ShardDiT `sequence` prompt on the server's cached LoRA'd MODEL, then core's
+    KSampler again: bit-identical to core's run before any ShardDiT prompt (same path, same shapes),
+    so the shards gave the MODEL back as they found it. (Local ranks only: on this branch a further
+    distributed prompt here makes the next test's distributed prompt fail, issue 19's "every
+    second prompt" fault, which is fixed and tested apart.)"""
+    server, names = dist_server, tiny_models.names
+    _run(server, _graph(names, "ours", "cpu,cpu", cfg, 2, f"dist/before_core_local_{cfg}"))
+    pid = server.queue_prompt(_graph(names, "core", "", cfg, 2, f"dist/core_again_{cfg}"))
+    status = _status(server, pid)
+    assert status["status_str"] == "success", f"{status}\n{server.log_tail()}"
+    cached = [n for m in status["messages"] if m[0] == "execution_cached" for n in m[1]["nodes"]]
+    assert "7" not in cached and "2" in cached, cached  # KSampler ran again, on the LoRA'd MODEL ShardDiT used
+    again = _latent(server, pid)
+    assert torch.equal(again, core_latents[cfg]), f"max diff {(again - core_latents[cfg]).abs().max()}"
 
 
 def test_lora_change_resends_only_the_changed_blocks(dist_server, tiny_models):

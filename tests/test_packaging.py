@@ -11,13 +11,14 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from harness.require import import_or_skip, skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 
 try:
     import tomllib
 except ImportError:  # Python 3.10
-    tomllib = pytest.importorskip("tomli", reason="Python 3.10 needs tomli to read pyproject.toml")
+    tomllib = import_or_skip("tomli", "Python 3.10 needs tomli to read pyproject.toml (pip install tomli)")
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +79,9 @@ def _copy_sources(target: Path) -> None:
     shutil.copytree(REPO, target, ignore=ignore)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("setuptools") is None,
-                    reason="needs setuptools in this environment for an offline wheel build (pip install setuptools)")
 def test_wheel_contains_only_the_sharddit_package(tmp_path):
+    if importlib.util.find_spec("setuptools") is None:
+        skip_or_fail("needs setuptools in this environment for an offline wheel build (pip install setuptools)")
     src = tmp_path / "src"
     _copy_sources(src)  # build a copy: never write build/ or *.egg-info into the shared checkout
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
@@ -109,8 +110,9 @@ def _find_comfy_cli():
     return str(beside_python) if beside_python.exists() else shutil.which("comfy")
 
 
-@pytest.mark.skipif(_find_comfy_cli() is None, reason="comfy-cli not installed (pip install comfy-cli) - `comfy` not on PATH")
 def test_comfy_node_validate():
+    if _find_comfy_cli() is None:
+        skip_or_fail("comfy-cli not installed (pip install comfy-cli) - `comfy` not on PATH")
     # Offline: it reads pyproject.toml and runs ruff's security rules; telemetry off, no prompts.
     cmd = [_find_comfy_cli(), "--skip-prompt", "--no-enable-telemetry", "node", "validate"]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180)

@@ -1,11 +1,12 @@
 """The plan picture (loaders/simulator/plan_picture.py): bars measured in pixels (CI, needs Pillow)."""
 import pytest
+from harness.require import import_or_skip
 
 from sharddit.loaders.simulator import plan_picture
 from sharddit.loaders.simulator.simulator_report import DeviceReport, SimulationReport
 from sharddit.parallel.inventory import inventory_from_spec
 
-PIL = pytest.importorskip("PIL", reason="Pillow not installed (it is in ComfyUI's requirements)")
+PIL = import_or_skip("PIL", "Pillow not installed (pip install pillow; it is in tests/requirements.txt and ComfyUI's)")
 GiB = 1 << 30
 COLOURS = {k: c for k, _, c in plan_picture.SEGMENTS}
 

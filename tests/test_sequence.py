@@ -1,12 +1,16 @@
 """`sequence` mode on toy DiTs (pure torch, CI): every rank computes every block on its share.
 
-Tier 1 (CPU ranks): the split forward equals the unsharded forward bit for bit — batch groups,
-uneven token ranges, more ranks than heads, per-token modulation, a replicated text tail.
+Tier 1 (CPU ranks): the split forward matches the unsharded forward — batch groups, uneven token
+ranges, more ranks than heads, per-token modulation, a replicated text tail. Every split here gives
+some GEMM fewer rows than in the reference (a rank's tokens, one sample of two), so CPU BLAS may sum
+in another order: equal or within the split bound of tests/harness/numerics.py (its table gives
+the figures measured across MKL kernel paths and torch versions).
 """
 import threading
 
 import pytest
 import torch
+from harness.numerics import assert_split_close
 from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
 
 from sharddit.parallel.seq_engine import attach_sequence_engine
@@ -50,7 +54,7 @@ def test_plan_groups_split_batch_first():
     (2, 12, 4, False),   # cond + uncond: batch groups first
     (1, 10, 2, True),    # 3 ranks > 2 heads: one rank relays only; per-token modulation
 ])
-def test_wan_like_bit_identical(ranks, batch, tokens, heads, per_token_e):
+def test_wan_like_matches_unsharded(ranks, batch, tokens, heads, per_token_e):
     torch.manual_seed(0)
     model = SeqToyDiT(dim=32, heads=heads, per_token_e=per_token_e).eval()
     x, t, ctx = torch.randn(batch, tokens, 8), torch.rand(batch), torch.randn(batch, 5, 32)
@@ -58,7 +62,7 @@ def test_wan_like_bit_identical(ranks, batch, tokens, heads, per_token_e):
         ref = model(x, t, ctx)
     handle, engine = _shard(model, WAN, WAN_SPEC, ranks)
     out = _run(handle, lambda: model(x, t, ctx))
-    assert torch.equal(out, ref), f"max diff {(out - ref).abs().max()}"
+    assert_split_close(out, ref, what=f"wan-like {len(ranks)} ranks batch {batch} tokens {tokens}")
     st = engine.stats
     assert st.blocks_run == [4] * len(ranks) and st.fallbacks == 0
     group_sizes = [len(r) for _, r in st.groups]
@@ -86,11 +90,10 @@ def test_exchange_bytes_match_the_analytic_figure():
 
 
 @pytest.mark.parametrize("ranks,batch", [(["cpu", "cpu"], 1), (["cpu", "cpu", "cpu"], 1), (["cpu", "cpu"], 2)])
-def test_mmdit_text_tail_bit_identical(ranks, batch):
-    """Bit-exact, except one measured case: with a batch split the double blocks' modulation
-    ``Linear(vec)`` runs on 1 row instead of 2, and CPU BLAS takes its matrix-vector path for one
-    row, which sums in another order (measured: 1.2e-7 here, the same as ``Linear`` on rows 1 and
-    2 separately vs together). Token-split rows keep M = tokens and stay bit-exact."""
+def test_mmdit_text_tail_matches_unsharded(ranks, batch):
+    """With a batch split the double blocks' modulation ``Linear(vec)`` runs on 1 row instead of 2
+    (CPU BLAS's matrix-vector path); with a token split each rank's Linears run on its rows only:
+    either may sum in another order (tests/harness/numerics.py)."""
     torch.manual_seed(0)
     model = SeqToyMMDiT().eval()
     x, t, ctx = torch.randn(batch, 11, 8), torch.rand(batch), torch.randn(batch, 5, 64)
@@ -99,10 +102,7 @@ def test_mmdit_text_tail_bit_identical(ranks, batch):
         ref = model(x, t, ctx, txt_mask=mask)
     handle, engine = _shard(model, MM, MM_SPEC, ranks)
     out = _run(handle, lambda: model(x, t, ctx, txt_mask=mask))
-    if batch == 1:
-        assert torch.equal(out, ref), f"max diff {(out - ref).abs().max()}"
-    else:
-        assert 0 < (out - ref).abs().max() <= 1e-6
+    assert_split_close(out, ref, what=f"mmdit {len(ranks)} ranks batch {batch}")
     assert engine.stats.fallbacks == 0 and engine.stats.gathers == 3  # img + txt after doubles, x after singles
     engine.close()
 
@@ -131,7 +131,7 @@ def test_worker_fault_raises_with_device_and_leaves_no_thread():
     assert not [t for t in threading.enumerate() if t.name.startswith("sharddit-seq")]  # workers joined
     del real.forward
     out = _run(handle, lambda: model(x, t, ctx))
-    assert torch.equal(out, ref)
+    assert_split_close(out, ref, what="after a worker fault")
     engine.close()
 
 
@@ -148,6 +148,6 @@ def test_unsupported_argument_runs_whole_in_blocks_mode():
     orig = model.double_blocks[0].forward
     model.double_blocks[0].forward = lambda *a, **k: orig(*a, **{**k, "modulation_dims_img": [(0, None, 0)]})
     out = _run(handle, lambda: model(x, t, ctx))
-    assert torch.equal(out, ref)
+    assert_split_close(out, ref, what="one block whole, the others split")  # the other 3 blocks still split tokens
     assert engine.stats.fallbacks == 1
     engine.close()

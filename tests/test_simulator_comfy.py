@@ -1,8 +1,12 @@
 """Dry-run simulator on ComfyUI's own model classes (fake GPUs, no weights) and the ``plan`` CLI.
 
-Reference figures: TESTING.md, tier 2 (ComfyUI's Wan 2.1 14B, bf16, 20/20 blocks on two fake
-GPUs, per device): 480p x 81 -> 13.5 GiB weights + 2.9 GiB activations (batch 1), 5.7 (batch 2);
-720p x 81 -> 6.6 (batch 1), 13.1 (batch 2). Each simulation takes ~10-30 s of CPU here.
+Expected figures (Wan 2.1 14B, bf16, 20/20 blocks on two fake GPUs, per device), from the shapes:
+- weights: the parameter bytes of ComfyUI's own class built on meta (``_real_bytes``): 20 blocks of
+  351,272,960 parameters = 13.1 GiB, plus the embeddings and head at home = 13.5 GiB; 26.6 GiB in all.
+- activations: every tensor live at a block's peak is [batch, tokens, a multiple of the width], so
+  the peak scales with batch × tokens: 480p×81 = 21×30×52 = 32,760 tokens, 720p×81 = 21×45×80 =
+  75,600. The one measured figure they scale from is ``ACT_480P_B1_GIB`` (tests/README.md, "The
+  simulator's reference figure"). Each simulation takes ~10-30 s of CPU here.
 """
 import os
 import re
@@ -16,6 +20,22 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 GiB = 1 << 30
 TWO_24 = "cuda:0=24GiB,cuda:1=24GiB"
+TOKENS_480P, TOKENS_720P = 21 * 30 * 52, 21 * 45 * 80
+ACT_480P_B1_GIB = 2.9
+"""Peak activations per device, Wan 2.1 14B bf16 at 480p×81, batch 1 (tests/README.md)."""
+
+
+def _act_gib(tokens: int, batch: int) -> float:
+    """Expected peak activations: the 480p batch-1 figure scaled by batch × tokens."""
+    return ACT_480P_B1_GIB * batch * tokens / TOKENS_480P  # 480p b2 5.8, 720p b1 6.7, b2 13.4
+
+
+def _wan14b_weight_gib(presets):
+    """(whole model, 20 blocks, home part) in GiB from the parameter bytes of ComfyUI's class on meta."""
+    dit = presets.build_meta_model(presets.PRESETS["wan2.1-t2v-14b"], torch.bfloat16, None).diffusion_model
+    blocks = [_real_bytes(b) for b in dit.blocks]
+    whole = _real_bytes(dit)
+    return whole / GiB, sum(blocks[20:]) / GiB, (whole - sum(blocks[20:])) / GiB
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +67,9 @@ def test_wan14b_480p_cond_uncond_fits_two_24gib(sim):
     assert set(by_dev) == {"cuda:0", "cuda:1"}
     for d in report.devices:
         assert d.need < 24 * GiB
-        assert _close(d.peak_activations, 5.7), d
-    assert _close(by_dev["cuda:0"].weights, 13.5) and _close(by_dev["cuda:1"].weights, 13.1)
+        assert _close(d.peak_activations, _act_gib(TOKENS_480P, 2)), d
+    _, second_half, first_and_home = _wan14b_weight_gib(presets)  # 13.1 and 13.5 GiB
+    assert _close(by_dev["cuda:0"].weights, first_and_home) and _close(by_dev["cuda:1"].weights, second_half)
 
     # weight bytes per device == real parameter sizes of what the plan put there
     dit = presets.build_meta_model(presets.PRESETS["wan2.1-t2v-14b"], torch.bfloat16, None).diffusion_model
@@ -69,7 +90,7 @@ def test_wan14b_720p_cond_uncond_does_not_fit_and_names_shortfall(sim):
     assert report.plan is None and "does not fit" in report.plan_error
     assert [d.blocks for d in report.devices] == [list(range(20)), list(range(20, 40))]
     for d in report.devices:
-        assert _close(d.peak_activations, 13.1), d
+        assert _close(d.peak_activations, _act_gib(TOKENS_720P, 2)), d
         assert d.shortfall > 0
     assert "DOES NOT FIT: cuda:0 short by" in report.to_text()
 
@@ -149,7 +170,7 @@ def _cli(*args, env_extra=None, drop=("COMFYUI_PATH",)):
 
 
 @pytest.mark.comfy
-def test_cli_plan_fits_on_two_gpus_exit_0():
+def test_cli_plan_fits_on_two_gpus_exit_0(sim):
     out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24, "--size", "832x480",
                "--frames", "81", "--batch", "1", "--parallel", "blocks",
                env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
@@ -157,20 +178,22 @@ def test_cli_plan_fits_on_two_gpus_exit_0():
     blocks_table = out.stdout.split("Strategies")[0]
     rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", blocks_table, re.M)
     assert [(r[0], r[1].strip()) for r in rows] == [("cuda:0", "home + blocks 0-19"), ("cuda:1", "blocks 20-39")]
-    assert [float(r[2]) for r in rows] == pytest.approx([13.5, 13.1], rel=0.1)
-    assert [float(r[3]) for r in rows] == pytest.approx([2.9, 2.9], rel=0.1)
+    _, second_half, first_and_home = _wan14b_weight_gib(sim[1])
+    assert [float(r[2]) for r in rows] == pytest.approx([first_and_home, second_half], rel=0.1)
+    assert [float(r[3]) for r in rows] == pytest.approx([_act_gib(TOKENS_480P, 1)] * 2, rel=0.1)
     assert "FITS: batch 1." in out.stdout
 
 
 @pytest.mark.comfy
-def test_cli_plan_single_24gib_exit_3_with_shortfall():
+def test_cli_plan_single_24gib_exit_3_with_shortfall(sim):
     out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", "cuda:0=24GiB", "--size", "832x480",
                "--frames", "81", "--batch", "2", env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
     assert out.returncode == 3, out.stdout + out.stderr
     short = re.search(r"DOES NOT FIT: cuda:0 short by ([\d.]+) GiB", out.stdout)
     assert short, out.stdout
     # usable = 24 GiB - the default reserve (1.0 GiB, as the nodes)
-    assert float(short.group(1)) == pytest.approx(26.6 + 5.7 - (24 - 1.0), abs=0.6)
+    whole, _, _ = _wan14b_weight_gib(sim[1])  # 26.6 GiB
+    assert float(short.group(1)) == pytest.approx(whole + _act_gib(TOKENS_480P, 2) - (24 - 1.0), abs=0.6)
 
 
 def test_cli_without_comfyui_path_says_how_to_set_it():

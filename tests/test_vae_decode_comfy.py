@@ -5,8 +5,9 @@ Each VAE is ComfyUI's own class (Wan 2.1 ``comfy.ldm.wan.vae.WanVAE``, Wan 2.2
 loaded through ``comfy.sd.VAE(sd=...)`` — so detection, compression ratios, memory estimates and
 ``process_output`` are core's — but built at reduced width (the constructor ComfyUI calls is wrapped
 while the VAE is built) with deterministic random weights (``fill_state_dict``, seed 0).
-Tolerance: max abs diff <= 1e-5 in fp32 (batched convolutions may round differently; with
-``tile_batch_size=1`` the blend itself is core's exact sequence of operations).
+``tile_batch_size=1`` runs core's exact sequence of operations (one tile per decoder call, core's
+blend): ``torch.equal`` to core, on ``cpu`` and ``cpu,cpu``. Batched tiles: max abs diff <= 1e-5 in
+fp32 (a convolution over a batch of tiles may pick another kernel and round differently).
 """
 import contextlib
 import json
@@ -129,13 +130,17 @@ def _reference(env, kind, i):
 
 
 @pytest.mark.parametrize("kind,i", CASES)
-@pytest.mark.parametrize("batch,devices", [("auto", "auto"), ("1", "cpu,cpu"), ("2", "cpu,cpu"), ("auto", "cpu,cpu")])
+@pytest.mark.parametrize("batch,devices", [("auto", "auto"), ("1", "cpu"), ("1", "cpu,cpu"), ("2", "cpu,cpu"),
+                                           ("auto", "cpu,cpu")])
 def test_matches_core(env, kind, i, batch, devices):
     shape, *tiles = SETTINGS[kind][i]
     ref = _reference(env, kind, i)
     got = ours(env, make_vae(kind), latent(shape), *tiles, batch=batch, devices=devices)
     assert got.shape == ref.shape and got.ndim == 4
-    assert (got - ref).abs().max().item() <= TOL
+    if batch == "1":  # one tile per decoder call, blended in core's order: every conv sees core's shapes
+        assert torch.equal(got, ref), f"{kind} {devices}: max diff {(got - ref).abs().max().item():.3g}"
+    else:  # measured up to 8.1e-6 (LTXV), under MKL_CBWR default and COMPATIBLE alike
+        assert (got - ref).abs().max().item() <= TOL
 
 
 def test_schema_matches_core_inputs(env):

@@ -39,8 +39,16 @@ def launch(playwright):
     return playwright.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
 
 
+def take_page_errors(page) -> list[str]:
+    """The uncaught page errors since the last call (``pageerror`` events), and clear the list:
+    tests assert it empty after each step, so an exception the UI only logs still fails them."""
+    errors, page.errors[:] = list(page.errors), []
+    return errors
+
+
 def open_ui(browser, url: str, timeout_ms: int = 120_000):
-    """A page with ComfyUI loaded (app and canvas ready); console errors collected on ``page.errors``."""
+    """A page with ComfyUI loaded (app and canvas ready); uncaught errors collected on ``page.errors``
+    (read them with ``take_page_errors``)."""
     page = browser.new_page(viewport=WINDOW)
     page.errors = []
     page.on("pageerror", lambda err: page.errors.append(str(err)))
