@@ -69,7 +69,8 @@ def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, name):
     shot = browser.screenshot(ui, shots / f"{name}.png")
     assert browser.open_dialogs(ui) == [], "a dialog opened on drop (missing nodes or models?)"
     # every ShardDiT node is there, with its widgets and the file's values
-    saved = {n["id"]: n for n in wt.load(UI_FILES[name])["nodes"]}
+    # ids as the file has them; newer frontends hand them back as strings
+    saved = {str(n["id"]): n for n in wt.load(UI_FILES[name])["nodes"]}
     ours = wt.sharddit_schemas()
     for node in state["nodes"]:
         if node["type"] in ours:
@@ -78,14 +79,14 @@ def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, name):
                         for n in ([i.name, "control_after_generate"] if i.control else [i.name])]
             assert names == expected, (node["type"], names)
             values = [w["value"] for w in node["widgets"] if w["serialize"]]
-            assert values == saved[node["id"]]["widgets_values"], node["type"]
+            assert values == saved[str(node["id"])]["widgets_values"], node["type"]
     assert {n["type"] for n in state["nodes"]} >= {n["type"] for n in saved.values()}
     # every node keeps its saved size: the frontend's own minimum is the rule the generator uses
     table = wt.node_table(ours)
     for node in state["nodes"]:
         if node["type"] in table:
             assert node["min_size"][1] == wt.min_node_height(table[node["type"]]), (node["type"], node["min_size"])
-        assert node["size"] == saved[node["id"]]["size"], f"{node['title']!r} was resized on load: {node['size']}"
+        assert node["size"] == saved[str(node["id"])]["size"], f"{node['title']!r} was resized on load: {node['size']}"
     # group titles fit their groups and no two title bars overlap (graph units: true at any zoom)
     groups = state["groups"]
     for g in groups:
@@ -174,12 +175,17 @@ def test_wan21_workflow_runs_from_the_run_button(ui, shots):
         w.value = value; w.callback?.(value);
       }
     }""", WAN21_TINY)
-    ui.get_by_role("button", name="Run", exact=True).click()
+    # a failed node ends the wait at once with the server's message (not a 10-minute timeout)
+    ui.evaluate("""() => { window.__shardditError = null;
+      app.api.addEventListener('execution_error', e => { window.__shardditError = e.detail; }); }""")
+    browser.run_button(ui).click()
     ui.wait_for_function("""() => {
       const save = app.graph.nodes.find(n => n.type === 'SaveVideo');
       const out = app.nodeOutputStore?.getNodeOutputs?.(save) ?? app.nodeOutputs?.[save.id];
-      return out?.images?.some(i => i.filename.endsWith('.mp4'));
+      return window.__shardditError || out?.images?.some(i => i.filename.endsWith('.mp4'));
     }""", timeout=600_000)
+    error = ui.evaluate("() => window.__shardditError")
+    assert error is None, f"{error['node_type']} failed: {error['exception_type']}: {error['exception_message']}"
     ui.wait_for_function("() => [...document.querySelectorAll('video')].some(v => v.src.includes('sharddit_wan2.1'))",
                          timeout=60_000)
     ui.wait_for_timeout(500)  # the preview resizes the node once the video's size is known
@@ -200,22 +206,22 @@ def test_node_search_lists_the_seven_nodes(ui, shots):
     free = _empty_spot(state)
     ui.mouse.click(*free)
     ui.mouse.dblclick(*free)
-    search = ui.locator(".comfy-vue-node-search-container input").first
+    search = ui.locator(browser.NODE_SEARCH_INPUT).first
     search.wait_for(timeout=10_000)
     search.click()
     search.press_sequentially("ShardDiT", delay=50)
     # The list is redrawn after every key: read it in one go, once it holds the seven names (reading
     # option i of a count taken earlier raced the redraw and timed out on a vanished option).
-    found = ui.wait_for_function("""(names) => {
-        if (document.querySelector('.comfy-vue-node-search-container input')?.value !== 'ShardDiT') return false;
+    found = ui.wait_for_function("""([names, input]) => {
+        if (document.querySelector(input)?.value !== 'ShardDiT') return false;
         const texts = [...document.querySelectorAll('[role=option]')]
             .map(o => o.innerText.split('\\n')[0].replace(/\\u00a0/g, '').trim());
         return names.every(n => texts.includes(n)) && texts;
-    }""", arg=sorted(SHARDDIT_DISPLAY_NAMES), timeout=15_000).json_value()
+    }""", arg=[sorted(SHARDDIT_DISPLAY_NAMES), browser.NODE_SEARCH_INPUT], timeout=15_000).json_value()
     assert SHARDDIT_DISPLAY_NAMES <= set(found), found
     ui.locator("[role=option]", has_text="Load VAE").filter(has_text="ShardDiT").first.hover()
-    ui.wait_for_selector("._sb_node_preview", timeout=5000)
-    preview = ui.locator("._sb_node_preview").inner_text()
+    ui.wait_for_selector(browser.NODE_PREVIEW, timeout=5000)
+    preview = ui.locator(browser.NODE_PREVIEW).first.inner_text()
     assert "undefined" not in preview and "vae_name" in preview, preview
     browser.screenshot(ui, shots / "node_search.png")
     ui.keyboard.press("Escape")

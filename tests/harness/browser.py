@@ -15,6 +15,10 @@ import requests
 
 CHROMIUM = os.environ.get("SHARDDIT_CHROMIUM", "/usr/bin/chromium")
 WINDOW = {"width": 1600, "height": 1000}
+# Node search's text box and its hover preview: the frontend of ComfyUI 0.3.64 (1.27) first, then the
+# search dialog of newer ones (1.47: role=search, the preview card's test id). Whichever is on the page.
+NODE_SEARCH_INPUT = ".comfy-vue-node-search-container input, [role=search] input[role=combobox]"
+NODE_PREVIEW = "._sb_node_preview, [data-testid=node-preview-card]"
 
 
 def skip_reason() -> str | None:
@@ -30,9 +34,19 @@ def skip_reason() -> str | None:
     return None
 
 
+# Settings a returning user has. TutorialCompleted: no first-run template dialog over the canvas.
+# The two canvas settings hold the values the default "legacy" navigation mode writes: the frontend of
+# ComfyUI 0.3.64 (1.27) writes them from that mode's onChange while registering it, before they are
+# registered, and throws "Cannot read properties of undefined (reading 'id')" on a fresh profile
+# (settingStore onChange <- addSetting); a saved value equal to the written one skips the write.
+RETURNING_USER = {"Comfy.TutorialCompleted": True, "Comfy.Canvas.LeftMouseClickBehavior": "panning",
+                  "Comfy.Canvas.MouseWheelScroll": "zoom"}
+
+
 def prepare_server(url: str) -> None:
-    """Settings a returning user has: no first-run template dialog over the canvas."""
-    requests.post(f"{url}/api/settings/Comfy.TutorialCompleted", json=True, timeout=10).raise_for_status()
+    """The settings of a returning user (``RETURNING_USER``)."""
+    for key, value in RETURNING_USER.items():
+        requests.post(f"{url}/api/settings/{key}", json=value, timeout=10).raise_for_status()
 
 
 def launch(playwright):
@@ -70,6 +84,13 @@ def take_page_errors(page) -> list[str]:
     tests assert it empty after each step, so an exception the UI only logs still fails them."""
     errors, page.errors[:] = list(page.errors), []
     return errors
+
+
+def run_button(page):
+    """The Run (queue) button. Newer frontends give it a test id, and a second control labelled Run
+    (the queue-mode menu) sits next to it; older ones have one button named Run."""
+    by_id = page.locator("[data-testid=queue-button]")
+    return by_id.first if by_id.count() else page.get_by_role("button", name="Run", exact=True)
 
 
 def open_ui(browser, url: str, timeout_ms: int = 120_000):
