@@ -4,6 +4,7 @@ exit status logic in-process.
 The CPU run hides every GPU (``CUDA_VISIBLE_DEVICES=""``) so it checks the ``cpu,cpu`` report on
 any machine; the ``gpu`` run expects ``cuda:0`` + ``cpu`` (one GPU) or all GPUs.
 """
+import re
 import os
 import subprocess
 import sys
@@ -50,8 +51,10 @@ def test_cpu_selftest_passes_with_full_report(cpu_report):
     assert "9 tiles" in _one(lines, "VAE: tiny Wan 2.1 VAE") and "on cpu,cpu" in _one(lines, "VAE: tiny")
     assert "(limit 1e-05)" in _one(lines, "VAE: PASS: max diff")
     seq = [line for line in lines if line.startswith(f"{PREFIX} sequence:")]
-    assert "cfg 4 on cpu,cpu (cond/uncond split): PASS: max diff 0 (bit-exact expected)" in seq[0]
-    assert "cfg 1 on cpu,cpu (tokens split, 16 exchanges): PASS: max diff 0" in seq[1]
+    # A split changes GEMM shapes: within the CPU bound (identical on this AVX2 host; 4.8e-5 seen on AVX-512)
+    assert re.search(r"cfg 4 on cpu,cpu \(cond/uncond split\): PASS: (identical|max diff \S+) \(limit 0.0001\)", seq[0])
+    assert re.search(r"cfg 1 on cpu,cpu \(tokens split, 16 exchanges\): PASS: (identical|max diff \S+) \(limit 0.0001\)",
+                     seq[1])
     assert _one(lines, "prefetch:").startswith(f"{PREFIX} prefetch: no GPU: skipped")
     dynamic = _one(lines, "dynamic VRAM:")
     assert dynamic.startswith(f"{PREFIX} dynamic VRAM: off: ") and "skipped" in dynamic

@@ -20,31 +20,15 @@ import sys
 
 import torch
 
-import comfy.sample
-
 from ..comfy.dynamic_vram import is_dynamic
 from ..comfy.sharded_model import get_shard_patchers, shard_model
-from .selftest_models import WAN_DIT, build_wan_dit
+from .selftest_models import build_wan_dit
+from .selftest_sequence import sample_tiny
 
 __all__ = ["check_dynamic_vram"]
 
-SEED, STEPS, SAMPLER, SCHEDULER = 42, 3, "euler", "simple"
-LATENT = (1, 16, 2, 8, 8)  # 32 tokens: 16 per rank
-TEXT_TOKENS = 512
 GPU_TOL = 1e-3
 DEVICES = "cuda:0,cuda:0"
-
-
-def _cond(seed: int) -> list:
-    g = torch.Generator().manual_seed(seed)
-    return [[torch.randn(1, TEXT_TOKENS, WAN_DIT["text_dim"], generator=g), {}]]
-
-
-def _sample(model, cfg: float) -> torch.Tensor:
-    latent = torch.zeros(LATENT)
-    noise = comfy.sample.prepare_noise(latent, SEED)
-    return comfy.sample.sample(model, noise, STEPS, cfg, SAMPLER, SCHEDULER, _cond(1), _cond(2), latent,
-                               denoise=1.0, disable_pbar=True, seed=SEED)
 
 
 def _compare(check, what: str, got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -74,17 +58,17 @@ def check_dynamic_vram(check, status: str) -> None:
         check.lines.append(f"FAIL: dynamic VRAM is on but core's loader built a {type(model).__name__}")
         return
     check.lines.append(f"dynamic VRAM on: core's loader built a {type(model).__name__} on {model.load_device}")
-    expected = {cfg: _sample(model, cfg) for cfg in (4.0, 1.0)}
+    expected = {cfg: sample_tiny(model, cfg) for cfg in (4.0, 1.0)}
     first = {}
     for mode in ("blocks", "sequence"):
         sharded = shard_model(model, DEVICES, reserve_vram_gb=0.0, parallel=mode)
         check.lines.append(f"{mode} on {DEVICES}: {_patchers_line(check, sharded)}")
         for cfg, ref in expected.items():
-            first[mode, cfg] = _sample(sharded, cfg)
+            first[mode, cfg] = sample_tiny(sharded, cfg)
             _compare(check, f"{mode} cfg {cfg:g} vs unsharded", first[mode, cfg], ref)
-    _compare(check, "core's sampler on the unsharded MODEL again", _sample(model, 4.0), expected[4.0])
+    _compare(check, "core's sampler on the unsharded MODEL again", sample_tiny(model, 4.0), expected[4.0])
     again = shard_model(model, DEVICES, reserve_vram_gb=0.0, parallel="blocks")
-    _compare(check, "blocks again after that", _sample(again, 4.0), first["blocks", 4.0])
+    _compare(check, "blocks again after that", sample_tiny(again, 4.0), first["blocks", 4.0])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20 if sys.platform == "darwin" else 1 << 10)
     weights = sum(t.numel() * t.element_size() for t in model.model.state_dict().values()) / (1 << 20)
     check.lines.append(f"host RAM peak of this process {peak:.0f} MiB (tiny DiT weights {weights:.1f} MiB; "

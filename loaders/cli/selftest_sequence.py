@@ -3,9 +3,9 @@
 - sequence: the tiny Wan 2.1 DiT sampled unsharded, then with ``parallel=sequence`` over two ranks
   (no GPU: ``cpu,cpu``; one GPU: ``cuda:0,cuda:0``, two workers on one GPU; more: every GPU), at
   cfg > 1 (cond and uncond on different ranks) and at cfg = 1 (tokens split, q/k/v exchanged per
-  block). On CPU the latents must be bit-identical (16 rows per rank: same kernels per row). On a
-  GPU a token split changes the matrix shapes, and cuBLAS may pick other kernels that sum in
-  another order: max abs diff <= 1e-3 (fp32).
+  block). A split changes matrix shapes (one sample of two, a rank's rows), and BLAS picks kernels
+  by shape and CPU: on CPU max abs diff <= 1e-4 (measured: 0 to 1.2e-5 on AVX2 hosts, 4.8e-5 on an
+  AVX-512 host after 4 steps), on a GPU <= 1e-3 (fp32, cuBLAS). "identical" when bit-exact.
 - prefetch (GPU only): a block-sized copy from pinned host memory on the side stream the engine
   uses for streamed blocks, timed with CUDA events alone, beside a matmul alone, and both at once:
   "overlaps" when together they take clearly less than one after the other. Informational.
@@ -21,12 +21,13 @@ import comfy.sample
 from ..comfy.sharded_model import get_shard_state, shard_model
 from .selftest_models import WAN_DIT, build_wan_dit
 
-__all__ = ["check_prefetch_overlap", "check_sequence", "sequence_devices"]
+__all__ = ["check_prefetch_overlap", "check_sequence", "sample_tiny", "sequence_devices"]
 
 SEED, STEPS, SAMPLER, SCHEDULER = 42, 3, "euler", "simple"
 LATENT = (1, 16, 2, 8, 8)  # 32 tokens: 16 per rank
 TEXT_TOKENS = 512  # as Wan's text encoder pads: text projections keep > 10 rows per sample
 GPU_TOL = 1e-3
+CPU_TOL = 1e-4  # the split bound of the comfy tests (tests/harness/numerics.py)
 
 
 def sequence_devices(n_gpus: int) -> list[str]:
@@ -42,7 +43,7 @@ def _cond(seed: int) -> list:
     return [[torch.randn(1, TEXT_TOKENS, WAN_DIT["text_dim"], generator=g), {}]]
 
 
-def _sample(model, cfg: float) -> torch.Tensor:
+def sample_tiny(model, cfg: float) -> torch.Tensor:
     latent = torch.zeros(LATENT)
     noise = comfy.sample.prepare_noise(latent, SEED)
     return comfy.sample.sample(model, noise, STEPS, cfg, SAMPLER, SCHEDULER, _cond(1), _cond(2), latent,
@@ -56,16 +57,17 @@ def check_sequence(check, devices: list[str]) -> None:
     engine = get_shard_state(sharded).router.engine
     on_cpu = all(torch.device(d).type == "cpu" for d in devices)
     for cfg in (4.0, 1.0):
-        expected = _sample(model, cfg)
-        got = _sample(sharded, cfg)
+        expected = sample_tiny(model, cfg)
+        got = sample_tiny(sharded, cfg)
         diff = (got.float() - expected.float()).abs().max().item()
         st = engine.stats
         how = "cond/uncond split" if len(st.groups) > 1 else f"tokens split, {sum(st.exchanges)} exchanges"
-        ok = torch.equal(got, expected) if on_cpu else diff <= GPU_TOL
-        limit = "bit-exact expected" if on_cpu else f"limit {GPU_TOL:g}"
+        limit = CPU_TOL if on_cpu else GPU_TOL
+        ok = bool(torch.isfinite(got).all()) and diff <= limit
+        same = "identical" if torch.equal(got, expected) else f"max diff {diff:.3g}"
         check.ok = check.ok and ok
         check.lines.append(f"cfg {cfg:g} on {','.join(devices)} ({how}): {'PASS' if ok else 'FAIL'}: "
-                           f"max diff {diff:.3g} ({limit})")
+                           f"{same} (limit {limit:g})")
 
 
 def check_prefetch_overlap(check, n_gpus: int) -> None:
