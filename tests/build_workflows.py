@@ -329,12 +329,16 @@ def decode_nodes(g: Graph, first_id: int, x: int, samples_src, vae_src, fps, pre
            temporal_size=tile[2], temporal_overlap=tile[3], tile_batch_size="auto", devices="auto")
     g.link(*samples_src, dec, "samples")
     g.link(*vae_src, dec, "vae")
-    g.node(vid, "CreateVideo", (x, 300), (360, None), fps=fps)
+    # 102 px, not 0.3.64's 78: ComfyUI 0.29 adds CreateVideo's optional `bit_depth` widget (one more
+    # 24 px row) and its frontend would grow the node over Save Video; a taller saved node is never shrunk.
+    g.node(vid, "CreateVideo", (x, 300), (360, CREATE_VIDEO_H), fps=fps)
     g.link(dec, 0, vid, "images")
     g.node(save, "SaveVideo", (x, 430), (360, 470), filename_prefix=prefix, format="auto", codec="auto")
     g.link(vid, 0, save, "video")
     return dec, vid, save
 
+
+CREATE_VIDEO_H = 102
 
 PLAN_NOTE = ("**Will it fit?** Placement Plan (ShardDiT), below, is muted: select it, press Ctrl+M, then Run. "
              "It draws your GPUs and where the model goes (a dry run: no weights needed). Imagined GPUs: devices "

@@ -84,8 +84,10 @@ def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, name):
     # every node keeps its saved size: the frontend's own minimum is the rule the generator uses
     table = wt.node_table(ours)
     for node in state["nodes"]:
-        if node["type"] in table:
+        if node["type"] in ours:
             assert node["min_size"][1] == wt.min_node_height(table[node["type"]]), (node["type"], node["min_size"])
+        else:  # core nodes gain widgets in newer ComfyUI (0.29: CreateVideo's bit_depth): the saved height holds them
+            assert node["min_size"][1] <= node["size"][1], (node["type"], node["min_size"], node["size"])
         assert node["size"] == saved[str(node["id"])]["size"], f"{node['title']!r} was resized on load: {node['size']}"
     # group titles fit their groups and no two title bars overlap (graph units: true at any zoom)
     groups = state["groups"]
