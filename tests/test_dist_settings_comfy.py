@@ -35,9 +35,9 @@ def test_entrypoint_keeps_every_node_and_logs_one_line(comfy_env, monkeypatch, c
     assert f"{var}={value!r}" in lines[0] and form in lines[0] and "distributed sequence mode is off" in lines[0], lines
     assert caplog.records[-1].levelno == logging.ERROR
     assert dist._LOBBY == []  # nothing listens
-    sampling = pack_module(comfy_env, "loaders.comfy.sampling")
-    assert sampling.validate_devices("cpu,cpu") is True
-    msg = sampling.validate_devices("cpu,w1/cpu")  # a worker device: the same message, at validation
+    sampler = comfy_env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]  # the check ComfyUI runs at validation
+    assert sampler.validate_inputs(devices="cpu,cpu") is True
+    msg = sampler.validate_inputs(devices="cpu,w1/cpu")  # a worker device: the same message, at validation
     assert isinstance(msg, str) and f"{var}={value!r}" in msg, msg
 
 
