@@ -6,6 +6,7 @@ A new shared input (e.g. the ``parallel`` mode) gets its helper here and its def
 """
 from comfy_api.latest import io
 
+from ..loaders.comfy.core_features import core_checks_v3_combos
 from ..parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ..parallel.cost_inputs import DEFAULT_LINK_GBPS
 from ..parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
@@ -56,7 +57,8 @@ class CheckedCombo(io.Combo.Input):
     and combos are checked here."""
 
     def get_io_type(self):
-        return list(self.options)
+        # the V1 form only where core would not check the V3 one (0.3.64); see core_checks_v3_combos
+        return super().get_io_type() if core_checks_v3_combos() else list(self.options)
 
 
 def validate_one(check, value) -> bool | str:

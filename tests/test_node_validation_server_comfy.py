@@ -73,7 +73,8 @@ CASES = [  # (node, input, bad value, words of the one message)
       if not (n == "ShardDiTVAEDecodeTiled" and "/" in v)],
     *[(n, "device", v, w) for n in ("ShardDiTLoadTextEncoder", "ShardDiTLoadVAE")
       for v, w in (("cuda:7", "'cuda:7' does not exist"), ("cpu,cpu", "'cpu,cpu' is not valid"))],
-    *[(n, "parallel", v, repr(str(v))) for n in ("ShardDiTLoadDiffusionModel", "ShardDiTShardModel",
+    # null: 0.3.64 names it 'None' (a string by then), 0.29 None
+    *[(n, "parallel", v, "None" if v is None else repr(v)) for n in ("ShardDiTLoadDiffusionModel", "ShardDiTShardModel",
                                                  "ShardDiTKSampler", "ShardDiTPlan")
       for v in ("", "ring", None)],
     *[(n, "reserve_vram_gb", v, w) for n in ("ShardDiTLoadDiffusionModel", "ShardDiTShardModel", "ShardDiTPlan")

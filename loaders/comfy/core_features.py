@@ -12,10 +12,12 @@ ComfyUI is imported inside the functions: ``plan`` imports this module before ``
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 
-__all__ = ["DYNAMIC_CONDITION", "NONE_HERE", "core_cfg_split_available", "dynamic_vram_available",
-           "dynamic_vram_condition"]
+__all__ = ["DYNAMIC_CONDITION", "NONE_HERE", "core_cfg_split_available", "core_checks_v3_combos",
+           "dynamic_vram_available", "dynamic_vram_condition"]
 
 DYNAMIC_CONDITION = "on ComfyUI with dynamic VRAM (NVIDIA)"
 NONE_HERE = ("core's own options: neither in this ComfyUI (one GPU with dynamic VRAM needs core 0.16+, "
@@ -46,3 +48,18 @@ def dynamic_vram_condition() -> str:
     dynamic = getattr(comfy.model_patcher, "ModelPatcherDynamic", None)
     on = dynamic is not None and getattr(comfy.model_patcher, "CoreModelPatcher", None) is dynamic
     return "" if on else DYNAMIC_CONDITION
+
+
+@functools.cache
+def core_checks_v3_combos() -> bool:
+    """Whether ComfyUI's prompt validation checks a V3 combo ("COMBO" type) against its options.
+    0.3.64 checks only V1 combos (whose type is the options list) and passes '' or 'ring' on to
+    ``execute``; newer cores (0.29) check both, and there a list-typed V3 input breaks validation of
+    linked inputs ("unhashable type: 'list'"). Read from core's own validation code; where that
+    cannot be read, assume a newer core (the V3 form is then the one that works)."""
+    try:
+        import execution  # ComfyUI's execution.py
+
+        return "Combo.io_type" in inspect.getsource(execution.validate_inputs)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return True
