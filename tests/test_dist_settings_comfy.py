@@ -51,7 +51,7 @@ def test_a_server_with_a_bad_timeout_loads_the_pack_and_samples_locally(tiny_mod
     with ComfyServer(comfy_path(), tmp_path, tiny_models.root) as server:
         assert server.import_failures() == [], server.import_failures()
         assert "ShardDiTKSampler" in server.object_info(), server.log_tail()
-        lines = [x for x in server.log_text().splitlines() if "SHARDDIT_DIST_TIMEOUT" in x]
+        lines = [x for x in server.messages() if "SHARDDIT_DIST_TIMEOUT" in x]
         assert lines == ["[ShardDiT] SHARDDIT_DIST_TIMEOUT='inf' is not a number of seconds from 1 to 86400 (e.g. 60, "
                          "the default when unset); distributed sequence mode is off (this machine's devices work as "
                          "usual)"], lines

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.comfy_env import load_comfy
+from harness.comfy_env import load_comfy, pack_module
 
 pytestmark = pytest.mark.comfy
 
@@ -63,7 +63,6 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
     """A real sharded model, loaded by ComfyUI's sampler: its main patcher and shards count as
     'ShardDiT holds', other loaded models as 'ComfyUI holds', and its plan is listed."""
     import torch
-    from harness.comfy_env import pack_module
 
     plan_node = pack_module(env, "loaders.simulator.plan_node")
     N = env.nodes.NODE_CLASS_MAPPINGS
@@ -85,13 +84,17 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
 
 
 def test_batch_outside_the_list_refused(env):
-    """V3 combos are not checked by ComfyUI 0.3.64: batch "3" used to print a nonsense plan. The
-    combos are typed by their lists, which ComfyUI checks (tests/test_node_validation_server_comfy.py),
-    and execute checks again."""
+    """V3 combos are not checked by ComfyUI 0.3.64: batch "3" used to print a nonsense plan. There the
+    combos are typed by their lists, which ComfyUI checks; 0.29 checks V3 combos itself
+    (tests/test_node_validation_server_comfy.py on both), and execute checks again."""
     node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"]
-    types = {i.id: i.get_io_type() for i in node.define_schema().inputs}
-    assert types["batch"] == ["auto", "1", "2"] and types["parallel"] == ["auto", "blocks", "sequence"]
-    assert "wan2.1-t2v-14b" in types["model"] and types["dtype"] == ["bf16", "fp16", "fp8"]
+    inputs = {i.id: i for i in node.define_schema().inputs}
+    assert inputs["batch"].options == ["auto", "1", "2"] and inputs["parallel"].options == ["auto", "blocks", "sequence"]
+    assert "wan2.1-t2v-14b" in inputs["model"].options and inputs["dtype"].options == ["bf16", "fp16", "fp8"]
+    checks_v3 = pack_module(env, "loaders.comfy.core_features").core_checks_v3_combos()
+    # the form this core checks: "COMBO" where it checks V3 combos (0.29), the options list elsewhere (0.3.64)
+    for name in ("batch", "parallel", "model", "dtype"):
+        assert inputs[name].get_io_type() == ("COMBO" if checks_v3 else inputs[name].options), name
     with pytest.raises(ValueError, match="batch '3'"):
         node.execute(devices="cuda:0=8GiB", model="wan2.1-t2v-1.3b", width=256, height=256, frames=5, batch="3",
                      dtype="bf16", reserve_vram_gb=1.0)

@@ -51,6 +51,10 @@ NODE_CLASS_MAPPINGS = {{}}
 '''
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LEVEL_PREFIX = re.compile(r"^\[(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\] ")
+
+
 class ComfyServerError(RuntimeError):
     pass
 
@@ -169,6 +173,12 @@ class ComfyServer:
     # ------------------------------------------------------------------ log
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def messages(self) -> list:
+        """The log's lines as the messages that were logged: ComfyUI 0.29 prefixes warnings and errors
+        with their level in colour (``\\x1b[1m\\x1b[31m[ERROR]\\x1b[0m ...``), 0.3.64 prints the
+        message alone."""
+        return [_LEVEL_PREFIX.sub("", _ANSI.sub("", line)) for line in self.log_text().splitlines()]
 
     def log_tail(self, lines: int = 60) -> str:
         tail = "\n".join(self.log_text().splitlines()[-lines:])
