@@ -16,6 +16,10 @@ COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
 REQUIRE_COMFY = os.environ.get("SHARDDIT_REQUIRE_COMFY") == "1"
 EXPECTED_SKIPS = ("needs a CUDA GPU", "needs >= 2 CUDA GPUs", "needs two GPUs")
 _unexpected_skips: list[str] = []
+# Distributed tests: the host and its workers (threads and child processes inherit the environment)
+# share this secret (parallel/distributed/secret.py); tests of a missing or wrong secret override it.
+TEST_DIST_SECRET = "sharddit-test-secret-" + "5" * 43
+os.environ.setdefault("SHARDDIT_DIST_SECRET", TEST_DIST_SECRET)
 
 
 # Shared helpers live in tests/harness (imported as `harness`). tests/ holds no package named
