@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .seq_split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
-from .seq_stream import BlockStream
+from .seq_stream import BlockStream, begin_forward, end_forward
 from .seq_workers import ThreadExchange, WorkerError, WorkerPool
 
 __all__ = ["SequenceEngine", "SequenceStats", "SequenceUnsupported", "attach_sequence_engine"]
@@ -181,6 +181,7 @@ class SequenceEngine:
         try:
             if ok and fwd is not None:
                 self._wait_all(fwd)
+                end_forward(self.streams)  # ComfyUI's next patch of an owner's weights waits for our copies
         except BaseException:
             ok = False
             raise
@@ -279,6 +280,7 @@ class SequenceEngine:
                 self.pool = WorkerPool(self.devices, self.timeout_s, self.worker_context, self.serial_lock)
             self._stream_base = [s.bytes_copied for s in self.streams]
             fwd = self._fwd = _Forward(self, primary.shape[0], primary.shape[1])
+            begin_forward(self.streams)  # the rings wait for what ComfyUI queued on the owners so far
             if spec.tail_stream and isinstance(values.get(spec.tail_stream), torch.Tensor):
                 fwd.tail = values[spec.tail_stream].shape[1]
         for name, dim in spec.token_dims.items():
@@ -375,11 +377,11 @@ class SequenceEngine:
             self.dist.run_block(fwd, rank, index, block, values_args, values_kwargs, stream_names, nxt)
             return
         module = rank.stream.module_for(index, block)
-        if nxt is not None:
-            rank.stream.prefetch(*nxt)
         rank.attn_calls = 0
         out = module(*values_args, **values_kwargs)
-        rank.stream.done_with(module)
+        rank.stream.done_with(module, index)
+        if nxt is not None:  # after block g's kernels are queued: the copy of g+1 overlaps them
+            rank.stream.prefetch(*nxt)
         outs = out if isinstance(out, (tuple, list)) else (out,)
         if len(outs) != len(stream_names):
             raise RuntimeError(f"[ShardDiT] block {index} returned {len(outs)} tensors for "

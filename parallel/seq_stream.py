@@ -4,34 +4,92 @@ In `sequence` mode every rank runs every block. A rank whose device holds the bl
 device) runs the real block; any other rank copies the block's tensors from the owner into a
 *buffer* block on its own device: a structural copy of the block made once (its tensors fresh and
 empty on the rank's device, never a second copy on the owner), refilled per use. Two buffers per
-block shape: while block g computes from one, block g+1 is copied into the other (``prefetch``).
+block shape (HunyuanVideo's double and single blocks: two each): block g computes from one while
+block g+1 is copied into the other. The engine asks for that copy (``prefetch``) *after* block g's
+kernels are launched, so the copy never delays the launch of the compute it should overlap.
 
-On CUDA the copies run on a side stream (current on both devices during the copy, so PyTorch's
-cross-device copy synchronises the side streams, not the compute streams), ordered by events: the
-compute stream waits for "copy of g done", the side stream waits for "compute that last used this
-buffer done" before overwriting it. Elsewhere (CPU, fake devices) copies are plain and synchronous.
+Blocks held in RAM (a ``cpu`` entry of the device list) are copied through a *pinned bounce ring*
+(two page-locked host buffers per block shape) rather than pinning the RAM-held share once: a
+host->GPU ``copy_(non_blocking=True)`` from pageable memory blocks the host thread, but pinning the
+whole share would lock up to tens of GiB of RAM, and ComfyUI replaces a block's CPU tensors by new
+(unpinned) ones whenever it patches weights (LoRA), so pins made once would be lost silently. The
+bounce costs two blocks of pinned RAM per shape and rank; the host memcpy of block g+1 into it
+runs while the GPU computes block g. Tensors already pinned (ComfyUI's own pins) are read directly.
+
+On CUDA the copies run on a side stream. The waits, each named in ``ORDER_WAITS``:
+
+- ``side_waits_owner``: once per forward the side stream waits for the owner device's current
+  stream as the main thread left it, so weights ComfyUI loaded or patched asynchronously just
+  before the forward are complete before they are copied;
+- ``compute_waits_copy``: the compute stream waits for "copy of g done" before block g runs;
+- ``copy_waits_reader``: the side stream waits for "the compute that last read this buffer done"
+  before overwriting it;
+- ``bounce_waits_copy``: the host waits for "the copy that last read this bounce buffer done"
+  before writing the next block into it;
+- ``owner_waits_copies``: at the end of each forward every owner's current stream waits for the
+  rings' copies, so ComfyUI's next load or patch of the owner's weights never overwrites weights a
+  copy of this forward is still reading;
+- ``release_waits_copies``: ``release`` waits for every copy and reader of a buffer before
+  dropping it, so freed memory is never still being written or read.
+
+On CPU and fake devices every wait is a no-op and copies are synchronous (``seq_ops.TorchOps``).
 ComfyUI's per-layer cast attributes (``weight_function``, ``bias_function``: LoRA patches applied
 on the fly in lowvram mode) are carried over with the tensors, so a buffer computes exactly what
 the owner's block computes.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
 
-__all__ = ["BlockStream"]
+from .seq_ops import TorchOps
+
+__all__ = ["ORDER_WAITS", "BlockStream", "begin_forward", "end_forward", "without_wait"]
 
 _CAST_ATTRS = ("weight_function", "bias_function", "comfy_cast_weights")
 
+ORDER_WAITS = ("side_waits_owner", "compute_waits_copy", "copy_waits_reader", "bounce_waits_copy",
+               "owner_waits_copies", "release_waits_copies")
+"""The ring's waits (see the module docstring). Stable names: tests and ``benchmarks/gpu_check.py``
+remove one with ``without_wait`` to show that something then flags the race."""
+
+_disabled: set[str] = set()
+
+
+@contextlib.contextmanager
+def without_wait(name: str):
+    """Testing hook: the ring skips wait ``name`` (one of ``ORDER_WAITS``) inside the block."""
+    if name not in ORDER_WAITS:
+        raise ValueError(f"[ShardDiT] unknown wait {name!r}; the waits are {ORDER_WAITS}")
+    _disabled.add(name)
+    try:
+        yield
+    finally:
+        _disabled.discard(name)
+
+
+def _on(name: str) -> bool:
+    return name not in _disabled
+
 
 class _Buffer:
-    __slots__ = ("module", "tensors", "index", "ready", "used")
+    __slots__ = ("index", "module", "ready", "tensors", "used")
 
     def __init__(self, module, tensors):
         self.module, self.tensors = module, tensors
         self.index = -1
         self.ready = self.used = None
+        """Events: the copy into it done; the compute that last read it done."""
+
+
+class _Bounce:
+    __slots__ = ("read", "tensors")
+
+    def __init__(self, tensors):
+        self.tensors, self.read = tensors, None
+        """``read``: event of the copy that last read it."""
 
 
 def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
@@ -42,53 +100,114 @@ def _shape_key(block: torch.nn.Module):
     return type(block), tuple((tuple(t.shape), t.dtype) for t in _block_tensors(block))
 
 
-def _real_cuda(device: torch.device) -> bool:
-    """A CUDA device with a driver (fake ``cuda:N`` in dry runs copies like the CPU)."""
-    return device.type == "cuda" and torch.cuda.is_available()
+def _lru(ring: list, limit: int, make):
+    """A new entry while ``ring`` has fewer than ``limit``, else its least recently used one; the
+    entry returned is moved last (a new one must be returned: the first is still in use)."""
+    item = make() if len(ring) < limit else ring.pop(0)
+    ring.append(item)
+    return item
+
+
+def begin_forward(streams) -> None:
+    """Main thread, at the start of each forward: mark every owner's current stream (the work
+    ComfyUI queued on it so far) for the rings to wait on before their first copy from it."""
+    marks = {}
+    for s in streams:
+        if s.place not in marks:
+            marks[s.place] = s.ops.record(s.ops.current_stream(s.place))
+    for s in streams:
+        s.begin_forward(marks)
+
+
+def end_forward(streams) -> None:
+    """Main thread, once every rank queued its last block: each owner's current stream waits for
+    every ring's copies of this forward (``owner_waits_copies``)."""
+    done = [s.ops.record(s._side) for s in streams if s._side is not None]
+    if not done or not _on("owner_waits_copies"):
+        return
+    for place in dict.fromkeys(s.place for s in streams):
+        current = streams[0].ops.current_stream(place)
+        for event in done:
+            streams[0].ops.wait(current, event)
 
 
 class BlockStream:
     """Per rank: ``module_for(index, block)`` gives a module with block ``index``'s weights on the
-    rank's device; ``prefetch(index, block)`` starts that copy early."""
+    rank's device; ``prefetch(index, block)`` starts that copy early; ``done_with`` marks the
+    compute that read it."""
 
-    def __init__(self, device, ring: int = 2):
+    def __init__(self, device, ring: int = 2, ops=None, place=None):
+        self.ops = ops if ops is not None else TorchOps()
         self.device = torch.device(device)
+        self.place = place if place is not None else self.ops.home(self.device)
         self.ring = ring
         self._buffers: dict = {}
+        self._bounces: dict = {}
+        self._by_module: dict[int, _Buffer] = {}
         self._side = None
-        self._src_sides: dict = {}
+        self._marks: dict = {}
+        self._waited: set = set()
         self.bytes_copied = 0
         self.copies = 0
 
     def owns(self, block: torch.nn.Module) -> bool:
         t = next(iter(_block_tensors(block)), None)
-        return t is None or t.device == self.device
+        return t is None or self.ops.place(t) == self.place
+
+    def begin_forward(self, marks: dict) -> None:
+        """A new forward: owners' marks to wait on; buffers filled before are stale (the weights
+        may have been patched since, and the wait on the owner is made again)."""
+        self._marks, self._waited = dict(marks), set()
+        for bufs in self._buffers.values():
+            for b in bufs:
+                b.index = -1
 
     def module_for(self, index: int, block: torch.nn.Module) -> torch.nn.Module:
         if self.owns(block):
             return block
-        buf = self._find(index, block)
-        if buf is None:
-            buf = self._fill(index, block)
-        if buf.ready is not None:
-            torch.cuda.current_stream(self.device).wait_event(buf.ready)
+        buf = self._find(index, block) or self._fill(index, block)
+        if _on("compute_waits_copy"):  # block g's kernels must not read the buffer before its copy is done
+            self.ops.wait(self.ops.current_stream(self.place), buf.ready)
         return buf.module
 
-    def done_with(self, module: torch.nn.Module) -> None:
-        """Mark the compute that used ``module`` (a buffer) so it is not overwritten too early."""
-        if not _real_cuda(self.device):
+    def done_with(self, module: torch.nn.Module, index: int = -1) -> None:
+        """Block ``index``'s compute that reads ``module`` was launched: mark it, so the buffer is
+        not overwritten before it finished."""
+        buf = self._by_module.get(id(module))
+        if buf is None or buf.module is not module:
             return
-        for bufs in self._buffers.values():
-            for b in bufs:
-                if b.module is module:
-                    b.used = torch.cuda.current_stream(self.device).record_event()
+        stream = self.ops.current_stream(self.place)
+        self.ops.launched(stream, buf.tensors, f"compute {index}")
+        buf.used = self.ops.record(stream)
 
     def prefetch(self, index: int, block: torch.nn.Module) -> None:
         if not self.owns(block) and self._find(index, block) is None:
             self._fill(index, block)
 
     def release(self) -> None:
+        """Drop every buffer, once the copies into it and the computes reading it finished."""
+        for bufs in self._buffers.values():
+            for b in bufs:
+                if _on("release_waits_copies"):
+                    self.ops.host_wait(b.ready)
+                    self.ops.host_wait(b.used)
+                self.ops.freed(b.tensors, "release")
+        for bounces in self._bounces.values():
+            for b in bounces:
+                if _on("release_waits_copies"):
+                    self.ops.host_wait(b.read)
+                self.ops.freed(b.tensors, "release bounce")
         self._buffers.clear()
+        self._bounces.clear()
+        self._by_module.clear()
+
+    def held(self) -> dict:
+        """Bytes the ring holds: ``device`` (buffers on the rank's device), ``pinned`` (host bounce
+        buffers), per block shape: the memory plan counts both."""
+        def size(ts):
+            return sum(t.numel() * t.element_size() for t in ts)
+        return {"device": sum(size(b.tensors) for bufs in self._buffers.values() for b in bufs),
+                "pinned": sum(size(b.tensors) for bs in self._bounces.values() for b in bs)}
 
     # ---- internals -----------------------------------------------------------------------------
     def _find(self, index, block):
@@ -98,55 +217,54 @@ class BlockStream:
         return None
 
     def _fill(self, index: int, block: torch.nn.Module) -> _Buffer:
-        key = _shape_key(block)
-        bufs = self._buffers.setdefault(key, [])
-        if len(bufs) < self.ring:
-            bufs.append(self._make(block))
-        buf = bufs.pop(0)  # least recently filled
-        bufs.append(buf)
-        self._copy_into(buf, block)
+        buf = _lru(self._buffers.setdefault(_shape_key(block), []), self.ring, lambda: self._make(block))
+        buf.index = -1  # while it is refilled it holds no block
+        self._copy_into(buf, block, index)
         buf.index = index
         return buf
 
     def _make(self, block: torch.nn.Module) -> _Buffer:
         memo = {}
         for t in _block_tensors(block):
-            empty = torch.empty_like(t, device=self.device)
+            empty = self.ops.empty_like(t, self.place)
             memo[id(t)] = torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) else empty
         module = copy.deepcopy(block, memo)
-        return _Buffer(module, _block_tensors(module))
+        buf = _Buffer(module, _block_tensors(module))
+        self._by_module[id(module)] = buf
+        return buf
 
-    def _copy_into(self, buf: _Buffer, block: torch.nn.Module) -> None:
+    def _copy_into(self, buf: _Buffer, block: torch.nn.Module, index: int) -> None:
         src = _block_tensors(block)
-        nbytes = sum(t.numel() * t.element_size() for t in src)
-        if _real_cuda(self.device):
-            self._copy_cuda(buf, src)
-        else:
-            with torch.no_grad():
-                for d, s in zip(buf.tensors, src, strict=True):
-                    d.copy_(s)
+        if self._side is None:
+            self._side = self.ops.side_stream(self.place)
+        side = self._side
+        if _on("copy_waits_reader"):  # the compute that last read this buffer must be done
+            self.ops.wait(side, buf.used)
+        owner = self.ops.place(src[0]) if src else None
+        if owner not in self._waited:  # once per forward and owner: see begin_forward
+            self._waited.add(owner)
+            if _on("side_waits_owner"):
+                self.ops.wait(side, self._marks.get(owner))
+        bounce = None
+        if src and self.ops.needs_bounce(src[0], self.place):
+            bounce = self._stage(block, src)
+            src = bounce.tensors
+        self.ops.copy(buf.tensors, src, side, f"copy {index}")
+        buf.ready = self.ops.record(side)
+        if bounce is not None:
+            bounce.read = buf.ready
         for (_, dm), (_, sm) in zip(buf.module.named_modules(), block.named_modules(), strict=True):
             for attr in _CAST_ATTRS:
                 if attr in sm.__dict__:
                     dm.__dict__[attr] = sm.__dict__[attr]
-        self.bytes_copied += nbytes
+        self.bytes_copied += sum(t.numel() * t.element_size() for t in src)
         self.copies += 1
 
-    def _copy_cuda(self, buf: _Buffer, src) -> None:
-        if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
-        src_dev = src[0].device
-        if buf.used is not None:
-            self._side.wait_event(buf.used)
-        src_side = None
-        if _real_cuda(src_dev):  # the owner's weights are loaded before sampling: nothing to wait for
-            src_side = self._src_sides.setdefault(src_dev, torch.cuda.Stream(src_dev))
-        with torch.no_grad(), torch.cuda.stream(self._side):
-            if src_side is not None:
-                with torch.cuda.stream(src_side):
-                    for d, s in zip(buf.tensors, src, strict=True):
-                        d.copy_(s, non_blocking=True)
-            else:
-                for d, s in zip(buf.tensors, src, strict=True):
-                    d.copy_(s, non_blocking=True)
-            buf.ready = self._side.record_event()
+    def _stage(self, block, src) -> _Bounce:
+        """Copy pageable host tensors into the least recently used pinned bounce buffer."""
+        ring = self._bounces.setdefault(_shape_key(block), [])
+        bounce = _lru(ring, self.ring, lambda: _Bounce([self.ops.pinned_empty_like(t) for t in src]))
+        if _on("bounce_waits_copy"):  # the copy that last read this bounce buffer must be done
+            self.ops.host_wait(bounce.read)
+        self.ops.host_copy(bounce.tensors, src)
+        return bounce

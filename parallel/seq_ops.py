@@ -1,0 +1,104 @@
+"""The stream, event, copy and pin operations of the block ring (``seq_stream``), behind one small
+interface (pure PyTorch).
+
+``TorchOps`` is what runs: on a real CUDA device it uses ``torch.cuda`` streams and events; on CPU
+and on fake ``cuda:N`` devices (dry runs) every stream is None, every wait a no-op and every copy
+synchronous, so the ring's code is the same on every device. ``seq_record.RecordingOps`` has the
+same methods and records an ordered log on CPU, so tests can check the order rules without a GPU.
+
+A *place* is where a tensor lives for the ring: ``TorchOps`` uses the tensor's device.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["TorchOps", "real_cuda"]
+
+
+def real_cuda(device) -> bool:
+    """A CUDA device with a driver (a fake ``cuda:N`` in a dry run copies like the CPU)."""
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.is_available() and (device.index or 0) < torch.cuda.device_count()
+
+
+class TorchOps:
+    """Streams and events of ``torch.cuda``; no-ops (None) where the device has none."""
+
+    def home(self, device) -> torch.device:
+        return torch.device(device)
+
+    def place(self, t: torch.Tensor) -> torch.device:
+        return t.device
+
+    def is_async(self, place) -> bool:
+        return real_cuda(place)
+
+    def needs_bounce(self, t: torch.Tensor, dst_place) -> bool:
+        """A host->GPU copy from pageable memory: ``copy_(non_blocking=True)`` from it blocks the
+        host thread until the copy is done, so it is staged through pinned memory first."""
+        return self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()
+
+    def empty_like(self, t: torch.Tensor, place) -> torch.Tensor:
+        return torch.empty_like(t, device=place)
+
+    def pinned_empty_like(self, t: torch.Tensor) -> torch.Tensor:
+        """Page-locked host memory (plain host memory where there is no CUDA driver to pin it)."""
+        return torch.empty_like(t, device="cpu", pin_memory=torch.cuda.is_available())
+
+    def side_stream(self, place):
+        return torch.cuda.Stream(place) if self.is_async(place) else None
+
+    def current_stream(self, place):
+        return torch.cuda.current_stream(place) if self.is_async(place) else None
+
+    def record(self, stream):
+        return None if stream is None else stream.record_event()
+
+    def wait(self, stream, event) -> None:
+        if stream is not None and event is not None:
+            stream.wait_event(event)
+
+    def host_wait(self, event) -> None:
+        if event is not None:
+            event.synchronize()
+
+    def host_copy(self, dsts, srcs) -> None:
+        with torch.no_grad():
+            for d, s in zip(dsts, srcs, strict=True):
+                d.copy_(s)
+
+    def copy(self, dsts, srcs, stream, label: str = "") -> None:
+        """``dsts[i] <- srcs[i]`` on ``stream`` (None: now, synchronously).
+
+        From another GPU PyTorch runs the copy on the *source* device's current stream and makes
+        the destination's current stream wait for it; so a side stream of the source device is made
+        current and first waits for ``stream`` (which carries every wait the ring made: owner,
+        last reader), and ``stream`` is current on the destination, so it waits for the copy."""
+        with torch.no_grad():
+            if stream is None:
+                for d, s in zip(dsts, srcs, strict=True):
+                    d.copy_(s)
+                return
+            src_dev = srcs[0].device if srcs else stream.device
+            with torch.cuda.stream(stream):
+                if real_cuda(src_dev) and src_dev != stream.device:
+                    side = self._src_side(src_dev)
+                    side.wait_stream(stream)
+                    with torch.cuda.stream(side):
+                        for d, s in zip(dsts, srcs, strict=True):
+                            d.copy_(s, non_blocking=True)
+                else:
+                    for d, s in zip(dsts, srcs, strict=True):
+                        d.copy_(s, non_blocking=True)
+
+    def launched(self, stream, tensors, label: str = "") -> None:
+        """Compute that reads ``tensors`` was queued on ``stream`` (recorded by tests only)."""
+
+    def freed(self, tensors, label: str = "") -> None:
+        """The ring drops ``tensors`` (recorded by tests only)."""
+
+    def _src_side(self, device):
+        sides = self.__dict__.setdefault("_sides", {})
+        if device not in sides:
+            sides[device] = torch.cuda.Stream(device)
+        return sides[device]
