@@ -1,8 +1,13 @@
 """Persistent worker threads for `sequence` mode, and the in-process exchange between them (pure).
 
 One thread per rank (device entry), as torch's ``parallel_apply`` uses one per device: it sets its
-CUDA device once, then runs the tasks the main thread queues for it, in order, under the grad /
-inference mode the main thread had when it queued them. Kernels launch asynchronously, so on GPUs
+CUDA device once, then runs the tasks the main thread queues for it, in order, under the per-thread
+state the main thread had when it queued them: grad / inference mode, autocast (ComfyUI may sample
+under ``torch.autocast``) and, on every CUDA device of the pool, the current stream. So every
+thread queues its kernels on the stream the main thread uses for that device: scatter, gather and
+the thread exchange hand tensors between threads with no event because producer and consumer are
+on one stream (``ThreadExchange`` checks this), and a cross-device ``.to()`` makes PyTorch order
+those same streams. Kernels launch asynchronously, so on GPUs
 the devices compute at the same time; on CPU with one intra-op thread per op, two workers use two
 cores (ops release the GIL).
 
@@ -20,6 +25,8 @@ import time
 from collections.abc import Callable
 
 import torch
+
+from .seq_ops import real_cuda
 
 __all__ = ["PoolAborted", "ThreadExchange", "WorkerError", "WorkerPool"]
 
@@ -39,14 +46,28 @@ class WorkerError(RuntimeError):
 
 
 class _Task:
-    __slots__ = ("fn", "label", "done", "result", "error", "grad", "inference")
+    __slots__ = ("autocast", "done", "error", "fn", "grad", "inference", "label", "result", "streams")
 
-    def __init__(self, fn, label):
+    def __init__(self, fn, label, cuda_devices=()):
         self.fn, self.label = fn, label
         self.done = threading.Event()
         self.result = self.error = None
         self.grad = torch.is_grad_enabled()
         self.inference = torch.is_inference_mode_enabled()
+        self.autocast = tuple((dt, torch.get_autocast_dtype(dt), torch.is_autocast_cache_enabled())
+                              for dt in ("cuda", "cpu") if torch.is_autocast_enabled(dt))
+        self.streams = tuple(torch.cuda.current_stream(d) for d in cuda_devices)
+
+    def state(self) -> contextlib.ExitStack:
+        """The main thread's per-thread state at submit time, entered on the worker."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.inference_mode(self.inference))
+        stack.enter_context(torch.set_grad_enabled(self.grad))
+        for device_type, dtype, cache in self.autocast:
+            stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=cache))
+        for stream in self.streams:
+            stack.enter_context(torch.cuda.stream(stream))
+        return stack
 
 
 class WorkerPool:
@@ -66,6 +87,7 @@ class WorkerPool:
         self._abort = threading.Event()
         self._failure: WorkerError | None = None
         self._lock = threading.Lock()
+        self.cuda_devices = tuple(dict.fromkeys(d for d in self.devices if real_cuda(d)))
         self._queues = [queue.SimpleQueue() for _ in self.devices]
         self._threads = [threading.Thread(target=self._loop, args=(r,), daemon=True,
                                           name=f"sharddit-seq-{r}-{d}") for r, d in enumerate(self.devices)]
@@ -78,7 +100,7 @@ class WorkerPool:
         return self._abort.is_set()
 
     def submit(self, rank: int, fn: Callable, label: str = "") -> _Task:
-        task = _Task(fn, label)
+        task = _Task(fn, label, self.cuda_devices)
         self._queues[rank].put(task)
         return task
 
@@ -143,7 +165,7 @@ class WorkerPool:
         ctx = self.worker_context() if self.worker_context is not None else contextlib.nullcontext()
         serial = self.serial_lock if self.serial_lock is not None else contextlib.nullcontext()
         try:
-            with serial, ctx, torch.inference_mode(task.inference), torch.set_grad_enabled(task.grad):
+            with serial, ctx, task.state():
                 task.result = task.fn()
         except PoolAborted:
             pass
@@ -183,7 +205,7 @@ class ThreadExchange:
         try:
             with self._cond:
                 posts = self._posts.setdefault(call, [None] * n)
-                posts[pos] = parts
+                posts[pos] = (parts, _stream_of(self.devices[pos]))
                 self._cond.notify_all()
                 while any(p is None for p in posts):
                     if self.pool.aborted:
@@ -192,7 +214,8 @@ class ThreadExchange:
                         raise TimeoutError(f"[ShardDiT] exchange {call}: position {pos} waited "
                                            f"{self.pool.timeout_s:.0f} s for the others")
                     self._cond.wait(0.05)
-                mine = [posts[j][pos] for j in range(n)]
+                mine = [posts[j][0][pos] for j in range(n)]
+                streams = [posts[j][1] for j in range(n)]
                 self._reads[call] = self._reads.get(call, 0) + 1
                 if self._reads[call] == n:
                     del self._posts[call], self._reads[call]
@@ -200,10 +223,26 @@ class ThreadExchange:
             if serial is not None:
                 serial.acquire()
         dev = self.devices[pos]
+        _check_streams(self.devices, streams, pos)
         out = [_to(m, dev) for m in mine]
         self.calls[pos] += 1
         self.bytes_received[pos] += sum(_nbytes(m) for j, m in enumerate(mine) if j != pos)
         return out
+
+
+def _stream_of(device):
+    return torch.cuda.current_stream(device) if real_cuda(device) else None
+
+
+def _check_streams(devices, streams, pos: int) -> None:
+    """Parts cross threads with no event: right only while the poster queued them on the stream
+    this thread uses for the poster's device (``WorkerPool`` makes every thread use the main
+    thread's); say so loudly if anything changed that."""
+    for device, stream in zip(devices, streams, strict=True):
+        if stream is not None and _stream_of(device) != stream:
+            raise RuntimeError(f"[ShardDiT] exchange position {pos}: parts from {device} were queued on {stream}, "
+                               f"but this thread reads {device} on {_stream_of(device)}; every worker must run on "
+                               "the main thread's current stream (WorkerPool sets it)")
 
 
 def _to(obj, dev):

@@ -18,6 +18,7 @@ from sharddit.parallel.seq_engine import attach_sequence_engine
 from sharddit.parallel.seq_record import RecordingOps
 from sharddit.parallel.seq_split import TokenSpec
 from sharddit.parallel.seq_stream import ORDER_WAITS, BlockStream, without_wait
+from sharddit.parallel.seq_workers import WorkerPool
 from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
 
 MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
@@ -144,3 +145,21 @@ def test_a_copy_from_pageable_memory_is_flagged():
     _forward(_model(), rec)
     assert any("pageable" in v for v in rec.violations())
     assert not rec.ops_of("pin")
+
+
+def test_worker_threads_run_under_the_main_threads_autocast():
+    """Autocast is per thread: a block queued under ComfyUI's ``torch.autocast`` must compute in its
+    dtype on the worker too, and a block queued outside it must not."""
+    pool = WorkerPool(["cpu"], timeout_s=10)
+    lin = torch.nn.Linear(4, 4)
+
+    def probe():
+        return torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), lin(torch.randn(2, 4)).dtype
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            inside = pool.wait(pool.submit(0, probe), 0)
+        outside = pool.wait(pool.submit(0, probe), 0)
+    finally:
+        pool.close()
+    assert inside == (True, torch.bfloat16, torch.bfloat16)
+    assert outside[0] is False and outside[2] == torch.float32
