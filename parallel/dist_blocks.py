@@ -24,6 +24,8 @@ import weakref
 
 import torch
 
+from .seq_ops import real_cuda
+
 __all__ = ["WeightLayout", "WeightRing", "bind_flat", "block_tensors", "materialize", "pack_block", "same_version",
            "skeleton", "unpack_into", "weights_version"]
 
@@ -96,12 +98,12 @@ def pack_block(block: torch.nn.Module, layout: WeightLayout, device="cpu") -> to
     return flat
 
 
-def unpack_into(flat: torch.Tensor, layout: WeightLayout, module: torch.nn.Module) -> None:
+def unpack_into(flat: torch.Tensor, layout: WeightLayout, module: torch.nn.Module, non_blocking: bool = False) -> None:
     """Copy the weights in ``flat`` into ``module``'s tensors (same layout)."""
     with torch.no_grad():
         for (offset, n, _, _), t in zip(layout.items, block_tensors(module), strict=True):
             if n:
-                t.reshape(-1).view(torch.uint8).copy_(flat[offset:offset + n])
+                t.reshape(-1).view(torch.uint8).copy_(flat[offset:offset + n], non_blocking=non_blocking)
 
 
 def bind_flat(module: torch.nn.Module, flat: torch.Tensor, layout: WeightLayout) -> None:
@@ -123,12 +125,13 @@ def bind_flat(module: torch.nn.Module, flat: torch.Tensor, layout: WeightLayout)
 
 
 class _Slot:
-    __slots__ = ("flat", "index", "module", "work")
+    __slots__ = ("copied", "flat", "index", "module", "work")
 
     def __init__(self, module, flat):
         self.module, self.flat = module, flat
         self.index = None
-        self.work = None
+        self.work = self.copied = None
+        """``copied``: event of the host->GPU copy that last read ``flat`` (``WeightRing.unpack``)."""
 
 
 class WeightRing:
@@ -145,7 +148,8 @@ class WeightRing:
         slots = self._slots.setdefault(layout.key, [])
         if len(slots) < self.ring:
             module = materialize(skel, self.device)
-            flat = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.wire)
+            # gloo receives on the host: pinned, so the copy to the GPU does not block the host thread
+            flat = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.wire, pin_memory=self._pinned())
             if self.wire == self.device:
                 bind_flat(module, flat, layout)  # received bytes are the weights
             slot = _Slot(module, flat)
@@ -155,10 +159,28 @@ class WeightRing:
         slots.append(slot)
         if slot.work is not None:  # never overwrite bytes still arriving
             slot.work.wait(datetime.timedelta(seconds=self.timeout_s))
-        slot.index, slot.work = index, None
+        if slot.copied is not None:  # nor bytes the last unpack's copy to the GPU may still be reading
+            slot.copied.synchronize()
+        slot.index, slot.work, slot.copied = index, None, None
         return slot
 
+    def unpack(self, slot: _Slot, layout: WeightLayout) -> None:
+        """Copy a received slot's bytes into its module on the device. From pinned memory the copy
+        is queued on the current stream (the block's compute follows it in stream order) without
+        blocking the host; ``slot_for`` waits for it before the slot receives again."""
+        pinned = slot.flat.is_pinned()
+        unpack_into(slot.flat, layout, slot.module, non_blocking=pinned)
+        if pinned:
+            slot.copied = torch.cuda.current_stream(self.device).record_event()
+
+    def _pinned(self) -> bool:
+        return self.wire.type == "cpu" and real_cuda(self.device)
+
     def release(self) -> None:
+        for slots in self._slots.values():
+            for slot in slots:
+                if slot.copied is not None:  # the copy reading the pinned bytes is done before they go
+                    slot.copied.synchronize()
         self._slots.clear()
         self.nbytes = 0
 

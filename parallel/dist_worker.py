@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .devices import check_member_name
-from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize, unpack_into
+from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize
 from .dist_connect import connect_store
 from .dist_exchange import DistExchange
 from .dist_host import IDLE_TIMEOUT_S, member_key, reset_after_failed_init, weight_groups
@@ -217,7 +217,7 @@ class Worker:
             slot.work.wait(datetime.timedelta(seconds=timeout_s))
             slot.work = None
             if slot.flat.device != self.device:
-                unpack_into(slot.flat, self.layouts[key], slot.module)
+                self.ring.unpack(slot, self.layouts[key])
         return slot.module
 
     def _block(self, state, msg, rank, groups, wgroups, timeout_s, backend) -> None:
