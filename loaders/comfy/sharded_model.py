@@ -245,6 +245,9 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     runtime = ShardRuntime()
     if token_specs is not None:
         ranks = [r.device for r in plan.block_ranges]  # a worker rank's host side is a proxy (its share: cpu)
+        # The RAM-held share (a `cpu` entry) stays in ComfyUI's pageable tensors: GPU ranks stream it
+        # through the ring's pinned bounce buffers (parallel/seq_stream.py says why not pin it once:
+        # ComfyUI's weight patches replace those tensors; pinning tens of GiB starves the host).
         engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], token_specs, ranks)
         engine.should_stop = mm.throw_exception_if_processing_interrupted
         engine.interrupt_exceptions = (mm.InterruptProcessingException,)
