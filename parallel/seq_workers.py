@@ -58,14 +58,15 @@ class _Task:
                               for dt in ("cuda", "cpu") if torch.is_autocast_enabled(dt))
         self.streams = tuple(torch.cuda.current_stream(d) for d in cuda_devices)
 
-    def state(self) -> contextlib.ExitStack:
-        """The main thread's per-thread state at submit time, entered on the worker."""
+    def state(self, device: torch.device) -> contextlib.ExitStack:
+        """The main thread's per-thread state at submit time, entered on the worker of ``device``."""
         stack = contextlib.ExitStack()
         stack.enter_context(torch.inference_mode(self.inference))
         stack.enter_context(torch.set_grad_enabled(self.grad))
         for device_type, dtype, cache in self.autocast:
             stack.enter_context(torch.autocast(device_type, dtype=dtype, cache_enabled=cache))
-        for stream in self.streams:
+        # entering a stream makes its device current: the worker's own device goes last
+        for stream in sorted(self.streams, key=lambda st: st.device == device):
             stack.enter_context(torch.cuda.stream(stream))
         return stack
 
@@ -165,7 +166,7 @@ class WorkerPool:
         ctx = self.worker_context() if self.worker_context is not None else contextlib.nullcontext()
         serial = self.serial_lock if self.serial_lock is not None else contextlib.nullcontext()
         try:
-            with serial, ctx, task.state():
+            with serial, ctx, task.state(self.devices[rank]):
                 task.result = task.fn()
         except PoolAborted:
             pass
