@@ -18,7 +18,8 @@ its self-attention: ranks of a group exchange q/k/v so each holds *all* tokens o
 heads (Ulysses), call the user's attention function (or the override another pack installed) on
 them, and exchange the output back. Later calls (cross-attention to text) run locally.
 
-A rank that does not own a block streams it (``seq_stream.BlockStream``) and prefetches the next.
+A rank that does not own a block streams it (``seq_stream.BlockStream``) and prefetches the next
+once the current block's kernels are queued; the order rules of those copies are in ``seq_stream``.
 """
 from __future__ import annotations
 
