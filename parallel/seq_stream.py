@@ -100,9 +100,9 @@ class BlockStream:
     def _fill(self, index: int, block: torch.nn.Module) -> _Buffer:
         key = _shape_key(block)
         bufs = self._buffers.setdefault(key, [])
-        if len(bufs) < self.ring:
-            bufs.append(self._make(block))
-        buf = bufs.pop(0)  # least recently filled
+        # a new buffer while the ring is not full, else the least recently filled one: popping the
+        # oldest while the ring grows refilled the buffer the block before was about to read
+        buf = self._make(block) if len(bufs) < self.ring else bufs.pop(0)
         bufs.append(buf)
         self._copy_into(buf, block)
         buf.index = index
