@@ -70,9 +70,13 @@ def read_flags() -> dict:
 
 
 def _write(flags: dict) -> None:
+    """Set every setting back (a setter whose value did not change is not called:
+    ``use_deterministic_algorithms`` imports torch._dynamo's config, seconds on first use)."""
     torch.set_float32_matmul_precision(flags["float32_matmul_precision"])
-    on, warn_only = flags["deterministic_algorithms"]
-    torch.use_deterministic_algorithms(on, warn_only=warn_only)
+    if (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled()) != flags["deterministic_algorithms"]:
+        on, warn_only = flags["deterministic_algorithms"]
+        torch.use_deterministic_algorithms(on, warn_only=warn_only)
     torch.set_num_threads(flags["num_threads"])
     torch.set_default_dtype(flags["default_dtype"])
     torch.set_grad_enabled(flags["grad_enabled"])
