@@ -54,7 +54,7 @@ def test_dry_mode_ran_each_setup(dry):
     waits = _line(lines, "ring_wait_removed")
     assert "skipped: seq_stream has no without_wait" in waits or re.search(r"no sanitizer; \d+ runs without", waits)
     seq = _line(lines, "sequence")
-    assert "9 runs vs unsharded" in seq and "cpu,cpu forced fp32 b1" in seq and "bf16" in seq, seq
+    assert "9 runs (2 forwards each) vs unsharded" in seq and "cpu,cpu forced fp32 b1" in seq and "bf16" in seq, seq
     assert "set_sync_debug_mode needs CUDA" in _line(lines, "syncs")
     memory = _line(lines, "memory")
     assert "max_memory_allocated needs CUDA" in memory and re.search(r"plan \d+\.\d+ MiB from \S+", memory)
