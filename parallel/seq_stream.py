@@ -230,6 +230,10 @@ class BlockStream:
             memo[id(t)] = torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) else empty
         module = copy.deepcopy(block, memo)
         buf = _Buffer(module, _block_tensors(module))
+        # allocated on the compute stream: the caching allocator may hand back memory whose last
+        # reader is a compute kernel still queued there, so the side stream's first copy into it
+        # waits for this point like any later refill waits for its reader (copy_waits_reader)
+        buf.used = self.ops.record(self.ops.current_stream(self.place))
         self._by_module[id(module)] = buf
         return buf
 

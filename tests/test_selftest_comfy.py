@@ -2,7 +2,8 @@
 exit status logic in-process.
 
 The CPU run hides every GPU (``CUDA_VISIBLE_DEVICES=""``) so it checks the ``cpu,cpu`` report on
-any machine; the ``gpu`` run expects ``cuda:0`` + ``cpu`` (one GPU) or all GPUs.
+any machine; the ``gpu`` run expects ``cuda:0`` + ``cpu`` (one GPU; ``sequence`` too, so blocks really
+stream) or all GPUs.
 """
 import re
 import os
@@ -135,5 +136,8 @@ def test_gpu_selftest_shards_over_cuda_and_cpu():
     assert _one(lines, "VAE: PASS")
     seq = [line for line in lines if line.startswith(f"{PREFIX} sequence:")]
     assert len(seq) == 2 and all("PASS" in line for line in seq), seq
-    assert "overlap" in _one(lines, "prefetch: copy")
+    if n == 1:  # the CPU rank makes every rank stream the blocks the other owns (side stream, events)
+        assert all("on cuda:0,cpu" in line for line in seq), seq
+        assert all(re.search(r"streamed [1-9][\d.]*/[1-9][\d.]* MiB per rank", line) for line in seq), seq
+    assert "through the engine's ring" in _one(lines, "prefetch: copy") and "overlap" in _one(lines, "prefetch: copy")
     assert "7/7 checks passed" in _one(lines, "PASS:")

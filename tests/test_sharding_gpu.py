@@ -9,6 +9,7 @@ GPU machine, and on a multi-GPU box for the `multi_gpu` ones).
 """
 import pytest
 import torch
+from harness.global_flags import restored
 from harness.toy_dit import ToyDiT
 
 from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
@@ -16,6 +17,14 @@ from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
 LAYOUT = BlockLayout(("blocks",), (("x",),), return_home_after=frozenset({2}))
 # CPU vs CUDA fp32 matmuls of size 32 with TF32 off differ by rounding only.
 CPU_CUDA_ATOL = 1e-4
+
+
+@pytest.fixture(autouse=True)
+def _global_flags():
+    """TF32 is turned off below for the fp32 comparison: put it (and every other process-wide
+    setting) back, so later tests in this pytest process run the kernels a user gets."""
+    with restored():
+        yield
 
 
 def _inputs(device):

@@ -13,8 +13,9 @@ Checks, each printed as ``[ShardDiT] selftest ...`` lines:
    peer access hops go through host memory, slower but correct).
 3. hop: one hidden-state-sized copy (64 MiB) between each pair of neighbouring devices of the
    shard list, timed with synchronisation; the copy must arrive intact.
-4. sequence and prefetch: ``parallel=sequence`` sampling against the unsharded result, and
-   whether streamed-block copies overlap compute on a GPU (``selftest_sequence.py``).
+4. sequence and prefetch: ``parallel=sequence`` sampling against the unsharded result (one GPU:
+   ``cuda:0,cpu``, so blocks really stream), and whether the engine's streamed-block copy overlaps
+   compute on a GPU (``selftest_sequence.py``).
 5. dynamic VRAM: on one GPU with ComfyUI's dynamic VRAM on (as its ``main.py`` turns it on),
    ``blocks`` and ``sequence`` over ``cuda:0,cuda:0`` vs the unsharded result, and the switch back
    to core's sampler (``selftest_dynamic.py``). The other checks also run as ComfyUI would run them.
@@ -22,8 +23,8 @@ Checks, each printed as ``[ShardDiT] selftest ...`` lines:
    decode and by core's ``vae.decode_tiled`` with the same tiles: max abs diff <= 1e-5 in fp32 on
    one device kind (batched convolutions may round differently), <= 1e-4 across CPU and CUDA.
 
-TF32 is turned off in this process so that fp32 comparisons measure ShardDiT, not TF32 rounding.
-Torch runs one CPU thread: these models are too small to gain from more, and on a busy machine
+TF32 is turned off while the checks run so that fp32 comparisons measure ShardDiT, not TF32
+rounding (and turned back as it was after them). Torch runs one CPU thread: these models are too small to gain from more, and on a busy machine
 OpenMP workers spinning on shared cores made the CPU checks 10-15x slower (measured here).
 Exit status: 0 when every check passes, 1 otherwise.
 """
@@ -91,10 +92,28 @@ def _say(line: str) -> None:
 
 def run_selftest(comfyui_root, import_s: float = 0.0) -> int:
     """Run every check, print the report, return the exit status."""
-    start = time.perf_counter()
+    flags, threads = _tf32_settings(), torch.get_num_threads()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_num_threads(1)
+    try:
+        return _run_checks(comfyui_root, import_s)
+    finally:  # run in-process (tests), the caller gets its settings back
+        for obj, attr, value in flags:
+            setattr(obj, attr, value)
+        torch.set_num_threads(threads)
+
+
+def _tf32_settings() -> list:
+    """(object, attribute, value) of the TF32 switches, the old API first: torch >= 2.9 also has
+    ``fp32_precision``, which setting ``allow_tf32`` changes, so both are put back in this order."""
+    out = [(o, "allow_tf32", o.allow_tf32) for o in (torch.backends.cuda.matmul, torch.backends.cudnn)]
+    return out + [(o, "fp32_precision", o.fp32_precision) for o in (torch.backends.cuda.matmul, torch.backends.cudnn)
+                  if hasattr(o, "fp32_precision")]
+
+
+def _run_checks(comfyui_root, import_s: float) -> int:
+    start = time.perf_counter()
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     ref, devices = choose_devices(n_gpus)
     _say(f"ComfyUI {_comfyui_version()} at {comfyui_root}, torch {torch.__version__}, "

@@ -1,14 +1,20 @@
 """``selftest`` checks of `parallel=sequence`: split sampling vs unsharded, and prefetch overlap.
 
 - sequence: the tiny Wan 2.1 DiT sampled unsharded, then with ``parallel=sequence`` over two ranks
-  (no GPU: ``cpu,cpu``; one GPU: ``cuda:0,cuda:0``, two workers on one GPU; more: every GPU), at
-  cfg > 1 (cond and uncond on different ranks) and at cfg = 1 (tokens split, q/k/v exchanged per
-  block). A split changes matrix shapes (one sample of two, a rank's rows), and BLAS picks kernels
-  by shape and CPU: on CPU max abs diff <= 1e-4 (measured: 0 to 1.2e-5 on AVX2 hosts, 4.8e-5 on an
-  AVX-512 host after 4 steps), on a GPU <= 1e-3 (fp32, cuBLAS). "identical" when bit-exact.
-- prefetch (GPU only): a block-sized copy from pinned host memory on the side stream the engine
-  uses for streamed blocks, timed with CUDA events alone, beside a matmul alone, and both at once:
-  "overlaps" when together they take clearly less than one after the other. Informational.
+  (no GPU: ``cpu,cpu``; one GPU: ``cuda:0,cpu``; more: every GPU), at cfg > 1 (cond and uncond on
+  different ranks) and at cfg = 1 (tokens split, q/k/v exchanged per block). On one GPU the second
+  rank is the CPU, so each rank streams the blocks the other owns: ``cuda:0,cuda:0`` would make
+  every rank own every block, and the side-stream copies, their events and the cross-device
+  copies would never run. Each rank that does not own every block must have streamed some. A
+  split changes matrix shapes (one sample of two, a rank's rows), and BLAS picks kernels by shape
+  and CPU: on CPU max abs diff <= 1e-4 (measured: 0 to 1.2e-5 on AVX2 hosts, 4.8e-5 on an AVX-512
+  host after 4 steps), with a GPU <= 1e-3 (fp32; CPU and CUDA kernels also sum in different
+  orders, the bound of the mixed ``sampling`` check). "identical" when bit-exact.
+- prefetch (GPU only): the engine's own copy, ``seq_stream.BlockStream.prefetch`` of a block-sized
+  module held in host RAM as the loader holds a ``cpu`` share (pageable), issued after a matmul
+  was queued on the compute stream (the engine's order: block g's kernels, then the copy of g+1),
+  timed alone and together: "overlaps" when together they take clearly less than one after the
+  other. Informational.
 """
 from __future__ import annotations
 
@@ -34,7 +40,7 @@ def sequence_devices(n_gpus: int) -> list[str]:
     if n_gpus == 0:
         return ["cpu", "cpu"]
     if n_gpus == 1:
-        return ["cuda:0", "cuda:0"]
+        return ["cuda:0", "cpu"]
     return [f"cuda:{i}" for i in range(n_gpus)]
 
 
@@ -63,30 +69,45 @@ def check_sequence(check, devices: list[str]) -> None:
         st = engine.stats
         how = "cond/uncond split" if len(st.groups) > 1 else f"tokens split, {sum(st.exchanges)} exchanges"
         limit = CPU_TOL if on_cpu else GPU_TOL
-        ok = bool(torch.isfinite(got).all()) and diff <= limit
+        missing = _ranks_that_streamed_nothing(get_shard_state(sharded), devices, st.bytes_streamed)
+        ok = bool(torch.isfinite(got).all()) and diff <= limit and not missing
         same = "identical" if torch.equal(got, expected) else f"max diff {diff:.3g}"
+        streamed = "/".join(f"{b / 2**20:.1f}" for b in st.bytes_streamed)
         check.ok = check.ok and ok
         check.lines.append(f"cfg {cfg:g} on {','.join(devices)} ({how}): {'PASS' if ok else 'FAIL'}: "
-                           f"{same} (limit {limit:g})")
+                           f"{same} (limit {limit:g}), streamed {streamed} MiB per rank"
+                           + (f"; FAIL: rank(s) {missing} own some blocks not and streamed none" if missing else ""))
+
+
+def _ranks_that_streamed_nothing(state, devices, streamed) -> list[int]:
+    """Ranks whose device does not hold every block, yet copied no block bytes from an owner."""
+    owners = {r.device for r in state.plan.block_ranges}
+    return [i for i, d in enumerate(devices) if (owners - {d}) and streamed[i] == 0]
 
 
 def check_prefetch_overlap(check, n_gpus: int) -> None:
     if n_gpus == 0:
         check.lines.append("no GPU: skipped")
         return
+    from ...parallel.seq_stream import BlockStream
+
     dev = torch.device("cuda:0")
-    side = torch.cuda.Stream(dev)
-    host = torch.empty(256 << 20, dtype=torch.uint8).pin_memory()  # ~ a streamed 14B block (0.66 GiB) / 2.6
-    dst = torch.empty_like(host, device=dev)
+    with torch.device("meta"):
+        block = torch.nn.Sequential(torch.nn.Linear(8192, 8192, bias=False))  # 256 MiB fp32, ~ a 14B block / 2.6
+    block = block.to_empty(device="cpu")  # host RAM, pageable: how the loader holds a cpu share
+    with torch.no_grad():
+        block[0].weight.fill_(1.0)
+    ring = BlockStream(dev)
     a = torch.randn(4096, 4096, device=dev)
+    nbytes = block[0].weight.numel() * 4
+    copies = iter(range(1 << 30))  # a new block index each time: every prefetch copies
 
     def compute():
         for _ in range(8):
             a @ a
 
     def copy():
-        with torch.cuda.stream(side):
-            dst.copy_(host, non_blocking=True)
+        ring.prefetch(next(copies), block)
 
     def timed(*fns) -> float:
         torch.cuda.synchronize(dev)
@@ -96,9 +117,10 @@ def check_prefetch_overlap(check, n_gpus: int) -> None:
         torch.cuda.synchronize(dev)
         return time.perf_counter() - start
 
-    timed(compute, copy)  # warm-up
-    t_compute, t_copy, t_both = timed(compute), timed(copy), timed(copy, compute)
+    timed(compute, copy)  # warm-up: the ring's buffers and side stream exist after it
+    t_compute, t_copy, t_both = timed(compute), timed(copy), timed(compute, copy)
+    ring.release()
     overlaps = t_both < 0.8 * (t_compute + t_copy)
-    check.lines.append(f"copy {host.numel() >> 20} MiB host->GPU on a side stream {t_copy * 1e3:.1f} ms, matmuls "
-                       f"{t_compute * 1e3:.1f} ms, both at once {t_both * 1e3:.1f} ms: "
-                       f"{'overlaps' if overlaps else 'does NOT overlap'} (informational)")
+    check.lines.append(f"copy {nbytes >> 20} MiB pageable host->GPU through the engine's ring (BlockStream.prefetch) "
+                       f"{t_copy * 1e3:.1f} ms, matmuls {t_compute * 1e3:.1f} ms, matmuls then copy {t_both * 1e3:.1f} "
+                       f"ms: {'overlaps' if overlaps else 'does NOT overlap'} (informational)")

@@ -76,9 +76,12 @@ class SeqToyDiT(nn.Module):
         opts = dict(transformer_options or {})
         x = self.embed(x)
         b, length, _ = x.shape
-        tt = t.view(b, 1, 1) if not self.per_token_e else t.view(b, 1, 1) * torch.linspace(0.5, 1.5, length).view(1, length, 1)
+        dev, dt = x.device, x.dtype  # so the toy also runs on CUDA (benchmarks/gpu_check.py)
+        tt = t.view(b, 1, 1) if not self.per_token_e else \
+            t.view(b, 1, 1) * torch.linspace(0.5, 1.5, length, device=dev, dtype=dt).view(1, length, 1)
         e = self.time(tt).unflatten(-1, (3, self.dim))  # [B, 1 or L, 3, C]
-        freqs = 1 + 0.1 * torch.sin(torch.arange(length, dtype=x.dtype).view(1, length, 1) * torch.linspace(0.1, 1, self.dim))
+        freqs = 1 + 0.1 * torch.sin(torch.arange(length, dtype=dt, device=dev).view(1, length, 1)
+                                    * torch.linspace(0.1, 1, self.dim, device=dev, dtype=dt))
         context = self.text(context)
         for block in self.blocks:
             x = block(x, e, freqs, context, transformer_options=opts)
@@ -140,11 +143,11 @@ class SeqToyMMDiT(nn.Module):
         vec = self.time(t.view(-1, 1))
         li, lt = img.shape[1], txt.shape[1]
         d = self.dim // self.heads
-        pos = torch.arange(li + lt, dtype=img.dtype).view(1, 1, li + lt, 1)
-        pe = 1 + 0.05 * torch.cos(pos * torch.linspace(0.1, 1, d))  # [1, 1, L+T, D]: token dim 2
+        pos = torch.arange(li + lt, dtype=img.dtype, device=img.device).view(1, 1, li + lt, 1)
+        pe = 1 + 0.05 * torch.cos(pos * torch.linspace(0.1, 1, d, device=img.device, dtype=img.dtype))  # token dim 2
         mask = None
         if txt_mask is not None:
-            mask = torch.zeros(1, 1, li + lt)
+            mask = torch.zeros(1, 1, li + lt, device=img.device, dtype=img.dtype)
             mask[:, 0, slice(0, lt) if self.text_first else slice(li, None)] = txt_mask
         for block in self.double_blocks:
             img, txt = block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=mask, transformer_options=opts)

@@ -1,0 +1,74 @@
+"""``benchmarks/gpu_check.py --dry`` as CI runs it (pure, CPU, ~10 s): every section builds and runs
+its setup at tiny sizes on ``cpu,cpu``, prints one ``[gpu_check] NAME: STATUS ...`` line saying what
+it skipped and why, then the summary; the exit status is 0 only without FAIL.
+
+The dry run is a real check, not a smoke test: its ``sequence`` section compares the split forward
+with the unsharded one where every block streams through the ring (the forced-remote rank), which
+is how a ring bug (the first forward computed block 0 with block 1's weights) was found.
+"""
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+SECTIONS = ("ring", "ring_wait_removed", "sequence", "syncs", "memory", "overlap")
+
+
+@pytest.fixture(scope="module")
+def dry():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TORCH_CUDA_SANITIZER", None)
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry"], capture_output=True, text=True, timeout=300,
+                          env=env, cwd=str(REPO), check=False)
+    return proc
+
+
+def _line(lines, name):
+    found = [ln for ln in lines if ln.startswith(f"[gpu_check] {name}: ")]
+    assert len(found) == 1, f"expected one {name!r} line in:\n" + "\n".join(lines)
+    return found[0]
+
+
+def test_dry_mode_one_line_per_section_and_summary(dry):
+    lines = dry.stdout.splitlines()
+    assert dry.returncode == 0, f"exit {dry.returncode}\n{dry.stdout}\n{dry.stderr[-3000:]}"
+    assert lines[0].startswith("[gpu_check] torch ") and "dry (no CUDA" in lines[0]
+    names = [m.group(1) for ln in lines if (m := re.match(r"\[gpu_check\] (\w+): (PASS|FAIL|SKIP) ", ln))]
+    assert names == list(SECTIONS), lines
+    for name in SECTIONS:
+        assert _line(lines, name).startswith(f"[gpu_check] {name}: SKIP "), _line(lines, name)
+    assert lines[-1].startswith("[gpu_check] summary: 0 PASS, 0 FAIL, 6 SKIP (skipped: ring, ring_wait_removed, "
+                                "sequence, syncs, memory, overlap); dry mode")
+
+
+def test_dry_mode_ran_each_setup(dry):
+    lines = dry.stdout.splitlines()
+    ring = _line(lines, "ring")
+    assert "no CUDA" in ring and re.search(r"pageable races 0 diff 0 copies [1-9]", ring), ring
+    waits = _line(lines, "ring_wait_removed")
+    assert "skipped: seq_stream has no without_wait" in waits or re.search(r"no sanitizer; \d+ runs without", waits)
+    seq = _line(lines, "sequence")
+    assert "9 runs (2 forwards each) vs unsharded" in seq and "cpu,cpu forced fp32 b1" in seq and "bf16" in seq, seq
+    assert "set_sync_debug_mode needs CUDA" in _line(lines, "syncs")
+    memory = _line(lines, "memory")
+    assert "max_memory_allocated needs CUDA" in memory and re.search(r"plan \d+\.\d+ MiB from \S+", memory)
+    assert re.search(r"ring held 0\.[1-9]\d MiB", memory), memory
+    assert "owners" in _line(lines, "overlap") and "forced" in _line(lines, "overlap")
+
+
+def test_summary_exit_status():
+    spec = importlib.util.spec_from_file_location("gpu_check_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks its module up
+    try:
+        spec.loader.exec_module(mod)  # top level: stdlib only
+    finally:
+        del sys.modules[spec.name]
+    assert mod.summarize({"ring": "PASS", "syncs": "SKIP"}, 1.0, cuda=True) == 0
+    assert mod.summarize({"ring": "PASS", "memory": "FAIL"}, 1.0, cuda=True) == 1
