@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from .seq_split import plan_groups, rank_slices
 
 __all__ = ["ACTIVATION_FACTORS", "ActivationFactors", "RankMemory", "compute_prefetch_bytes",
-           "compute_sequence_activations", "plan_sequence_memory", "format_shortfalls"]
+           "compute_sequence_activations", "plan_sequence_memory", "format_bytes", "format_shortfalls"]
 
 
 @dataclass(frozen=True)
@@ -130,15 +130,19 @@ def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks
     return out
 
 
+def format_bytes(n: float) -> str:
+    """GiB with one decimal; MiB below 0.1 GiB, so a small model's shortfall never reads 0.0 GiB."""
+    return f"{n / (1 << 30):.1f} GiB" if abs(n) >= (1 << 30) / 10 else f"{n / (1 << 20):.1f} MiB"
+
+
 def format_shortfalls(rows, usable: dict) -> str:
     """'cuda:1 needs 21.4 GiB, has 20.0 GiB usable: 1.4 GiB missing' for each rank that does not
     fit (``usable``: device -> bytes, None: unknown, not checked); '' when every rank fits."""
-    gib = float(1 << 30)
+    f = format_bytes
     parts = []
     for m in rows:
         room = usable.get(m.device)
         if room is not None and m.total > room:
-            parts.append(f"{m.device} needs {m.total / gib:.1f} GiB (weights {m.weights / gib:.1f} + streamed "
-                         f"blocks {m.prefetch / gib:.1f} + activations {m.activations / gib:.1f}), has "
-                         f"{room / gib:.1f} GiB usable: {(m.total - room) / gib:.1f} GiB missing")
+            parts.append(f"{m.device} needs {f(m.total)} (weights {f(m.weights)} + streamed blocks {f(m.prefetch)} "
+                         f"+ activations {f(m.activations)}), has {f(room)} usable: {f(m.total - room)} missing")
     return "; ".join(parts)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from .cost_baselines import compare_with_core, core_baselines, estimate_activation_bytes
 from .cost_inputs import DEFAULT_GPU, ModelShape, table_gpu_name
-from .cost_memory import compute_prefetch_bytes
+from .cost_memory import compute_prefetch_bytes, format_bytes
 from .cost_model import Workload, estimate_costs, hardware_from_options
 from .cost_report import choose_strategy
 from .inventory import GiB
@@ -100,9 +100,10 @@ def sequence_shortfalls(plan, footprint, inventory, reserve_bytes: int = 0, bloc
         load, need = loads[d], _prefetch_on(plan, footprint, d, block_kinds)
         room = inventory.get(d).available_bytes - reserve_bytes - load.weight_bytes - load.activation_bytes
         if room < need:
-            out.append(f"{d} has {room / GiB:.1f} GiB left after its share ({load.weight_bytes / GiB:.1f} GiB weights "
-                       f"+ {load.activation_bytes / GiB:.1f} GiB activations), needs {need / GiB:.1f} GiB for its "
-                       f"streamed blocks: {(need - room) / GiB:.1f} GiB missing")
+            f = format_bytes
+            out.append(f"{d} has {f(room)} left after its share ({f(load.weight_bytes)} weights + "
+                       f"{f(load.activation_bytes)} activations), needs {f(need)} for its streamed blocks: "
+                       f"{f(need - room)} missing")
     return out
 
 

@@ -25,7 +25,7 @@ from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_pl
 from ...parallel.sizing import get_blocks
 from .simulator_run import SimContext, _forward, _to_meta
 
-__all__ = ["SequencePeak", "run_fake_sequence_forward"]
+__all__ = ["SequencePeak", "plan_sequence_peaks", "run_fake_sequence_forward"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,25 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
         weights, peak = (m.weights, m.peak_activations) if m else (0, 0)
         out.append(SequencePeak(dev, weights, max(0, peak - prefetch[rank]), prefetch[rank]))
     return out
+
+
+def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
+    """The plan's bytes per rank (``cost_memory.plan_sequence_memory``) for the forward
+    ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
+    from ...parallel.cost_inputs import shape_from_spec
+    from ...parallel.cost_memory import plan_sequence_memory
+    from ...parallel.sharding import get_block_list
+
+    shape = shape_from_spec(ctx.spec)
+    kinds, start = [], 0
+    for i, path in enumerate(ctx.layout.block_lists):
+        n = len(get_block_list(ctx.dit, path))
+        kinds += [(i, b) for b in ctx.block_bytes[start:start + n]]
+        start += n
+    return plan_sequence_memory(ctx.spec.family, shape.width, shape.image_tokens(*ctx.size), batch,
+                                list(dict.fromkeys(block_devices)), ctx.block_bytes, block_devices, home,
+                                ctx.home_bytes, kinds, ctx.spec.geometry.context_tokens,
+                                torch.empty((), dtype=ctx.compute_dtype).element_size())
 
 
 def _buffer_bytes(stream) -> int:
