@@ -304,12 +304,15 @@ def _local_auto_devices(model, reserve_vram_gb, inventory) -> str:
 
 
 def _activation_headroom(block_bytes) -> int:
-    """Activation room planned per DiT device at load time, before any latent shape is known.
+    """Activation room planned per DiT device at load time, before any latent is known: a floor.
 
     Two blocks' worth of weights: for Wan 2.1 14B (0.67 GiB per bf16 block) that is 1.3 GiB, the
     order of one 480p x 81 frame forward (2.9 GiB per device at batch 1, measured on fake GPUs;
-    see TESTING.md). Larger videos need ``reserve_vram_gb`` or the ``plan`` dry run, which
-    simulates the real peak.
+    see TESTING.md). The plan is keyed by devices and reserve, not by latent, so it cannot grow
+    with the tokens here; where the latent is known (ComfyUI's prepare_sampling) a `sequence` MODEL
+    is planned again from its tokens, heads and dtype (``memory_report.latent_plan``): an explicit
+    ``sequence`` that does not fit is refused there, and each shard reports its ring to ComfyUI.
+    Larger videos in `blocks` mode need ``reserve_vram_gb`` or the ``plan`` dry run.
     """
     return 2 * max(block_bytes, default=0)
 

@@ -2,14 +2,14 @@
 
 The blocks sit where the plan puts them; ``parallel/seq_engine`` runs every block on every rank
 with its share of the batch (cond / uncond first) and of the tokens (Ulysses exchanges through
-ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its two
-ring buffers. Worker threads take turns (``serialize``: fake tensors are not thread-safe) and
+ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its ring
+(two buffers per block shape). Worker threads take turns (``serialize``: fake tensors are not thread-safe) and
 each enters the fake mode and a view of the one ``MemoryTracker``, so every storage is counted
 on the device that made it, whichever thread made it. Attention runs as the flash stand-in
 through the override only: the engine's exchange wraps it.
 
 Per device: weights (owned blocks, + the DiT's home part on the home device), prefetch (the
-ring buffers the rank filled: ``parallel_mode.prefetch_bytes`` of the blocks it streams) and
+ring buffers the rank filled: ``cost_memory.compute_prefetch_bytes`` of the blocks it streams) and
 activations (the measured peak minus those buffers, which live from first use to the end).
 """
 from __future__ import annotations
