@@ -94,10 +94,20 @@ def test_sequence_peak_within_ten_percent_of_plan(sim, contexts, model, res, n, 
 
 
 def test_hunyuan_ring_holds_both_block_shapes(sim, contexts):
-    """A rank that streams double and single blocks fills four buffers; the plan counts four."""
-    _, simulator, seq = sim
-    ctx, block_devices, home = _context(sim, contexts, "hunyuanvideo-13b", "480p", 4, full=True)
-    double, single = max(ctx.block_bytes), min(ctx.block_bytes)
-    planned = seq.plan_sequence_peaks(ctx, 1, block_devices, home)
-    assert planned[0].prefetch == 2 * double + 2 * single
-    assert 2 * double + 2 * single > 2 * max(ctx.block_bytes)  # what "two of the largest" counted
+    """HunyuanVideo cut to 2 double + 3 single blocks: cuda:0 owns the doubles, cuda:1 two singles,
+    cuda:2 the last single. cuda:2 streams both kinds and fills four buffers (two of each shape);
+    the plan counts the same, where "two of the largest block" counted two doubles."""
+    presets, simulator, seq = sim
+    if "ring" not in contexts:
+        spec = presets.resolve_model("hunyuanvideo-13b")
+        spec = replace(spec, unet_config={**spec.unet_config, "depth": 2, "depth_single_blocks": 3})
+        contexts["ring"] = simulator._build_context(spec, 848, 480, 129, "bf16")
+    ctx = contexts["ring"]
+    devices = ["cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:2"]
+    double, single = ctx.block_bytes[0], ctx.block_bytes[-1]
+    assert double > 2 * single
+    measured = seq.run_fake_sequence_forward(ctx, 1, devices, "cuda:0")
+    planned = seq.plan_sequence_peaks(ctx, 1, devices, "cuda:0")
+    assert [m.prefetch for m in measured] == [p.prefetch for p in planned] == [
+        2 * single, 2 * double + single, 2 * double + 2 * single]
+    assert all(m.activations <= p.activations for m, p in zip(measured, planned, strict=True))
