@@ -18,7 +18,8 @@ really makes, counted the way it makes it:
   received parts, their concatenation and the output live at once; nothing when ``g`` = 1), and the
   home rank also holds the whole batch's hidden state (the DiT's input and the gathered output) and
   the rotary tables of every token. The factors (``ACTIVATION_FACTORS``) are the least upper
-  bound of those 48 rank peaks per family, rounded up; ``tests/test_memory_plan_fake_gpu.py``
+  bound of those rank peaks per family and block code (ComfyUI 0.3.64 and 0.29), with a margin
+  for thread orders; ``tests/test_memory_plan_fake_gpu.py``
   checks every case again: measured total within 10 % of this plan and never above it.
   Measured (GiB, rank 1, activations without the ring; Wan 2.1 14B): 480p cfg 1 on 2 GPUs 1.74,
   cfg > 1 2.85; 720p cfg 1 on 4 GPUs 2.19, cfg > 1 on 2 GPUs 6.57. HunyuanVideo 13B 720p x 129
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 
 from .seq_split import plan_groups, rank_slices
 
-__all__ = ["ACTIVATION_FACTORS", "ActivationFactors", "RankMemory", "compute_prefetch_bytes",
+__all__ = ["ACTIVATION_FACTORS", "ActivationFactors", "RankMemory", "activation_variant", "compute_prefetch_bytes",
            "compute_sequence_activations", "plan_sequence_memory", "format_bytes", "format_shortfalls"]
 
 
@@ -56,13 +57,25 @@ class ActivationFactors:
 
 
 ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
-    # least upper bounds of the measured rank peaks (module doc), rounded up to 0.05; the home terms
-    # raised to one whole-batch hidden state (LTXV: + its fp32 rotary tables), because the home rank's
-    # peak depends on thread order (Wan 480p cfg > 1 on 4 GPUs: 2.10 and 2.25 GiB in two runs)
-    "wan": ActivationFactors(block=9.15, ulysses=4.1, home_hidden=1.0, rope=0.05),
-    "ltxv": ActivationFactors(block=12.05, ulysses=2.8, home_hidden=2.5, rope=0.05),
-    "hunyuan_video": ActivationFactors(block=21.7, ulysses=1.0, home_hidden=1.0, rope=0.3, joint_text=True),
+    # least upper bounds of the measured rank peaks (module doc) on ComfyUI 0.3.64 and 0.29, +3 % for
+    # thread orders not seen (two ranks doing the same work peaked 9 % apart), rounded up to 0.05
+    "wan": ActivationFactors(block=9.4, ulysses=6.25, home_hidden=0.75, rope=0.05),
+    "ltxv": ActivationFactors(block=12.4, ulysses=2.85, home_hidden=3.1, rope=0.05),
+    "hunyuan_video": ActivationFactors(block=22.35, ulysses=1.05, home_hidden=0.75, rope=0.3, joint_text=True),
+    # HunyuanVideo whose single blocks free q/k/v before the MLP (``del qkv``: ComfyUI 0.29, not 0.3.64;
+    # ``activation_variant``): 720p x 129 cfg > 1 on 2 GPUs 9.7 GiB per rank instead of 14.4
+    "hunyuan_video/lean": ActivationFactors(block=14.65, ulysses=12.3, home_hidden=1.25, rope=0.05,
+                                            joint_text=True),
 }
+
+
+def activation_variant(family: str, last_block) -> str:
+    """The ``ACTIVATION_FACTORS`` key for a model of ``family`` whose last block is ``last_block``:
+    read from the block's code, never from a version string (HunyuanVideo single blocks that split
+    ``linear1`` into ``mlp_hidden_dim_first`` also free q/k/v early)."""
+    if family == "hunyuan_video" and hasattr(last_block, "mlp_hidden_dim_first"):
+        return "hunyuan_video/lean"
+    return family
 
 
 @dataclass(frozen=True)
@@ -98,7 +111,7 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
     per sample, ``batch`` samples (2: cond + uncond, split first), ``n_ranks`` ranks."""
     f = ACTIVATION_FACTORS.get(family)
     if f is None:
-        raise ValueError(f"[ShardDiT] no measured activation factors for model family {family!r}: "
+        raise ValueError(f"[ShardDiT] no measured activation factors for model {family!r}: "
                          f"known {', '.join(ACTIVATION_FACTORS)}")
     text = text_tokens if f.joint_text else 0
     out = [0] * n_ranks

@@ -28,7 +28,7 @@ import torch
 import comfy.model_management as mm
 
 from ...parallel.cost_inputs import shape_from_config
-from ...parallel.cost_memory import RankMemory, format_shortfalls, plan_sequence_memory
+from ...parallel.cost_memory import RankMemory, activation_variant, format_shortfalls, plan_sequence_memory
 from ...parallel.inventory import GiB
 from ...parallel.model_geometry import family_of, geometry_of
 from .placement import current_inventory
@@ -79,7 +79,8 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
     tokens = math.ceil(t / pt) * math.ceil(h / ph) * math.ceil(w / pw)
     dtype = getattr(model.model, "manual_cast_dtype", None) or model.model_dtype()
     plan, fp = state.plan, state.footprint
-    return plan_sequence_memory(family, shape.width, tokens, b * (2 if cfg_batch else 1),
+    last = state.proxies[state.layout.block_lists[-1]][-1].real_block
+    return plan_sequence_memory(activation_variant(family, last), shape.width, tokens, b * (2 if cfg_batch else 1),
                                 [r.device for r in plan.block_ranges], fp.block_bytes, plan.block_devices(),
                                 plan.home_device, fp.dit_home_bytes, state.block_kinds, shape.text_tokens,
                                 torch.empty((), dtype=dtype).element_size())

@@ -90,7 +90,7 @@ def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], h
     """The plan's bytes per rank (``cost_memory.plan_sequence_memory``) for the forward
     ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
     from ...parallel.cost_inputs import shape_from_spec
-    from ...parallel.cost_memory import plan_sequence_memory
+    from ...parallel.cost_memory import activation_variant, plan_sequence_memory
     from ...parallel.sharding import get_block_list
 
     shape = shape_from_spec(ctx.spec)
@@ -99,7 +99,8 @@ def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], h
         n = len(get_block_list(ctx.dit, path))
         kinds += [(i, b) for b in ctx.block_bytes[start:start + n]]
         start += n
-    return plan_sequence_memory(ctx.spec.family, shape.width, shape.image_tokens(*ctx.size), batch,
+    variant = activation_variant(ctx.spec.family, get_blocks(ctx.dit, ctx.layout)[-1])
+    return plan_sequence_memory(variant, shape.width, shape.image_tokens(*ctx.size), batch,
                                 list(dict.fromkeys(block_devices)), ctx.block_bytes, block_devices, home,
                                 ctx.home_bytes, kinds, ctx.spec.geometry.context_tokens,
                                 torch.empty((), dtype=ctx.compute_dtype).element_size())
