@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .seq_split import plan_groups, rank_slices
+from .seq_split import even_ranges, plan_groups, rank_slices
 
 __all__ = ["ACTIVATION_FACTORS", "ActivationFactors", "RankMemory", "activation_variant", "compute_prefetch_bytes",
            "compute_sequence_activations", "plan_sequence_memory", "format_bytes", "format_shortfalls"]
@@ -106,9 +106,12 @@ def compute_prefetch_bytes(block_bytes, block_devices, device: str, block_kinds=
 
 
 def compute_sequence_activations(family: str, width: int, tokens: int, batch: int, n_ranks: int,
-                                 text_tokens: int = 0, act_bytes: int = 2, home_rank: int = 0) -> list[int]:
+                                 text_tokens: int = 0, act_bytes: int = 2, home_rank: int = 0,
+                                 heads: int = 0) -> list[int]:
     """Peak activation bytes per rank (rank order) of one `sequence` forward: ``tokens`` image tokens
-    per sample, ``batch`` samples (2: cond + uncond, split first), ``n_ranks`` ranks."""
+    per sample, ``batch`` samples (2: cond + uncond, split first), ``n_ranks`` ranks. ``heads``
+    (0: split evenly): a rank that attends more than 1/g of the heads (uneven split, as
+    ``seq_ulysses`` makes it) holds that much more of every token in the exchange."""
     f = ACTIVATION_FACTORS.get(family)
     if f is None:
         raise ValueError(f"[ShardDiT] no measured activation factors for model {family!r}: "
@@ -119,7 +122,11 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
         g = len(rs.group.ranks)
         samples = rs.group.batch[1] - rs.group.batch[0]
         local = samples * (rs.tokens[1] - rs.tokens[0] + text) * width * act_bytes
-        act = local * (f.block + (f.ulysses * (g - 1) / g if g > 1 else 0.0))
+        share = 1.0
+        if heads > 0 and g > 1:
+            h0, h1 = even_ranges(heads, g)[rs.position]
+            share = (h1 - h0) * g / heads
+        act = local * (f.block + (f.ulysses * share * (g - 1) / g if g > 1 else 0.0))
         if rs.rank == home_rank:
             act += f.home_hidden * batch * (tokens + text) * width * act_bytes + f.rope * tokens * width * 4
         out[rs.rank] = int(act)
@@ -128,12 +135,13 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
 
 def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks, block_bytes, block_devices,
                          home: str, home_bytes: int, block_kinds=None, text_tokens: int = 0,
-                         act_bytes: int = 2) -> list[RankMemory]:
+                         act_bytes: int = 2, heads: int = 0) -> list[RankMemory]:
     """Per rank (``ranks``: one device each, in rank order): weights, ring buffers, activations."""
     ranks = [str(d) for d in ranks]
     home = str(home)
     home_rank = ranks.index(home) if home in ranks else -1
-    acts = compute_sequence_activations(family, width, tokens, batch, len(ranks), text_tokens, act_bytes, home_rank)
+    acts = compute_sequence_activations(family, width, tokens, batch, len(ranks), text_tokens, act_bytes, home_rank,
+                                        heads)
     out = []
     for r, dev in enumerate(ranks):
         weights = sum(int(b) for b, d in zip(block_bytes, block_devices, strict=True) if str(d) == dev)

@@ -35,6 +35,10 @@ def test_activations_grow_with_tokens_and_split_by_rank():
     # cfg > 1 on 4 ranks: two groups of two; a rank's share equals cfg 1 on 2 ranks (its own sample, half the tokens)
     four = compute_sequence_activations("wan", 5120, 32760, 2, 4)
     assert four[1] == four[2] == four[3] == small[1] and four[0] > four[1]  # rank 0 is home
+    # 40 heads over a group of 3 ranks: 14/13/13; the rank with 14 holds more in the exchange
+    uneven = compute_sequence_activations("wan", 5120, 32760, 1, 3, heads=40)
+    even = compute_sequence_activations("wan", 5120, 32760, 1, 3)
+    assert uneven[0] > even[0] and uneven[1] < even[1]
     with pytest.raises(ValueError, match="'flux'"):
         compute_sequence_activations("flux", 3072, 100, 1, 2)
 

@@ -83,7 +83,7 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
     return plan_sequence_memory(activation_variant(family, last), shape.width, tokens, b * (2 if cfg_batch else 1),
                                 [r.device for r in plan.block_ranges], fp.block_bytes, plan.block_devices(),
                                 plan.home_device, fp.dit_home_bytes, state.block_kinds, shape.text_tokens,
-                                torch.empty((), dtype=dtype).element_size())
+                                torch.empty((), dtype=dtype).element_size(), shape.heads)
 
 
 def _per_device(rows) -> list[RankMemory]:

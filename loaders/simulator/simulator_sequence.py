@@ -103,7 +103,7 @@ def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], h
     return plan_sequence_memory(variant, shape.width, shape.image_tokens(*ctx.size), batch,
                                 list(dict.fromkeys(block_devices)), ctx.block_bytes, block_devices, home,
                                 ctx.home_bytes, kinds, ctx.spec.geometry.context_tokens,
-                                torch.empty((), dtype=ctx.compute_dtype).element_size())
+                                torch.empty((), dtype=ctx.compute_dtype).element_size(), shape.heads)
 
 
 def _buffer_bytes(stream) -> int:
