@@ -31,12 +31,13 @@ from ...parallel.cost_inputs import shape_from_config
 from ...parallel.cost_memory import RankMemory, activation_variant, format_shortfalls, plan_sequence_memory
 from ...parallel.inventory import GiB
 from ...parallel.model_geometry import family_of, geometry_of
+from ...parallel.parallel_mode import decide_parallel
 from .placement import current_inventory
 from .shard_hooks import get_shard_patchers, get_shard_state
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["MEMORY_KEY", "REQUESTED_KEY", "block_kinds", "latent_plan", "sequence_memory_wrapper"]
+__all__ = ["MEMORY_KEY", "REQUESTED_KEY", "block_kinds", "latent_plan", "sequence_memory_wrapper", "sequence_refusal"]
 
 MEMORY_KEY = "sharddit_memory"
 REQUESTED_KEY = "sharddit_parallel_requested"
@@ -46,6 +47,17 @@ REQUESTED_KEY = "sharddit_parallel_requested"
 def block_kinds(blocks) -> tuple:
     """One shape key per block (global order) as the plan counts ring buffers: (block list, bytes)."""
     return tuple((path, nbytes) for (path, _, _), nbytes in blocks)
+
+
+def sequence_refusal(plan, footprint, inventory, reserve_bytes: int, kinds) -> str:
+    """Why an explicit ``parallel=sequence`` does not fit this plan at load ('' when it does): the
+    same room check as ``auto`` (``parallel_mode.decide_parallel``), kept on the shard state so
+    that ``set_parallel_mode`` raises it before any weight moves."""
+    try:
+        decide_parallel("sequence", plan, footprint, inventory, reserve_bytes, kinds)
+    except ValueError as err:
+        return str(err)
+    return ""
 
 
 def sequence_memory_wrapper(executor, model, noise_shape, *args, **kwargs):

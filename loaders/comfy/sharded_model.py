@@ -48,7 +48,7 @@ from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
 from .core_multigpu import check_no_core_copies, note_incoming_device, original_patcher_init, refuse_full_copies
 from .dynamic_vram import new_shard_patcher, non_dynamic_clone
-from .memory_report import MEMORY_KEY, REQUESTED_KEY, block_kinds, sequence_memory_wrapper
+from .memory_report import MEMORY_KEY, REQUESTED_KEY, block_kinds, sequence_memory_wrapper, sequence_refusal
 from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions, resolve_auto_devices
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
@@ -227,7 +227,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     blocks = [(path, i, b) for path in layout.block_lists for i, b in enumerate(_real_blocks(base, dit, path))]
     kinds = block_kinds(zip(blocks, block_bytes, strict=True))
     auto_mode = decide_parallel("auto", plan, footprint, inventory, request.reserve_bytes, kinds)
-    refusal = _sequence_refusal(plan, footprint, inventory, request.reserve_bytes, kinds)
+    refusal = sequence_refusal(plan, footprint, inventory, request.reserve_bytes, kinds)
     record_dit(footprint, ",".join(r.device for r in plan.block_ranges))
     log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), devices,
              plan.to_text(inventory))
@@ -269,16 +269,6 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                       request_key=request_key, runtime=runtime, auto_mode=auto_mode, arch_name=arch.name,
                       remote=remote, blocks_only=blocks_only, footprint=footprint, block_kinds=kinds,
                       sequence_refusal=refusal)
-
-
-def _sequence_refusal(plan, footprint, inventory, reserve_bytes: int, kinds) -> str:
-    """Why an explicit ``parallel=sequence`` does not fit this plan ('' when it does): the same room
-    check as ``auto`` (``parallel_mode.decide_parallel``), kept for ``set_parallel_mode`` to raise."""
-    try:
-        decide_parallel("sequence", plan, footprint, inventory, reserve_bytes, kinds)
-    except ValueError as err:
-        return str(err)
-    return ""
 
 
 def _footprint(block_bytes, non_block: int) -> Footprint:
