@@ -52,10 +52,14 @@ def check_parallel(value: str) -> str:
 
 
 def prefetch_bytes(block_bytes, block_kinds=None) -> int:
-    """Room a `sequence` rank that owns no block needs for streamed blocks: two buffers per block
-    shape (``block_kinds``: one hashable per block; None: blocks of equal bytes are one shape).
-    A rank that owns blocks needs ``cost_memory.compute_prefetch_bytes`` of what it streams."""
-    return compute_prefetch_bytes(block_bytes, [None] * len(block_bytes), "", block_kinds)
+    """Room for streamed blocks that holds for any rank: two buffers per block shape, each of that
+    shape's largest block (``block_kinds``: one hashable per block; None: blocks of equal bytes are
+    one shape). A rank of a plan needs ``cost_memory.compute_prefetch_bytes`` of what it streams."""
+    kinds = list(block_kinds) if block_kinds is not None else list(block_bytes)
+    largest: dict = {}
+    for nbytes, kind in zip(block_bytes, kinds, strict=True):
+        largest[kind] = max(largest.get(kind, 0), int(nbytes))
+    return 2 * sum(largest.values())
 
 
 def decide_parallel(requested: str, plan, footprint, inventory, reserve_bytes: int = 0,
