@@ -36,8 +36,17 @@ from dataclasses import dataclass
 
 from .seq_split import even_ranges, plan_groups, rank_slices
 
-__all__ = ["ACTIVATION_FACTORS", "ActivationFactors", "RankMemory", "activation_variant", "compute_prefetch_bytes",
-           "compute_sequence_activations", "plan_sequence_memory", "format_bytes", "format_shortfalls"]
+__all__ = [
+    "ACTIVATION_FACTORS",
+    "ActivationFactors",
+    "RankMemory",
+    "activation_variant",
+    "compute_prefetch_bytes",
+    "compute_sequence_activations",
+    "format_bytes",
+    "format_shortfalls",
+    "plan_sequence_memory",
+]
 
 
 @dataclass(frozen=True)

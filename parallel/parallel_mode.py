@@ -26,10 +26,18 @@ from .cost_inputs import DEFAULT_GPU, ModelShape, table_gpu_name
 from .cost_memory import compute_prefetch_bytes, format_bytes
 from .cost_model import Workload, estimate_costs, hardware_from_options
 from .cost_report import choose_strategy
-from .inventory import GiB
 
-__all__ = ["DEFAULT_PARALLEL", "PARALLEL_MODES", "ModeDecision", "decide_auto_for_latent", "decide_parallel",
-           "check_parallel", "prefetch_bytes", "sequence_shortfalls", "workload_from_latent"]
+__all__ = [
+    "DEFAULT_PARALLEL",
+    "PARALLEL_MODES",
+    "ModeDecision",
+    "check_parallel",
+    "decide_auto_for_latent",
+    "decide_parallel",
+    "prefetch_bytes",
+    "sequence_shortfalls",
+    "workload_from_latent",
+]
 
 PARALLEL_MODES = ("auto", "blocks", "sequence")
 DEFAULT_PARALLEL = "auto"
@@ -84,10 +92,12 @@ def decide_parallel(requested: str, plan, footprint, inventory, reserve_bytes: i
                          "or 'blocks' (no streamed blocks), more or larger devices, or a lower reserve_vram_gb")
     if short:
         return ModeDecision("blocks", f"blocks: sequence does not fit: {short[0]}")
-    need = max(_prefetch_on(plan, footprint, d, block_kinds) for d in gpus) if gpus else 0
-    head = "requested" if requested == "sequence" else f"{len(gpus)} GPUs each hold their share plus"
-    return ModeDecision("sequence", f"sequence: {head} streamed blocks (up to {need / GiB:.1f} GiB, two per block "
-                                    "shape); every GPU computes every step")
+    need = format_bytes(max((_prefetch_on(plan, footprint, d, block_kinds) for d in gpus), default=0))
+    if requested == "sequence":
+        return ModeDecision("sequence", f"sequence: requested, every step on {len(ranks)} devices ({','.join(ranks)}); "
+                                        f"streamed blocks up to {need} per GPU (two per block shape)")
+    return ModeDecision("sequence", f"sequence: {len(gpus)} GPUs each hold their share plus streamed blocks (up to "
+                                    f"{need}, two per block shape); every GPU computes every step")
 
 
 def _prefetch_on(plan, footprint, device: str, block_kinds) -> int:

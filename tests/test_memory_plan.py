@@ -5,11 +5,18 @@ Toy footprint, sizes in GiB (G = 2**30 bytes): HY = a HunyuanVideo-like DiT, 4 "
 2 GiB then 8 "single" blocks of 1 GiB (16 GiB of blocks) + 1 GiB home, 2 GiB activation room.
 """
 import pytest
-
-from sharddit.parallel.cost_memory import (compute_prefetch_bytes, compute_sequence_activations, format_shortfalls,
-                                           plan_sequence_memory)
+from sharddit.parallel.cost_memory import (
+    compute_prefetch_bytes,
+    compute_sequence_activations,
+    format_shortfalls,
+    plan_sequence_memory,
+)
 from sharddit.parallel.inventory import inventory_from_spec as spec
-from sharddit.parallel.parallel_mode import decide_parallel, prefetch_bytes, sequence_shortfalls
+from sharddit.parallel.parallel_mode import (
+    decide_parallel,
+    prefetch_bytes,
+    sequence_shortfalls,
+)
 from sharddit.parallel.planner import Footprint, PlacementRequest, plan_placement
 
 G = 1 << 30
@@ -68,8 +75,8 @@ def test_explicit_sequence_checks_room_like_auto():
     assert plan.block_devices() == ("cuda:0",) * 4 + ("cuda:1",) * 8
     assert decide_parallel("auto", plan, HY, spec(tight), 0, KINDS).mode == "blocks"
     short = sequence_shortfalls(plan, HY, spec(tight), 0, KINDS)
-    assert short == ["cuda:1 has 3.0 GiB left after its share (8.0 GiB weights + 2.0 GiB activations), needs "
-                     "4.0 GiB for its streamed blocks: 1.0 GiB missing"]
+    assert short == [("cuda:1 has 3.0 GiB left after its share (8.0 GiB weights + 2.0 GiB activations), needs "
+                      "4.0 GiB for its streamed blocks: 1.0 GiB missing")]
     with pytest.raises(ValueError) as err:
         decide_parallel("sequence", plan, HY, spec(tight), 0, KINDS)
     text = str(err.value)

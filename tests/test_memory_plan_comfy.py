@@ -7,7 +7,6 @@ Tiny models (tests/harness/tiny_models.py) sharded over fake ``cuda:0,cuda:1`` i
 builds patchers only, nothing is copied, so fake GPUs are enough on a CPU-only machine.
 """
 import pytest
-import torch
 from harness.sampling import load as _load
 
 pytestmark = pytest.mark.comfy
@@ -23,9 +22,13 @@ def _modules(env):
 
 def _tight_inventory(sm, inv_mod, pm, model):
     """The smallest even two-GPU inventory (1 MiB steps) on which the plan fits but the ring does not."""
-    from sharddit.parallel.planner import PlacementError, PlacementRequest, plan_placement
-    from sharddit.parallel.sizing import compute_block_bytes, compute_non_block_bytes
     from sharddit.loaders.comfy.specs import get_arch_spec
+    from sharddit.parallel.planner import (
+        PlacementError,
+        PlacementRequest,
+        plan_placement,
+    )
+    from sharddit.parallel.sizing import compute_block_bytes, compute_non_block_bytes
 
     dit = model.get_model_object("diffusion_model")
     layout = get_arch_spec(dit)

@@ -26,8 +26,8 @@ GiB = 1 << 30
 SIZES = {"wan2.1-t2v-14b": {"480p": (832, 480, 81), "720p": (1280, 720, 81)},
          "hunyuanvideo-13b": {"480p": (848, 480, 129), "720p": (1280, 720, 129)},
          "ltxv-13b": {"480p": (768, 512, 121), "720p": (1280, 704, 121)}}
-DEPTH = {"wan2.1-t2v-14b": lambda n: dict(num_layers=4), "ltxv-13b": lambda n: dict(num_layers=4),
-         "hunyuanvideo-13b": lambda n: dict(depth=n // 2, depth_single_blocks=n // 2)}
+DEPTH = {"wan2.1-t2v-14b": lambda n: {"num_layers": 4}, "ltxv-13b": lambda n: {"num_layers": 4},
+         "hunyuanvideo-13b": lambda n: {"depth": n // 2, "depth_single_blocks": n // 2}}
 """The cut model per rank count: 4 blocks (HunyuanVideo: one block per rank, half double, half single).
 With 2 blocks on 2 ranks the home rank's peak rose above the full model's (its first and last block
 overlap the DiT's input and gathered output): 3.76 GiB at 480p cfg > 1 against 2.88 with 4 or 40."""
@@ -77,7 +77,7 @@ def _context(sim, contexts, model, res, n, full=False):
 @pytest.mark.parametrize("res", ["480p", "720p"])
 @pytest.mark.parametrize("model", list(SIZES))
 def test_sequence_peak_within_ten_percent_of_plan(sim, contexts, model, res, n, cfg):
-    _, simulator, seq = sim
+    seq = sim[2]
     batch = 1 if cfg == "cfg1" else 2
     ctx, block_devices, home = _context(sim, contexts, model, res, n)
     cut = seq.plan_sequence_peaks(ctx, batch, block_devices, home)

@@ -23,12 +23,16 @@ from __future__ import annotations
 import logging
 import math
 
+import comfy.model_management as mm
 import torch
 
-import comfy.model_management as mm
-
 from ...parallel.cost_inputs import shape_from_config
-from ...parallel.cost_memory import RankMemory, activation_variant, format_shortfalls, plan_sequence_memory
+from ...parallel.cost_memory import (
+    RankMemory,
+    activation_variant,
+    format_shortfalls,
+    plan_sequence_memory,
+)
 from ...parallel.inventory import GiB
 from ...parallel.model_geometry import family_of, geometry_of
 from ...parallel.parallel_mode import decide_parallel
