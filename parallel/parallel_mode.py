@@ -3,8 +3,13 @@
 - ``blocks``: each block computes on the device that owns it; the hidden state hops at device
   boundaries; one device works at a time. Costs nothing beyond the weights.
 - ``sequence``: every device computes every block on its share of the batch and tokens; blocks a
-  device does not own are streamed from their owner two at a time. Costs two blocks of prefetch
-  buffers per device and the attention exchanges.
+  device does not own are streamed from their owner two at a time. Costs two buffers per block
+  shape the device streams (``cost_memory.compute_prefetch_bytes``: HunyuanVideo's double and
+  single blocks are two shapes, four buffers) and the attention exchanges.
+
+An explicit ``sequence`` checks room exactly as ``auto`` does; where ``auto`` falls back to
+``blocks``, it is refused (``ValueError`` naming the GiB missing per device and the fix) before any
+weight moves.
 
 ``decide_parallel`` is the memory rule of ``auto`` (decided with the plan, at load time);
 ``decide_auto_for_latent`` refines it at sampling time with the cost model: `sequence` only where
@@ -18,12 +23,21 @@ from dataclasses import dataclass, replace
 
 from .cost_baselines import compare_with_core, core_baselines, estimate_activation_bytes
 from .cost_inputs import DEFAULT_GPU, ModelShape, table_gpu_name
+from .cost_memory import compute_prefetch_bytes, format_bytes
 from .cost_model import Workload, estimate_costs, hardware_from_options
 from .cost_report import choose_strategy
-from .inventory import GiB
 
-__all__ = ["DEFAULT_PARALLEL", "PARALLEL_MODES", "ModeDecision", "decide_auto_for_latent", "decide_parallel",
-           "check_parallel", "prefetch_bytes", "workload_from_latent"]
+__all__ = [
+    "DEFAULT_PARALLEL",
+    "PARALLEL_MODES",
+    "ModeDecision",
+    "check_parallel",
+    "decide_auto_for_latent",
+    "decide_parallel",
+    "prefetch_bytes",
+    "sequence_shortfalls",
+    "workload_from_latent",
+]
 
 PARALLEL_MODES = ("auto", "blocks", "sequence")
 DEFAULT_PARALLEL = "auto"
@@ -45,34 +59,66 @@ def check_parallel(value: str) -> str:
     return v
 
 
-def prefetch_bytes(block_bytes) -> int:
-    """Room a `sequence` rank needs for streamed blocks: two buffers of the largest block."""
-    return 2 * max(block_bytes, default=0)
+def prefetch_bytes(block_bytes, block_kinds=None) -> int:
+    """Room for streamed blocks that holds for any rank: two buffers per block shape, each of that
+    shape's largest block (``block_kinds``: one hashable per block; None: blocks of equal bytes are
+    one shape). A rank of a plan needs ``cost_memory.compute_prefetch_bytes`` of what it streams."""
+    kinds = list(block_kinds) if block_kinds is not None else list(block_bytes)
+    largest: dict = {}
+    for nbytes, kind in zip(block_bytes, kinds, strict=True):
+        largest[kind] = max(largest.get(kind, 0), int(nbytes))
+    return 2 * sum(largest.values())
 
 
-def decide_parallel(requested: str, plan, footprint, inventory, reserve_bytes: int = 0) -> ModeDecision:
-    """``blocks`` or ``sequence`` for ``plan`` (a ``Plan``), with the reason."""
+def decide_parallel(requested: str, plan, footprint, inventory, reserve_bytes: int = 0,
+                    block_kinds=None) -> ModeDecision:
+    """``blocks`` or ``sequence`` for ``plan`` (a ``Plan``), with the reason. ``requested`` ``sequence``
+    with a ``footprint`` and ``inventory`` raises ``ValueError`` (GiB missing per device) where
+    ``auto`` would fall back to ``blocks`` for want of room; without them it is not checked."""
     requested = check_parallel(requested)
     ranks = [r.device for r in plan.block_ranges]
     if requested == "blocks":
         return ModeDecision("blocks", "blocks: requested (capacity; one device computes at a time)")
-    if requested == "sequence":
-        if len(ranks) < 2:
-            return ModeDecision("blocks", f"blocks: sequence needs two or more DiT devices, the plan has {ranks}")
-        return ModeDecision("sequence", f"sequence: requested, every step on {len(ranks)} devices ({','.join(ranks)})")
+    if requested == "sequence" and len(ranks) < 2:
+        return ModeDecision("blocks", f"blocks: sequence needs two or more DiT devices, the plan has {ranks}")
     gpus = sorted({d for d in ranks if d.startswith("cuda")})
-    if len(gpus) < 2:
+    if requested == "auto" and len(gpus) < 2:
         return ModeDecision("blocks", f"blocks: sequence pays only with two or more GPUs (DiT on {','.join(ranks)})")
-    need = prefetch_bytes(footprint.block_bytes)
+    if footprint is None or inventory is None:
+        return ModeDecision("sequence", f"sequence: requested, every step on {len(ranks)} devices ({','.join(ranks)})")
+    short = sequence_shortfalls(plan, footprint, inventory, reserve_bytes, block_kinds)
+    if short and requested == "sequence":
+        raise ValueError(f"[ShardDiT] parallel 'sequence' does not fit: {'; '.join(short)}. Fix: parallel 'auto' "
+                         "or 'blocks' (no streamed blocks), more or larger devices, or a lower reserve_vram_gb")
+    if short:
+        return ModeDecision("blocks", f"blocks: sequence does not fit: {short[0]}")
+    need = format_bytes(max((_prefetch_on(plan, footprint, d, block_kinds) for d in gpus), default=0))
+    if requested == "sequence":
+        return ModeDecision("sequence", f"sequence: requested, every step on {len(ranks)} devices ({','.join(ranks)}); "
+                                        f"streamed blocks up to {need} per GPU (two per block shape)")
+    return ModeDecision("sequence", f"sequence: {len(gpus)} GPUs each hold their share plus streamed blocks (up to "
+                                    f"{need}, two per block shape); every GPU computes every step")
+
+
+def _prefetch_on(plan, footprint, device: str, block_kinds) -> int:
+    return compute_prefetch_bytes(footprint.block_bytes, plan.block_devices(), device, block_kinds)
+
+
+def sequence_shortfalls(plan, footprint, inventory, reserve_bytes: int = 0, block_kinds=None) -> list[str]:
+    """Per GPU of the plan that lacks room for `sequence`: its share, the plan's activation room and
+    the ring buffers of the blocks it streams, against free memory less ``reserve_bytes``; one line
+    each naming the GiB missing ([] when every GPU has room). CPU ranks are not checked (RAM)."""
     loads = {load.device: load for load in plan.loads}
-    for d in gpus:
-        load = loads[d]
+    out = []
+    for d in sorted({r.device for r in plan.block_ranges if r.device.startswith("cuda")}):
+        load, need = loads[d], _prefetch_on(plan, footprint, d, block_kinds)
         room = inventory.get(d).available_bytes - reserve_bytes - load.weight_bytes - load.activation_bytes
         if room < need:
-            return ModeDecision("blocks", f"blocks: {d} has {room / GiB:.1f} GiB left after its share, sequence "
-                                          f"needs {need / GiB:.1f} GiB more for two streamed blocks")
-    return ModeDecision("sequence", f"sequence: {len(gpus)} GPUs each hold their share plus two streamed blocks "
-                                    f"({need / GiB:.1f} GiB); every GPU computes every step")
+            f = format_bytes
+            out.append(f"{d} has {f(room)} left after its share ({f(load.weight_bytes)} weights + "
+                       f"{f(load.activation_bytes)} activations), needs {f(need)} for its streamed blocks: "
+                       f"{f(need - room)} missing")
+    return out
 
 
 def workload_from_latent(shape: ModelShape, latent_shape, weight_bytes: float = 2.0) -> Workload:

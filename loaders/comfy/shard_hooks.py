@@ -63,6 +63,9 @@ class ShardState:
     arch_name: str = ""  # architecture family, for messages
     remote: tuple = ()  # ((worker name, device), ...): ranks in worker processes (distributed sequence mode)
     blocks_only: str = ""  # why this model runs in blocks mode only ('' when sequence mode splits it)
+    footprint: object = None  # the planner's Footprint (memory_report plans sequence per latent from it)
+    block_kinds: tuple = ()  # one ring shape key per block, global order (memory_report.block_kinds)
+    sequence_refusal: str = ""  # why an explicit parallel=sequence is refused at load ('' when it has room)
 
 
 def is_sharded(model) -> bool:

@@ -48,6 +48,7 @@ from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
 from .core_multigpu import check_no_core_copies, note_incoming_device, original_patcher_init, refuse_full_copies
 from .dynamic_vram import new_shard_patcher, non_dynamic_clone
+from .memory_report import MEMORY_KEY, REQUESTED_KEY, block_kinds, sequence_memory_wrapper, sequence_refusal
 from .distributed import attach_workers, check_workers, decide_worker_weights, patch_versions, resolve_auto_devices
 from .placement import current_inventory, record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
@@ -119,6 +120,7 @@ def set_parallel_mode(m, parallel: str):
     state = get_shard_state(m)
     decision = _decide(state, parallel)
     m.set_attachments(MODE_KEY, decision)
+    m.set_attachments(REQUESTED_KEY, check_parallel(parallel))
     m.remove_wrappers_with_key(WrappersMP.DIFFUSION_MODEL, ATTACHMENT_KEY)
     mode = decision.mode
     if check_parallel(parallel) == "auto" and (decision.mode == "sequence" or _compares_core(state, decision)):
@@ -159,6 +161,8 @@ def _decide(state: ShardState, parallel: str) -> ModeDecision:
         return ModeDecision("blocks", f"blocks: {state.blocks_only}")
     if parallel == "auto":
         return state.auto_mode
+    if parallel == "sequence" and state.sequence_refusal:
+        raise ValueError(state.sequence_refusal)  # at load: before any weight moves
     return decide_parallel(parallel, state.plan, None, None)
 
 
@@ -184,6 +188,8 @@ def unshard(model):
     m.remove_callbacks_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY)
     m.remove_attachments(ATTACHMENT_KEY)
     m.remove_attachments(MODE_KEY)
+    m.remove_attachments(REQUESTED_KEY)
+    m.remove_wrappers_with_key(WrappersMP.PREPARE_SAMPLING, MEMORY_KEY)
     m.load_device = mm.get_torch_device()
     if hasattr(m, "cached_patcher_init"):  # core 0.23+: the loader's factory again (see core_multigpu)
         m.cached_patcher_init = original_patcher_init(model)
@@ -218,12 +224,14 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     plan = plan_placement(inventory, footprint, request)
     n_local = len(plan.block_ranges) - len(remote)
     keep_all = decide_worker_weights(request_key[0], remote, plan, block_bytes, n_local) if remote else False
-    auto_mode = decide_parallel("auto", plan, footprint, inventory, request.reserve_bytes)
+    blocks = [(path, i, b) for path in layout.block_lists for i, b in enumerate(_real_blocks(base, dit, path))]
+    kinds = block_kinds(zip(blocks, block_bytes, strict=True))
+    auto_mode = decide_parallel("auto", plan, footprint, inventory, request.reserve_bytes, kinds)
+    refusal = sequence_refusal(plan, footprint, inventory, request.reserve_bytes, kinds)
     record_dit(footprint, ",".join(r.device for r in plan.block_ranges))
     log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), devices,
              plan.to_text(inventory))
 
-    blocks = [(path, i, b) for path in layout.block_lists for i, b in enumerate(_real_blocks(base, dit, path))]
     block_devices = [torch.device(d) for d in plan.block_devices()]
     assert len(block_devices) == len(blocks), f"plan covers {len(block_devices)} of {len(blocks)} blocks"
     home = torch.device(plan.home_device)
@@ -262,7 +270,8 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
                                                                                       strict=True)))
     return ShardState(plan=plan, layout=layout, router=router, proxies=proxies, roots=roots,
                       request_key=request_key, runtime=runtime, auto_mode=auto_mode, arch_name=arch.name,
-                      remote=remote, blocks_only=blocks_only)
+                      remote=remote, blocks_only=blocks_only, footprint=footprint, block_kinds=kinds,
+                      sequence_refusal=refusal)
 
 
 def _footprint(block_bytes, non_block: int) -> Footprint:
@@ -288,12 +297,15 @@ def _local_auto_devices(model, reserve_vram_gb, inventory) -> str:
 
 
 def _activation_headroom(block_bytes) -> int:
-    """Activation room planned per DiT device at load time, before any latent shape is known.
+    """Activation room planned per DiT device at load time, before any latent is known: a floor.
 
     Two blocks' worth of weights: for Wan 2.1 14B (0.67 GiB per bf16 block) that is 1.3 GiB, the
     order of one 480p x 81 frame forward (2.9 GiB per device at batch 1, measured on fake GPUs;
-    see TESTING.md). Larger videos need ``reserve_vram_gb`` or the ``plan`` dry run, which
-    simulates the real peak.
+    see TESTING.md). The plan is keyed by devices and reserve, not by latent, so it cannot grow
+    with the tokens here; where the latent is known (ComfyUI's prepare_sampling) a `sequence` MODEL
+    is planned again from its tokens, heads and dtype (``memory_report.latent_plan``): an explicit
+    ``sequence`` that does not fit is refused there, and each shard reports its ring to ComfyUI.
+    Larger videos in `blocks` mode need ``reserve_vram_gb`` or the ``plan`` dry run.
     """
     return 2 * max(block_bytes, default=0)
 
@@ -325,6 +337,8 @@ def _sharded_clone(base, state: ShardState):
     m.set_additional_models(SHARD_KEY, shards)
     sync_shard_patches(m)
     m.set_attachments(ATTACHMENT_KEY, state)
+    # the memory check first (outermost): it may refuse before ShardDiT's own wrapper unloads anything
+    m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, MEMORY_KEY, sequence_memory_wrapper)
     m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, prepare_sampling_wrapper)
     m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, release_shards_on_detach)
     refuse_full_copies(m)  # core's multi-GPU nodes: no full copy of a sharded MODEL (core_multigpu)

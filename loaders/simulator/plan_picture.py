@@ -21,7 +21,7 @@ SEGMENTS = (
     ("text_encoder", "text encoder", (156, 100, 210)),
     ("vae", "VAE", (0, 170, 160)),
     ("activations", "activations (peak)", (240, 200, 60)),
-    ("prefetch", "2 streamed blocks (sequence)", (120, 190, 250)),
+    ("prefetch", "streamed blocks, 2 per shape (sequence)", (120, 190, 250)),
     ("free", "free", (60, 66, 74)),
     ("reserve", "reserve (reserve_vram_gb)", (150, 60, 60)),
 )

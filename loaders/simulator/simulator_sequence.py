@@ -2,14 +2,14 @@
 
 The blocks sit where the plan puts them; ``parallel/seq_engine`` runs every block on every rank
 with its share of the batch (cond / uncond first) and of the tokens (Ulysses exchanges through
-ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its two
-ring buffers. Worker threads take turns (``serialize``: fake tensors are not thread-safe) and
+ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its ring
+(two buffers per block shape). Worker threads take turns (``serialize``: fake tensors are not thread-safe) and
 each enters the fake mode and a view of the one ``MemoryTracker``, so every storage is counted
 on the device that made it, whichever thread made it. Attention runs as the flash stand-in
 through the override only: the engine's exchange wraps it.
 
 Per device: weights (owned blocks, + the DiT's home part on the home device), prefetch (the
-ring buffers the rank filled: ``parallel_mode.prefetch_bytes`` of the blocks it streams) and
+ring buffers the rank filled: ``cost_memory.compute_prefetch_bytes`` of the blocks it streams) and
 activations (the measured peak minus those buffers, which live from first use to the end).
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_pl
 from ...parallel.sizing import get_blocks
 from .simulator_run import SimContext, _forward, _to_meta
 
-__all__ = ["SequencePeak", "run_fake_sequence_forward"]
+__all__ = ["SequencePeak", "plan_sequence_peaks", "run_fake_sequence_forward"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,26 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
         weights, peak = (m.weights, m.peak_activations) if m else (0, 0)
         out.append(SequencePeak(dev, weights, max(0, peak - prefetch[rank]), prefetch[rank]))
     return out
+
+
+def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
+    """The plan's bytes per rank (``cost_memory.plan_sequence_memory``) for the forward
+    ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
+    from ...parallel.cost_inputs import shape_from_spec
+    from ...parallel.cost_memory import activation_variant, plan_sequence_memory
+    from ...parallel.sharding import get_block_list
+
+    shape = shape_from_spec(ctx.spec)
+    kinds, start = [], 0
+    for i, path in enumerate(ctx.layout.block_lists):
+        n = len(get_block_list(ctx.dit, path))
+        kinds += [(i, b) for b in ctx.block_bytes[start:start + n]]
+        start += n
+    variant = activation_variant(ctx.spec.family, get_blocks(ctx.dit, ctx.layout)[-1])
+    return plan_sequence_memory(variant, shape.width, shape.image_tokens(*ctx.size), batch,
+                                list(dict.fromkeys(block_devices)), ctx.block_bytes, block_devices, home,
+                                ctx.home_bytes, kinds, ctx.spec.geometry.context_tokens,
+                                torch.empty((), dtype=ctx.compute_dtype).element_size(), shape.heads)
 
 
 def _buffer_bytes(stream) -> int:

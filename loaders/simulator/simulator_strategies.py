@@ -3,7 +3,7 @@
 - ``blocks``: the simulator's usual run (the planner's fewest GPUs, one device computing at a time).
 - ``sequence``: blocks planned over every listed GPU (the loader's ``devices`` for this mode), one
   forward with the real engine on fake devices (``simulator_sequence``): cond / uncond split
-  first at cfg > 1, then tokens; every rank holds its blocks + two streamed blocks.
+  first at cfg > 1, then tokens; every rank holds its blocks + two streamed blocks per block shape it streams.
 - one GPU: every weight on the first GPU with the activations the `blocks` run measured per device
   (both run the whole batch over all tokens).
 - core's own options where this ComfyUI has them (``simulator_baselines``): one GPU with dynamic

@@ -1,0 +1,131 @@
+"""`sequence` memory where ComfyUI decides what to free, checked when the latent is known.
+
+ComfyUI 0.3.64 and 0.29 decide in ``load_models_gpu``: per device they free
+``sum(model_memory_required) * 1.1 + extra`` (``model_memory_required`` is the patcher's
+``model_size()`` while it is not loaded, the part not yet loaded otherwise), then give each model a
+weight budget of the free memory less ``minimum_memory_required`` (``BaseModel.memory_required`` of
+the whole latent: more than a `sequence` rank's share of the activations). Nothing there sees the
+ring of streamed blocks (``seq_stream.BlockStream``: two buffers per block shape a rank streams,
+alive until the model is released). So before ComfyUI loads (a ``PREPARE_SAMPLING`` wrapper, the
+outermost), for a MODEL that runs `sequence`:
+
+- each shard patcher's ``size`` becomes its weights plus its rank's ring (``cost_memory``): ComfyUI
+  then frees room for the ring on that device before it loads, as it does for weights. In `blocks`
+  mode the size is the weights again. (A loaded shard then reports the ring as "not yet loaded",
+  so a later load frees that much again on its device: more than needed, never less.)
+- an explicit ``parallel=sequence`` is checked against the latent's plan (weights, ring and the
+  activations of its tokens, ``cost_memory.plan_sequence_memory``) at the smallest batch ComfyUI
+  may run (cond alone); where it does not fit it is refused naming the GiB missing per device,
+  before anything moves.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import comfy.model_management as mm
+import torch
+
+from ...parallel.cost_inputs import shape_from_config
+from ...parallel.cost_memory import (
+    RankMemory,
+    activation_variant,
+    format_shortfalls,
+    plan_sequence_memory,
+)
+from ...parallel.inventory import GiB
+from ...parallel.model_geometry import family_of, geometry_of
+from ...parallel.parallel_mode import decide_parallel
+from .placement import current_inventory
+from .shard_hooks import get_shard_patchers, get_shard_state
+
+log = logging.getLogger("sharddit")
+
+__all__ = ["MEMORY_KEY", "REQUESTED_KEY", "block_kinds", "latent_plan", "sequence_memory_wrapper", "sequence_refusal"]
+
+MEMORY_KEY = "sharddit_memory"
+REQUESTED_KEY = "sharddit_parallel_requested"
+"""Attachment: the ``parallel`` the user asked for (``auto``, ``blocks``, ``sequence``)."""
+
+
+def block_kinds(blocks) -> tuple:
+    """One shape key per block (global order) as the plan counts ring buffers: (block list, bytes)."""
+    return tuple((path, nbytes) for (path, _, _), nbytes in blocks)
+
+
+def sequence_refusal(plan, footprint, inventory, reserve_bytes: int, kinds) -> str:
+    """Why an explicit ``parallel=sequence`` does not fit this plan at load ('' when it does): the
+    same room check as ``auto`` (``parallel_mode.decide_parallel``), kept on the shard state so
+    that ``set_parallel_mode`` raises it before any weight moves."""
+    try:
+        decide_parallel("sequence", plan, footprint, inventory, reserve_bytes, kinds)
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+def sequence_memory_wrapper(executor, model, noise_shape, *args, **kwargs):
+    """``PREPARE_SAMPLING`` wrapper (module doc); runs before ShardDiT's own load wrapper."""
+    state = get_shard_state(model)
+    decision = model.get_attachment("sharddit_parallel")  # sharded_model.MODE_KEY (it imports this module)
+    sequence = state is not None and decision is not None and decision.mode == "sequence" and not state.remote
+    rows = latent_plan(model, state, noise_shape) if sequence else None
+    if rows is not None and model.get_attachment(REQUESTED_KEY) == "sequence":
+        _check_fits(state, rows, noise_shape)
+    _count_rings(model, rows)
+    return executor(model, noise_shape, *args, **kwargs)
+
+
+def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[RankMemory] | None:
+    """The plan per rank for one DiT call on a latent of ``noise_shape`` (cond alone; cond + uncond
+    with ``cfg_batch``); None where the cost model has no shape for this model."""
+    config = getattr(model.model, "model_config", None)
+    unet = dict(getattr(config, "unet_config", {}) or {})
+    try:
+        family = family_of(unet, type(config).__name__)
+        g = geometry_of(family, unet)
+        shape = shape_from_config(type(config).__name__, family, unet, g.spatial, g.temporal, g.context_tokens,
+                                  g.clip_tokens)
+    except (ValueError, KeyError, TypeError):
+        return None
+    if len(noise_shape) != 5 or state.footprint is None:
+        return None
+    b, _, t, h, w = (int(v) for v in noise_shape)
+    pt, ph, pw = shape.patch
+    tokens = math.ceil(t / pt) * math.ceil(h / ph) * math.ceil(w / pw)
+    dtype = getattr(model.model, "manual_cast_dtype", None) or model.model_dtype()
+    plan, fp = state.plan, state.footprint
+    last = state.proxies[state.layout.block_lists[-1]][-1].real_block
+    return plan_sequence_memory(activation_variant(family, last), shape.width, tokens, b * (2 if cfg_batch else 1),
+                                [r.device for r in plan.block_ranges], fp.block_bytes, plan.block_devices(),
+                                plan.home_device, fp.dit_home_bytes, state.block_kinds, shape.text_tokens,
+                                torch.empty((), dtype=dtype).element_size(), shape.heads)
+
+
+def _per_device(rows) -> list[RankMemory]:
+    """Ranks sharing a device (``cuda:0,cuda:0``) added up: weights once, rings and activations each."""
+    out: dict[str, RankMemory] = {}
+    for r in rows:
+        o = out.get(r.device)
+        out[r.device] = r if o is None else RankMemory(r.device, o.weights, o.prefetch + r.prefetch,
+                                                       o.activations + r.activations)
+    return list(out.values())
+
+
+def _check_fits(state, rows, noise_shape) -> None:
+    inventory = current_inventory()
+    reserve = int(float(state.request_key[1]) * GiB)
+    usable = {d: inventory.get(d).available_bytes - reserve for d in inventory.names if d.startswith("cuda")}
+    short = format_shortfalls(_per_device(rows), usable)
+    if short:
+        raise ValueError(f"[ShardDiT] parallel 'sequence' does not fit latent {tuple(noise_shape)}: {short}. Fix: "
+                         "parallel 'auto' or 'blocks', a smaller or shorter video, more devices, or a lower "
+                         "reserve_vram_gb")
+
+
+def _count_rings(model, rows) -> None:
+    """Each shard's ``size``: its weights, plus its rank's ring when ``rows`` (sequence) are given.
+    Shards and ranks are both in the plan's block-range order."""
+    for i, shard in enumerate(get_shard_patchers(model)):
+        ring = rows[i].prefetch if rows is not None and i < len(rows) else 0
+        shard.size = mm.module_size(shard.model) + ring

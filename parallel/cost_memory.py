@@ -1,0 +1,178 @@
+"""What a `sequence` rank holds on its device, per rank, before anything runs (pure).
+
+The plan must be what the engine allocates (issue 21), so every term below is one the engine
+really makes, counted the way it makes it:
+
+- **weights**: the blocks the rank's device owns, plus the DiT's non-block part on the home device.
+- **prefetch**: ``seq_stream.BlockStream`` keeps a ring of two buffers *per block shape* (its key:
+  the block's class and tensor shapes) for the blocks the rank does not own, from first use until
+  the engine closes. HunyuanVideo's double and single blocks are two shapes: four buffers on a rank
+  that streams both kinds; a kind the rank streams only once needs one buffer.
+- **activations**: measured, not guessed. ComfyUI's Wan 2.1 14B, LTX-Video 13B and HunyuanVideo 13B
+  (0.3.64 classes on ``meta``) ran one `sequence` forward on 2 and 4 fake GPUs at 480p and 720p,
+  cfg 1 and cfg > 1, with the real engine (threads, Ulysses exchanges, ring) under the fake-GPU
+  memory tracker (``parallel/simulate.MemoryTracker``). Each rank's peak, less its ring, fits
+  ``local × (block + ulysses × (g-1)/g) + home × (batch hidden × home_hidden + rope)`` where
+  ``local`` is the rank's own hidden state (its samples × its tokens [+ the joint text tokens] ×
+  width × bytes), ``g`` the ranks sharing its batch group (the Ulysses exchange: local q/k/v, the
+  received parts, their concatenation and the output live at once; nothing when ``g`` = 1), and the
+  home rank also holds the whole batch's hidden state (the DiT's input and the gathered output) and
+  the rotary tables of every token. The factors (``ACTIVATION_FACTORS``) are the least upper
+  bound of those rank peaks per family and block code (ComfyUI 0.3.64 and 0.29), with a margin
+  for thread orders; ``tests/test_memory_plan_fake_gpu.py``
+  checks every case again: measured total within 10 % of this plan and never above it.
+  Measured (GiB, rank 1, activations without the ring; Wan 2.1 14B): 480p cfg 1 on 2 GPUs 1.74,
+  cfg > 1 2.85; 720p cfg 1 on 4 GPUs 2.19, cfg > 1 on 2 GPUs 6.57. HunyuanVideo 13B 720p x 129
+  cfg > 1 on 2 GPUs: 14.4 (its single blocks hold 7 hidden states in ``linear1`` alone).
+- **exchange staging**: the thread exchange hands tensors between ranks without staging copies
+  beyond the received parts, which the Ulysses factor already holds.
+
+Not modelled (callers keep ``reserve_vram_gb`` for them): the CUDA context, allocator rounding and
+fragmentation, cuBLAS workspaces. Pinned host bounce buffers are host RAM, not VRAM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .seq_split import even_ranges, plan_groups, rank_slices
+
+__all__ = [
+    "ACTIVATION_FACTORS",
+    "ActivationFactors",
+    "RankMemory",
+    "activation_variant",
+    "compute_prefetch_bytes",
+    "compute_sequence_activations",
+    "format_bytes",
+    "format_shortfalls",
+    "plan_sequence_memory",
+]
+
+
+@dataclass(frozen=True)
+class ActivationFactors:
+    """Peak activation bytes of one `sequence` rank, in units of hidden states (see module doc)."""
+
+    block: float
+    """Per byte of the rank's own hidden state: the block's widest moment (FFN, or linear1)."""
+    ulysses: float
+    """Per byte of the rank's own hidden state, times (g-1)/g: the attention exchange's buffers."""
+    home_hidden: float
+    """Home rank only, per byte of the whole batch's hidden state (input, gathered output)."""
+    rope: float
+    """Home rank only, per token x width x 4 bytes (fp32 rotary tables of every token)."""
+    joint_text: bool = False
+    """Text tokens travel with the image tokens through every block (HunyuanVideo)."""
+
+
+ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
+    # least upper bounds of the measured rank peaks (module doc) on ComfyUI 0.3.64 and 0.29, +3 % for
+    # thread orders not seen (two ranks doing the same work peaked 9 % apart), rounded up to 0.05
+    "wan": ActivationFactors(block=9.4, ulysses=6.25, home_hidden=0.75, rope=0.05),
+    "ltxv": ActivationFactors(block=12.4, ulysses=2.85, home_hidden=3.1, rope=0.05),
+    "hunyuan_video": ActivationFactors(block=22.35, ulysses=1.05, home_hidden=0.75, rope=0.3, joint_text=True),
+    # HunyuanVideo whose single blocks free q/k/v before the MLP (``del qkv``: ComfyUI 0.29, not 0.3.64;
+    # ``activation_variant``): 720p x 129 cfg > 1 on 2 GPUs 9.7 GiB per rank instead of 14.4
+    "hunyuan_video/lean": ActivationFactors(block=14.65, ulysses=12.3, home_hidden=1.25, rope=0.05,
+                                            joint_text=True),
+}
+
+
+def activation_variant(family: str, last_block) -> str:
+    """The ``ACTIVATION_FACTORS`` key for a model of ``family`` whose last block is ``last_block``:
+    read from the block's code, never from a version string (HunyuanVideo single blocks that split
+    ``linear1`` into ``mlp_hidden_dim_first`` also free q/k/v early)."""
+    if family == "hunyuan_video" and hasattr(last_block, "mlp_hidden_dim_first"):
+        return "hunyuan_video/lean"
+    return family
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One `sequence` rank's planned bytes on its device."""
+
+    device: str
+    weights: int
+    prefetch: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.prefetch + self.activations
+
+
+def compute_prefetch_bytes(block_bytes, block_devices, device: str, block_kinds=None, ring: int = 2) -> int:
+    """Bytes of the ring buffers a rank on ``device`` fills: per block kind it streams (blocks on
+    another device), ``min(ring, how many it streams)`` buffers of that kind's largest block.
+    ``block_kinds``: one hashable per block (its shape); None: blocks of equal bytes are one kind."""
+    kinds = list(block_kinds) if block_kinds is not None else list(block_bytes)
+    streamed: dict = {}
+    for nbytes, dev, kind in zip(block_bytes, block_devices, kinds, strict=True):
+        if str(dev) != str(device):
+            count, top = streamed.get(kind, (0, 0))
+            streamed[kind] = (count + 1, max(top, int(nbytes)))
+    return sum(min(ring, count) * top for count, top in streamed.values())
+
+
+def compute_sequence_activations(family: str, width: int, tokens: int, batch: int, n_ranks: int,
+                                 text_tokens: int = 0, act_bytes: int = 2, home_rank: int = 0,
+                                 heads: int = 0) -> list[int]:
+    """Peak activation bytes per rank (rank order) of one `sequence` forward: ``tokens`` image tokens
+    per sample, ``batch`` samples (2: cond + uncond, split first), ``n_ranks`` ranks. ``heads``
+    (0: split evenly): a rank that attends more than 1/g of the heads (uneven split, as
+    ``seq_ulysses`` makes it) holds that much more of every token in the exchange."""
+    f = ACTIVATION_FACTORS.get(family)
+    if f is None:
+        raise ValueError(f"[ShardDiT] no measured activation factors for model {family!r}: "
+                         f"known {', '.join(ACTIVATION_FACTORS)}")
+    text = text_tokens if f.joint_text else 0
+    out = [0] * n_ranks
+    for rs in rank_slices(plan_groups(batch, n_ranks), tokens):
+        g = len(rs.group.ranks)
+        samples = rs.group.batch[1] - rs.group.batch[0]
+        local = samples * (rs.tokens[1] - rs.tokens[0] + text) * width * act_bytes
+        share = 1.0
+        if heads > 0 and g > 1:
+            h0, h1 = even_ranges(heads, g)[rs.position]
+            share = (h1 - h0) * g / heads
+        act = local * (f.block + (f.ulysses * share * (g - 1) / g if g > 1 else 0.0))
+        if rs.rank == home_rank:
+            act += f.home_hidden * batch * (tokens + text) * width * act_bytes + f.rope * tokens * width * 4
+        out[rs.rank] = int(act)
+    return out
+
+
+def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks, block_bytes, block_devices,
+                         home: str, home_bytes: int, block_kinds=None, text_tokens: int = 0,
+                         act_bytes: int = 2, heads: int = 0) -> list[RankMemory]:
+    """Per rank (``ranks``: one device each, in rank order): weights, ring buffers, activations."""
+    ranks = [str(d) for d in ranks]
+    home = str(home)
+    home_rank = ranks.index(home) if home in ranks else -1
+    acts = compute_sequence_activations(family, width, tokens, batch, len(ranks), text_tokens, act_bytes, home_rank,
+                                        heads)
+    out = []
+    for r, dev in enumerate(ranks):
+        weights = sum(int(b) for b, d in zip(block_bytes, block_devices, strict=True) if str(d) == dev)
+        weights += int(home_bytes) if dev == home else 0
+        out.append(RankMemory(dev, weights, compute_prefetch_bytes(block_bytes, block_devices, dev, block_kinds),
+                              acts[r]))
+    return out
+
+
+def format_bytes(n: float) -> str:
+    """GiB with one decimal; MiB below 0.1 GiB, so a small model's shortfall never reads 0.0 GiB."""
+    return f"{n / (1 << 30):.1f} GiB" if abs(n) >= (1 << 30) / 10 else f"{n / (1 << 20):.1f} MiB"
+
+
+def format_shortfalls(rows, usable: dict) -> str:
+    """'cuda:1 needs 21.4 GiB, has 20.0 GiB usable: 1.4 GiB missing' for each rank that does not
+    fit (``usable``: device -> bytes, None: unknown, not checked); '' when every rank fits."""
+    f = format_bytes
+    parts = []
+    for m in rows:
+        room = usable.get(m.device)
+        if room is not None and m.total > room:
+            parts.append(f"{m.device} needs {f(m.total)} (weights {f(m.weights)} + streamed blocks {f(m.prefetch)} "
+                         f"+ activations {f(m.activations)}), has {f(room)} usable: {f(m.total - room)} missing")
+    return "; ".join(parts)
