@@ -15,6 +15,7 @@ from harness.pack import import_pack
 
 import_pack()
 
+from harness import dist_toys  # noqa: E402,F401 - the toys' blocks can run on workers
 from sharddit.parallel.dist_exchange import DistExchange
 from sharddit.parallel.seq_split import plan_groups, rank_slices
 from sharddit.parallel.seq_ulysses import ulysses_attention
