@@ -98,6 +98,8 @@ class DistExchange:
         self.bytes_received = [0] * n
         self.bytes_sent = [0] * n
         self.calls = [0] * n
+        self.header_rounds = 0
+        """Header all-to-alls made (calls without ``expect``; Ulysses attention makes none)."""
         self._seq = dict.fromkeys(self.local, 0)
         self._cond = threading.Condition()
         self._rounds: dict[int, _Round] = {}
@@ -208,6 +210,7 @@ class DistExchange:
             specs = [[_spec(s) for s in expects[j][i]] for i, j in pairs_in]
             in_sizes = expect_sizes(specs)
         else:
+            self.header_rounds += 1
             header_in = torch.empty(len(pairs_in), HEADER, dtype=torch.int64, device=self.wire)
             self._collective(header_in, header, [len(p) for p in recvs], [len(p) for p in sends])
             in_sizes, specs = part_sizes(header_in), None

@@ -27,7 +27,7 @@ from .devices import MEMBER_NAME_FORM, check_member_name, parse_device
 from .dist_connect import join_address
 from .dist_plan import compute_worker_needs
 from .dist_wire import Channel, host_handshake
-from .distributed.protocol import ProtocolError, SecretMismatch
+from .distributed.protocol import ProtocolError
 from .distributed.secret import HOW_TO_MAKE, dist_secret
 
 __all__ = [
@@ -332,7 +332,7 @@ class HostSession:
         for name in self.names:
             try:
                 host_handshake(self.channels[name], self.label(name))
-            except SecretMismatch as e:
+            except ProtocolError as e:  # no secret, another one, or garbage: refused, never half-joined
                 self.broken = True
                 self.close()
                 raise DistWorkerError(f"{e}; session {self.sid} closed") from None

@@ -220,11 +220,9 @@ class Channel:
             raise ProtocolError(f"a control header of {n} bytes announced (limit {MAX_HEADER_BYTES})")
         head = torch.empty(n, dtype=torch.uint8)
         _wait(dist.irecv(head, self.peer, group=self.group), timeout_s)
-        encoded, specs, nbytes = parse_header(head.numpy().tobytes(), self.key, self.in_label, self.received)
+        encoded, specs, nbytes = parse_header(head.numpy().tobytes(), self.key, self.in_label, self.received,
+                                              max_body)
         self.received += 1
-        if nbytes > max_body:
-            raise ProtocolError(f"message {str(encoded.get('op'))[:20]!r} announces {nbytes} bytes of tensors, "
-                                f"more than the {max_body} expected here")
         body = torch.empty(nbytes, dtype=torch.uint8)
         if nbytes:
             _wait(dist.irecv(body, self.peer, group=self.group), timeout_s)
@@ -233,8 +231,9 @@ class Channel:
 
 
 def host_handshake(ch: Channel, label: str) -> None:
-    """The host's half of the challenge-response; SecretMismatch naming ``label`` (after telling
-    the worker it is refused) when the worker does not hold the host's secret."""
+    """The host's half of the challenge-response. A worker that does not prove the host's secret
+    (SecretMismatch) or breaks the protocol (ProtocolError: an unsigned, oversized or malformed
+    answer, which is never decoded further) is told it is refused; the error names ``label``."""
     nonce = new_nonce()
     ch.send({"op": "hello", "nonce": nonce, "protocol": PROTOCOL_VERSION})
     try:
@@ -242,15 +241,18 @@ def host_handshake(ch: Channel, label: str) -> None:
         if answer["op"] != "answer" or not verify(ch.secret, answer["proof"], "sharddit-answer", ch.rank, nonce,
                                                    answer["nonce"]):
             raise SecretMismatch("wrong proof")
-    except SecretMismatch:
+    except ProtocolError as e:
+        secret = isinstance(e, SecretMismatch)
         why = (f"{label} does not hold this host's secret: its SHARDDIT_DIST_SECRET (or _FILE) differs from the "
-               "host's; give every worker the host's value")
+               "host's; give every worker the host's value" if secret else
+               f"{label} broke the protocol in the secret handshake ({e})")
         try:
-            ch.send({"op": "refused", "error": "[ShardDiT] the host refused this worker: its secret differs from "
-                     "the host's; set the host's SHARDDIT_DIST_SECRET here"}, timeout_s=5.0)
-        except Exception as e:  # noqa: BLE001 - best effort: the worker knows already
-            log.debug("[ShardDiT] %s was not told it is refused: %s", label, e)
-        raise SecretMismatch(f"[ShardDiT] {why}") from None
+            ch.send({"op": "refused", "error": "[ShardDiT] the host refused this worker: " + (
+                "its secret differs from the host's; set the host's SHARDDIT_DIST_SECRET here" if secret else
+                "its answer to the handshake was not valid")}, timeout_s=5.0)
+        except Exception as e2:  # noqa: BLE001 - best effort: the worker knows already
+            log.debug("[ShardDiT] %s was not told it is refused: %s", label, e2)
+        raise type(e)(f"[ShardDiT] {why}") from None
     ch.send({"op": "welcome", "proof": sign(ch.secret, "sharddit-welcome", ch.rank, answer["nonce"], nonce)})
     ch.key = channel_key(ch.secret, nonce, answer["nonce"], ch.rank)
 

@@ -196,11 +196,13 @@ def frame(msg: dict, key: bytes, channel: str, seq: int) -> tuple[bytes, list[to
     return mac.encode() + text, cpu
 
 
-def parse_header(header: bytes, key: bytes, channel: str, seq: int) -> tuple[dict, list, int]:
+def parse_header(header: bytes, key: bytes, channel: str, seq: int, max_body: int = 0) -> tuple[dict, list, int]:
     """(encoded message, tensor descriptions, body bytes) of a received header, verified: signed with
-    ``key`` for ``channel`` with sequence number ``seq`` (SecretMismatch otherwise)."""
+    ``key`` for ``channel`` with sequence number ``seq`` (SecretMismatch otherwise), its tensors
+    at most ``max_body`` bytes in all (ProtocolError otherwise, before anything is allocated)."""
     mac, text = header[:MAC_CHARS], header[MAC_CHARS:]
-    if not verify(key, mac.decode("ascii", errors="replace"), "sharddit-ctl", PROTOCOL, channel, seq, text):
+    mac = mac.decode("ascii") if mac.isascii() else ""
+    if not verify(key, mac, "sharddit-ctl", PROTOCOL, channel, seq, text):
         raise SecretMismatch(f"a control message on {channel} (number {seq}) is not signed with this side's secret")
     try:
         data = json.loads(text)
@@ -209,8 +211,11 @@ def parse_header(header: bytes, key: bytes, channel: str, seq: int) -> tuple[dic
     if not (isinstance(data, dict) and data.get("seq") == seq and isinstance(data.get("msg"), dict)
             and isinstance(data.get("tensors"), list) and len(data["tensors"]) <= MAX_TENSORS):
         raise ProtocolError("a control header lacks seq/msg/tensors")
-    sizes = [tensor_nbytes(s) for s in data["tensors"]]
-    return data["msg"], data["tensors"], sum(sizes)
+    nbytes = sum(tensor_nbytes(s) for s in data["tensors"])
+    if nbytes > max_body:
+        raise ProtocolError(f"message {str(data['msg'].get('op'))[:20]!r} announces {nbytes} bytes of tensors, more "
+                            f"than the {max_body} expected here")
+    return data["msg"], data["tensors"], nbytes
 
 
 def tensors_from_bytes(specs: list, body: torch.Tensor, device) -> list[torch.Tensor]:

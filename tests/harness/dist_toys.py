@@ -8,7 +8,7 @@ from harness.pack import import_pack
 
 import_pack()
 
-from sharddit.parallel.distributed.block_specs import register  # noqa: E402
+from sharddit.parallel.distributed.block_specs import register
 
 _CLASSES = {
     "SeqBlock": (toy_seq.SeqBlock, lambda b: {"dim": b.qkv.in_features, "heads": b.heads,
