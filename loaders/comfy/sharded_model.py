@@ -252,7 +252,8 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
         if remote:
             owners = {g: r for r, br in enumerate(plan.block_ranges) for g in range(br.start, br.stop)}
             keys = {g: f"diffusion_model.{path}.{i}." for g, (path, i, _) in enumerate(blocks)}
-            describe = describer(dit, base.model_config.unet_config, {g: f"{p}.{i}" for g, (p, i, _) in enumerate(blocks)})
+            paths = {g: f"{p}.{i}" for g, (p, i, _) in enumerate(blocks)}
+            describe = describer(dit, base.model.model_config.unet_config, paths)  # workers build the blocks
             attach_workers(engine, request_key[0], remote, n_local, owners, patch_versions(runtime, keys), keep_all,
                            describe)
             log.info("[ShardDiT] worker shares%s: %s", " (every worker also keeps the others' blocks)" * keep_all,
