@@ -180,3 +180,13 @@ def test_the_protocol_lists_every_message_host_and_worker_use():
         used |= set(re.findall(r'"op": "(\w+)"', (REPO / path).read_text()))
     assert used <= set(protocol.MESSAGES) and {"hello", "answer", "welcome", "block", "ok"} <= used, used
     assert Path(protocol.__file__).name == "protocol.py"
+
+
+def test_the_comfy_description_sends_plain_config_values_only():
+    dit = SeqToyDiT(dim=32, heads=4)
+    describe = worker_blocks.describer(dit, {"dim": 32, "dtype": torch.bfloat16, "patch_size": (1, 2, 2),
+                                             "hook": object(), "_private": 1}, {1: "blocks.1"})
+    family, config = describe(1, dit.blocks[1])
+    assert family == "comfy" and config["path"] == "blocks.1" and config["class"] == "SeqToyDiT"
+    assert config["unet_config"] == {"dim": 32, "dtype": torch.bfloat16, "patch_size": (1, 2, 2)}
+    assert describe_block(dit.blocks[1], lambda b: describe(1, b))["family"] == "comfy"

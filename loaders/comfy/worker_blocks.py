@@ -25,6 +25,7 @@ from ...parallel.distributed.block_specs import (
     insecure_classes,
     register,
 )
+from ...parallel.distributed.protocol import encode_value
 from .model_params import fit_params
 
 __all__ = ["OPS_ALLOWED", "describer", "register_comfy"]
@@ -50,12 +51,26 @@ def describer(dit: torch.nn.Module, unet_config: dict, paths: dict[int, str]):
     """``describe(index, block) -> (family, config)`` for ``dist_ranks`` (``paths``: block index ->
     its path in ``dit``, ``blocks.3``)."""
     base = {"module": type(dit).__module__, "class": type(dit).__name__, "ops": _ops_of(dit),
-            "unet_config": {k: v for k, v in unet_config.items() if not k.startswith("_")}}
+            "unet_config": {k: v for k, v in unet_config.items() if not k.startswith("_") and _plain(k, v)}}
 
     def describe(index: int, block) -> tuple[str, dict]:
         return FAMILY, {**base, "path": paths[index]}
 
     return describe
+
+
+def _plain(key: str, value) -> bool:
+    """Whether a config value can be sent (numbers, strings, dtypes, lists...); others are left out
+    (logged): the worker's layout check names any block they would have changed."""
+    try:
+        tensors: list = []
+        encode_value(value, tensors)
+        if not tensors:
+            return True
+    except TypeError:
+        pass
+    log.debug("[ShardDiT] unet_config[%r] (%s) is not sent to workers", key, type(value).__name__)
+    return False
 
 
 def _ops(name: str):
