@@ -45,6 +45,7 @@ from .dist_connect import connect_store
 from .dist_exchange import DistExchange
 from .dist_host import (
     IDLE_TIMEOUT_S,
+    end_process_group,
     member_key,
     reset_after_failed_init,
     weight_groups,
@@ -131,6 +132,7 @@ class Worker:
         self.owned: dict[tuple, tuple] = {}  # (model key, block index) -> (module, flat bytes on device, layout)
         self.layouts: dict[tuple, WeightLayout] = {}
         self.ring = WeightRing(self.device, self.wire, timeout_s=invite["timeout_s"])
+        why = "failed while joining"
         try:
             ctl = {r: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
                    for r in range(1, world)}
@@ -145,12 +147,14 @@ class Worker:
             except Exception as e:  # noqa: BLE001 - the host gave up or speaks another protocol
                 return f"no handshake with the host ({type(e).__name__}: {e})"
             self.say(f"[ShardDiT] worker {self.name!r}: in session {sid} as rank {rank} of {world}")
-            return self._serve(rank, ch, groups, wgroups, invite["timeout_s"], backend)
+            why = self._serve(rank, ch, groups, wgroups, invite["timeout_s"], backend)
+            return why
         finally:
             self.skeletons.clear()
             self.owned.clear()
             self.ring.release()
-            dist.destroy_process_group()
+            # a failed NCCL session: abort its communicators first (collectives may still be posted)
+            end_process_group(backend == "nccl" and why != "host closed the session")
 
     def _serve(self, rank, ch, groups, wgroups, timeout_s, backend) -> str:
         self.state = _ForwardState(-1)
