@@ -22,7 +22,6 @@ a key derived from the secret and both sides' fresh nonces (``channel_key``).
 """
 from __future__ import annotations
 
-import hmac
 import json
 import math
 import secrets
@@ -32,7 +31,7 @@ import torch
 from .secret import sign, verify
 
 __all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "SecretMismatch", "channel_key",
-           "check_message", "decode_value", "dtype_name", "encode_value", "frame", "new_nonce", "parse_header",
+           "check_message", "decode_message", "decode_value", "dtype_name", "encode_value", "frame", "new_nonce", "parse_header",
            "tensor_nbytes", "tensors_from_bytes"]
 
 PROTOCOL = 2
@@ -235,7 +234,3 @@ def decode_message(encoded: dict, tensors: list) -> dict:
     """The checked message of a verified header, its values rebuilt."""
     msg = {k: decode_value(v, tensors) for k, v in encoded.items()}
     return check_message(msg)
-
-
-def same_digest(a: str, b: str) -> bool:
-    return isinstance(a, str) and isinstance(b, str) and hmac.compare_digest(a, b)
