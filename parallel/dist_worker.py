@@ -10,7 +10,8 @@ secret (``dist_wire.worker_handshake``); a worker with another secret is refused
 Commands (``distributed.protocol`` messages on the worker's command channel, one reply each;
 signed, numbered, schema-checked, never unpickled):
 
-- ``block``: build the blocks the host describes (``distributed.block_specs``), keep the weights of the blocks this worker owns that came with it,
+- ``block``: build the blocks the host describes (``distributed.block_specs``), keep the weights
+  of the blocks this worker owns that came with it,
   post this worker's part of the weight broadcasts of the blocks it mentions first (the current
   one and the next: sent from here for a block it owns, received into a ``WeightRing`` slot
   otherwise), rebuild the rank's arguments (the hidden state it kept, constants defined once per
@@ -221,7 +222,8 @@ class Worker:
         if msg["owned"]:
             mine = sorted(i for kk, i in self.owned if kk == key)
             size = sum(f.numel() for _, f, _ in self.owned.values()) / 2**20
-            self.say(f"[ShardDiT] worker {self.name!r}: received blocks {sorted(i for i, _ in msg['owned'])}; holds blocks {mine} "
+            got = sorted(i for i, _ in msg["owned"])
+            self.say(f"[ShardDiT] worker {self.name!r}: received blocks {got}; holds blocks {mine} "
                      f"of model {key} ({size:.1f} MiB owned in all); the others arrive from their owners")
         for idx, plan in msg["transfers"]:
             k = (key, idx)

@@ -36,7 +36,8 @@ NETWORK_MODULES = ["parallel/dist_*.py", "parallel/distributed/*.py", "loaders/c
 
 def _roundtrip(msg, key=KEY, seq=0, device="cpu"):
     header, tensors = frame(msg, key, "h2w/1", seq)
-    body = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors]) if tensors else torch.empty(0, dtype=torch.uint8)
+    raw = [t.reshape(-1).view(torch.uint8) for t in tensors]
+    body = torch.cat(raw) if raw else torch.empty(0, dtype=torch.uint8)
     encoded, specs, nbytes = parse_header(header, key, "h2w/1", seq, max_body=1 << 20)
     assert nbytes == body.numel()
     return protocol.decode_message(encoded, protocol.tensors_from_bytes(specs, body, device))
@@ -56,10 +57,10 @@ def test_no_pickle_or_torch_load_on_a_network_path():
 def test_a_block_command_round_trips_bit_for_bit_and_tensors_land_on_the_receivers_device():
     sigmas = torch.tensor([0.9, 0.5], dtype=torch.float64)
     x = torch.randn(2, 3, 4, dtype=torch.bfloat16)
-    msg = {"op": "block", "fid": 3, "key": "abc", "index": 1, "blocks": [], "owned": [[1, torch.arange(8, dtype=torch.uint8)]],
-           "transfers": [[2, ("all", 0)], [3, None]], "args": [("def", 0, x), ("stream", "x")],
-           "kwargs": [["transformer_options", ("val", {"sigmas": sigmas, "cond_or_uncond": [0, 1], "scale": float("inf"),
-                                                       "dtype": torch.float16, "n": None})]],
+    opts = {"sigmas": sigmas, "cond_or_uncond": [0, 1], "scale": float("inf"), "dtype": torch.float16, "n": None}
+    msg = {"op": "block", "fid": 3, "key": "abc", "index": 1, "blocks": [],
+           "owned": [[1, torch.arange(8, dtype=torch.uint8)]], "transfers": [[2, ("all", 0)], [3, None]],
+           "args": [("def", 0, x), ("stream", "x")], "kwargs": [["transformer_options", ("val", opts)]],
            "streams": ["x"], "slice": {"rank": 1, "tokens": (0, 3), "group": {"ranks": (0, 1)}}, "main": 3,
            "text_first": False, "group": [0, 1], "peers": ["host", "w1"], "grad": False, "inference": True}
     got = _roundtrip(msg)

@@ -31,8 +31,8 @@ import torch
 from .secret import sign, verify
 
 __all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "SecretMismatch", "channel_key",
-           "check_message", "decode_message", "decode_value", "dtype_name", "encode_value", "frame", "new_nonce", "parse_header",
-           "tensor_nbytes", "tensors_from_bytes"]
+           "check_message", "decode_message", "decode_value", "dtype_name", "encode_value", "frame", "new_nonce",
+           "parse_header", "tensor_nbytes", "tensors_from_bytes"]
 
 PROTOCOL = 2
 """Version of this message format (1: pickled messages, before it); a mismatch is refused."""
