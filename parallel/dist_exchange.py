@@ -6,8 +6,8 @@ live in several processes, one or more per process (the host may hold two GPUs o
 other positions are workers). The threads of this process's positions meet; parts between two of
 them are handed over in memory; the last to arrive sends every part bound for another process
 in one ``all_to_all_single`` of the raw bytes (``dist_wire``), bundled per destination process,
-on the group's own process group (gloo on CPU, NCCL between GPUs). Bytes are sent as they are, so a split forward stays bit-identical to the
-local one. The receive sizes follow from ``expect`` (what each position sends this one: dtypes and
+on the group's own process group (gloo on CPU, NCCL between GPUs). Bytes are sent as they are,
+so a split forward stays bit-identical to the local one. The receive sizes follow from ``expect`` (what each position sends this one: dtypes and
 shapes, which Ulysses attention knows from the token and head ranges both sides share), so no
 header travels and no host sync waits for one; without ``expect`` a fixed-size header all-to-all
 (dtypes, shapes; every size checked against a limit) goes first.
