@@ -74,6 +74,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)
     import_pack()
+    import os
+
+    from sharddit.parallel.distributed.secret import SECRET_ENV, new_secret
+
+    os.environ.setdefault(SECRET_ENV, new_secret())  # this host and its one local worker share it
     from harness import dist_procs
     from harness.toy_seq import SeqToyDiT
     from sharddit.parallel.dist_host import Lobby

@@ -2,8 +2,9 @@
 
 A block crosses processes in two parts:
 
-- its *skeleton*: the module with every tensor on ``meta`` (classes, config, shapes, dtypes; a few
-  KB pickled), sent once per session;
+- its *description* (``distributed.block_specs``: family, config, classes, tensor layout), sent
+  once per session; the worker builds the *skeleton* (the module with every tensor on ``meta``)
+  with its own classes from it -- no module is ever pickled;
 - its *weights*: one flat byte tensor (``pack_block``), every tensor's raw bytes at an aligned
   offset (``WeightLayout``), sent whole with one ``broadcast`` / message. ComfyUI's on-the-fly
   patches (``weight_function`` / ``bias_function``: LoRAs of a block loaded in lowvram mode) are
@@ -55,7 +56,8 @@ class WeightLayout:
 
 
 def skeleton(block: torch.nn.Module) -> torch.nn.Module:
-    """``block`` with every tensor on ``meta`` and no on-the-fly patch functions (packing applies them)."""
+    """``block`` with every tensor on ``meta`` and no on-the-fly patch functions (packing applies
+    them); a local copy (tests, this process's own rings), never sent."""
     memo = {}
     for t in block_tensors(block):
         meta = torch.empty_like(t, device="meta")

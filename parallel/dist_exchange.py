@@ -5,10 +5,15 @@ sent this one, in position order, on that position's device), but the positions 
 live in several processes, one or more per process (the host may hold two GPUs of a group whose
 other positions are workers). The threads of this process's positions meet; parts between two of
 them are handed over in memory; the last to arrive sends every part bound for another process
-in one ``all_to_all_single`` of fixed-size headers (dtypes, shapes), then one of the raw bytes
-(``dist_wire``), bundled per destination process, on the group's own process group (gloo on CPU,
-NCCL between GPUs). Bytes are sent as they are, so a split forward stays bit-identical to the
-local one.
+in one ``all_to_all_single`` of the raw bytes (``dist_wire``), bundled per destination process,
+on the group's own process group (gloo on CPU, NCCL between GPUs). Bytes are sent as they are,
+so a split forward stays bit-identical to the local one. The receive sizes follow from ``expect`` (what each position sends this one: dtypes and
+shapes, which Ulysses attention knows from the token and head ranges both sides share), so no
+header travels and no host sync waits for one; without ``expect`` a fixed-size header all-to-all
+(dtypes, shapes; every size checked against a limit) goes first.
+
+Every collective is posted asynchronously and waited on for at most the group's timeout; a
+failure marks the exchange broken (later calls fail at once) and names the peers.
 
 A failure (a peer died, or did not answer within the group's timeout) raises ``DistPeerError``
 naming every remote peer of the group in every local position's thread, so the user learns which
@@ -18,13 +23,22 @@ pool, stops the others waiting for it (``TimeoutError`` / ``seq_workers.PoolAbor
 from __future__ import annotations
 
 import contextlib
+import datetime
 import threading
 import time
 
 import torch
 import torch.distributed as dist
 
-from .dist_wire import HEADER, pack_parts, part_items, part_sizes, unpack_parts
+from .dist_wire import (
+    HEADER,
+    expect_sizes,
+    pack_parts,
+    part_items,
+    part_sizes,
+    unpack_expected,
+    unpack_parts,
+)
 from .seq_workers import PoolAborted
 
 __all__ = ["DistExchange", "DistPeerError"]
@@ -37,10 +51,11 @@ class DistPeerError(RuntimeError):
 class _Round:
     """One all-to-all call of the local positions: their posts, then the leader's outcome."""
 
-    __slots__ = ("done", "error", "got", "posted_at", "posts", "reads")
+    __slots__ = ("done", "error", "expects", "got", "posted_at", "posts", "reads")
 
     def __init__(self):
         self.posts: dict[int, list] = {}
+        self.expects: dict[int, list | None] = {}
         self.posted_at = 0.0
         self.got: dict[tuple[int, int], tuple] = {}
         """(source, local destination) -> items received from another process, on the wire device."""
@@ -83,6 +98,8 @@ class DistExchange:
         self.bytes_received = [0] * n
         self.bytes_sent = [0] * n
         self.calls = [0] * n
+        self.header_rounds = 0
+        """Header all-to-alls made (calls without ``expect``; Ulysses attention makes none)."""
         self._seq = dict.fromkeys(self.local, 0)
         self._cond = threading.Condition()
         self._rounds: dict[int, _Round] = {}
@@ -91,14 +108,16 @@ class DistExchange:
     def positions_of(self, rank: int) -> list[int]:
         return [p for p, r in enumerate(self.group_ranks) if r == rank]
 
-    def all_to_all(self, pos: int, parts: list):
+    def all_to_all(self, pos: int, parts: list, expect=None):
+        """What every position sent ``pos``; ``expect[j]``: the items position ``j`` sends ``pos`` as
+        (dtype, shape) or None (optional: without it a header all-to-all goes first)."""
         n = len(self.group_ranks)
         assert len(parts) == n, f"{len(parts)} parts for {n} positions"
         assert pos in self.devices, f"position {pos} is not in this process (local: {self.local})"
         call = self._seq[pos]
         self._seq[pos] += 1
         with self._unlocked():
-            rnd, leader = self._meet(call, pos, parts)
+            rnd, leader = self._meet(call, pos, parts, expect)
         if leader:
             self._lead(call, rnd)
         else:
@@ -109,13 +128,14 @@ class DistExchange:
         return self._collect(call, pos, parts, rnd)
 
     # ---- the local threads meet ----------------------------------------------------------------
-    def _meet(self, call: int, pos: int, parts: list) -> tuple[_Round, bool]:
+    def _meet(self, call: int, pos: int, parts: list, expect) -> tuple[_Round, bool]:
         """Post ``parts``; True for the last local position to post (it does the transfer)."""
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             self._check(call)
             rnd = self._rounds.setdefault(call, _Round())
             rnd.posts[pos] = parts
+            rnd.expects[pos] = expect
             if len(rnd.posts) == len(self.local):
                 rnd.posted_at = time.monotonic()
                 return rnd, True
@@ -167,7 +187,7 @@ class DistExchange:
         try:
             ctx = torch.cuda.device(self.wire) if self.wire.type == "cuda" else contextlib.nullcontext()
             with ctx:
-                rnd.got = self._transfer(call, rnd.posts)
+                rnd.got = self._transfer(call, rnd.posts, rnd.expects)
         except Exception as e:  # noqa: BLE001 - every local thread raises it as DistPeerError
             err = DistPeerError(self._failure(call, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
             err.__cause__ = e
@@ -178,27 +198,40 @@ class DistExchange:
             rnd.done = True
             self._cond.notify_all()
 
-    def _transfer(self, call: int, posts: dict[int, list]) -> dict[tuple[int, int], tuple]:
-        """One header and one byte all-to-all carrying every local->remote part."""
+    def _transfer(self, call: int, posts: dict[int, list], expects: dict) -> dict[tuple[int, int], tuple]:
+        """One byte all-to-all carrying every local->remote part (after one of headers when the
+        receive sizes are not known from ``expects``)."""
         sends = [self._pairs(self.local, self.positions_of(r)) if r != self.rank else [] for r in self.procs]
         recvs = [self._pairs(self.positions_of(r), self.local) if r != self.rank else [] for r in self.procs]
         flat = [posts[i][j] for pairs in sends for i, j in pairs]
         header, data, sizes = pack_parts(flat, list(range(len(flat))), self.wire)
-        header_in = torch.empty(sum(map(len, recvs)), HEADER, dtype=torch.int64, device=self.wire)
-        dist.all_to_all_single(header_in, header, output_split_sizes=[len(p) for p in recvs],
-                               input_split_sizes=[len(p) for p in sends], group=self.group)
-        in_sizes = part_sizes(header_in)
-        data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.wire)
-        dist.all_to_all_single(data_in, data, output_split_sizes=_per_proc(in_sizes, recvs),
-                               input_split_sizes=_per_proc(sizes, sends), group=self.group)
-        got = unpack_parts(header_in, data_in, self.wire)
         pairs_in = [pair for pairs in recvs for pair in pairs]
+        if all(expects.get(j) is not None for j in self.local):
+            specs = [[_spec(s) for s in expects[j][i]] for i, j in pairs_in]
+            in_sizes = expect_sizes(specs)
+        else:
+            self.header_rounds += 1
+            header_in = torch.empty(len(pairs_in), HEADER, dtype=torch.int64, device=self.wire)
+            self._collective(header_in, header, [len(p) for p in recvs], [len(p) for p in sends])
+            in_sizes, specs = part_sizes(header_in), None
+        data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.wire)
+        self._collective(data_in, data, _per_proc(in_sizes, recvs), _per_proc(sizes, sends))
+        got = unpack_parts(header_in, data_in, self.wire) if specs is None else unpack_expected(specs, data_in,
+                                                                                                self.wire)
         with self._cond:
             for (i, j), size in zip([p for pairs in sends for p in pairs], sizes, strict=True):
                 self.bytes_sent[i] += size
             for (i, j), size in zip(pairs_in, in_sizes, strict=True):
                 self.bytes_received[j] += size
         return dict(zip(pairs_in, got, strict=True))
+
+    def _collective(self, out, inp, out_sizes: list[int], in_sizes: list[int]) -> None:
+        """One ``all_to_all_single``, posted asynchronously and waited on for at most the timeout
+        (a dead peer on NCCL would otherwise block this thread, and a host sync, forever)."""
+        work = dist.all_to_all_single(out, inp, output_split_sizes=out_sizes, input_split_sizes=in_sizes,
+                                      group=self.group, async_op=True)
+        if not work.wait(datetime.timedelta(seconds=self.timeout_s)):
+            raise TimeoutError(f"all_to_all not done within {self.timeout_s:.0f} s")
 
     @staticmethod
     def _pairs(sources: list[int], dests: list[int]) -> list[tuple[int, int]]:
@@ -270,3 +303,8 @@ def _restore(template, items: tuple):
     if template is None:
         return None
     return type(template)(items) if not hasattr(template, "_fields") else type(template)(*items)
+
+
+def _spec(s):
+    """An expected item as (dtype, shape), or None."""
+    return None if s is None else (s[0], tuple(s[1]))

@@ -26,11 +26,27 @@ import torch.distributed as dist
 from .devices import MEMBER_NAME_FORM, check_member_name, parse_device
 from .dist_connect import join_address
 from .dist_plan import compute_worker_needs
-from .dist_wire import recv_message, send_message
+from .dist_wire import Channel, host_handshake
+from .distributed.protocol import ProtocolError
+from .distributed.secret import HOW_TO_MAKE, dist_secret
 
-__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member", "check_worker_room",
-           "choose_worker_weights", "describe_workers", "member_key", "offer_free", "read_workers",
-           "reset_after_failed_init", "split_member", "weight_groups"]
+__all__ = [
+    "IDLE_TIMEOUT_S",
+    "DistWorkerError",
+    "HostSession",
+    "Lobby",
+    "check_member",
+    "check_worker_room",
+    "choose_worker_weights",
+    "describe_workers",
+    "end_process_group",
+    "member_key",
+    "offer_free",
+    "read_workers",
+    "reset_after_failed_init",
+    "split_member",
+    "weight_groups",
+]
 
 log = logging.getLogger("sharddit")
 
@@ -52,6 +68,24 @@ def reset_after_failed_init() -> None:
     world = getattr(distributed_c10d, "_world", None)
     if world is not None and hasattr(world, "group_count"):
         world.group_count = 0
+
+
+def end_process_group(abort: bool) -> None:
+    """Leave the session's process group; ``abort`` (a failed NCCL session) first aborts its
+    communicators, so collectives still posted for a dead member cannot hang this process or let
+    NCCL's watchdog take it down (ComfyUI keeps running)."""
+    from torch.distributed import distributed_c10d
+
+    if abort and hasattr(distributed_c10d, "_abort_process_group"):
+        try:
+            distributed_c10d._abort_process_group()
+        except Exception as e:  # noqa: BLE001 - destroy below still resets the group
+            log.warning("[ShardDiT] aborting the session's NCCL groups: %s", e)
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as e:  # noqa: BLE001
+        log.warning("[ShardDiT] closing the session's process group: %s", e)
 
 
 def weight_groups(world: int, backend: str, timeout_s: float) -> dict:
@@ -260,6 +294,9 @@ class HostSession:
         (``dist_blocks.same_version`` compares them)."""
         self.skeletons: dict[str, set] = {n: set() for n in self.names}
         """Per worker: (model key, block index) of the block skeletons it holds."""
+        self.secret = getattr(lobby, "secret", None) or dist_secret()
+        if not self.secret:
+            raise ValueError("[ShardDiT] no shared secret for the workers: " + HOW_TO_MAKE)
         store = lobby.store
         self.sid = store.add("sessions", 1)
         world = len(self.names) + 1
@@ -283,7 +320,26 @@ class HostSession:
         self.groups = {g: dist.new_group(list(g), backend=backend, timeout=datetime.timedelta(seconds=self.timeout_s))
                        for g in self.group_keys}
         self.weight_groups = weight_groups(world, backend, self.timeout_s)
+        self.channels = {name: Channel(self.ctl[name], r, True, self.secret, self.timeout_s)
+                         for r, name in enumerate(self.names, start=1)}
+        self._handshake()
         log.info("[ShardDiT] session %d open with %s in %.1f s", self.sid, ", ".join(self.names), time.monotonic() - t0)
+
+    def _handshake(self) -> None:
+        """Each worker proves it holds the secret (and the host proves it to the worker) before
+        any command; one that does not is refused, told so, and the session closes: no worker is
+        ever half-joined."""
+        for name in self.names:
+            try:
+                host_handshake(self.channels[name], self.label(name))
+            except ProtocolError as e:  # no secret, another one, or garbage: refused, never half-joined
+                self.broken = True
+                self.close()
+                raise DistWorkerError(f"{e}; session {self.sid} closed") from None
+            except Exception as e:
+                self.broken = True
+                self.close()
+                raise self._failed(name, "the secret handshake", e) from e
 
     def forget(self, name: str, model_key: str) -> None:
         """Worker ``name`` no longer holds the blocks of model ``model_key`` (it was told to drop
@@ -298,29 +354,32 @@ class HostSession:
         name, device = split_member(member)
         return f"worker {name!r} (rank {self.rank_of(member)}, {self.devices.get(member, device or '?')})"
 
-    def request(self, name: str, message: dict, what: str):
+    def request(self, name: str, message: dict, what: str, max_bytes: int = 0):
         """Send ``message`` to worker ``name`` and wait for its reply (within the timeout)."""
         sent = self.send(name, message, what)
-        return sent, self.receive(name, what)[1]
+        return sent, self.receive(name, what, max_bytes)[1]
 
     def send(self, name: str, message: dict, what: str) -> int:
         try:
-            return send_message(message, self.rank_of(name), self.ctl[name], self.timeout_s)
+            return self.channels[name].send(message)
         except Exception as e:
             raise self._failed(name, what, e) from e
 
-    def receive(self, name: str, what: str):
-        """(bytes, answer): worker ``name``'s reply to the last command (within the timeout)."""
+    def receive(self, name: str, what: str, max_bytes: int = 0):
+        """(bytes, answer): worker ``name``'s reply to the last command (within the timeout); its
+        tensors at most ``max_bytes`` (refused before anything is allocated)."""
         try:
-            raw = recv_message(self.rank_of(name), self.ctl[name], self.timeout_s)
-            answer = raw.load()
-            self.bytes_received[name] = self.bytes_received.get(name, 0) + len(raw) + 8
+            answer, n = self.channels[name].recv(max_bytes)
+            self.bytes_received[name] = self.bytes_received.get(name, 0) + n
+        except ProtocolError as e:
+            self.broken = True
+            raise DistWorkerError(f"[ShardDiT] {self.label(name)} sent an invalid reply during {what}: {e}") from None
         except Exception as e:
             raise self._failed(name, what, e) from e
-        if answer.get("error"):
+        if answer["op"] == "error":
             self.broken = True
             raise DistWorkerError(f"[ShardDiT] {self.label(name)} failed during {what}: {answer['error']}")
-        return len(raw) + 8, answer
+        return n, answer
 
     def _failed(self, name: str, what: str, e: Exception) -> DistWorkerError:
         self.broken = True
@@ -339,11 +398,9 @@ class HostSession:
         if not self.broken:
             for name in self.names:
                 try:
-                    send_message({"op": "leave"}, self.rank_of(name), self.ctl[name], self.timeout_s)
+                    self.channels[name].send({"op": "leave"})
                 except Exception as e:  # noqa: BLE001 - best effort: it is leaving anyway
                     log.debug("[ShardDiT] %s did not get 'leave': %s", self.label(name), e)
-        try:
-            dist.destroy_process_group()
-        except Exception as e:  # noqa: BLE001
-            log.warning("[ShardDiT] closing session %d: %s", self.sid, e)
+        end_process_group(self.broken and self.backend == "nccl")
+        log.debug("[ShardDiT] session %d: process group ended", self.sid)
         log.info("[ShardDiT] session %d closed%s", self.sid, " (after a failure)" if self.broken else "")

@@ -30,15 +30,10 @@ import uuid
 
 import torch
 
-from .dist_blocks import (
-    WeightLayout,
-    pack_block,
-    same_version,
-    skeleton,
-    weights_version,
-)
+from .dist_blocks import WeightLayout, pack_block, same_version, weights_version
 from .dist_exchange import DistExchange
 from .dist_host import DistWorkerError, Lobby
+from .distributed.block_specs import describe_block
 from .seq_split import even_ranges, plan_groups
 
 __all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "even_owners", "transfer_group"]
@@ -49,6 +44,8 @@ _OVERRIDE = "optimized_attention_override"
 _NOT_SENT = ("patches", "patches_replace", "wrappers", "callbacks", _OVERRIDE)
 _FORWARDS = itertools.count(1)
 """Forward ids, unique in this process: two models (Wan 2.2's two experts) share one session."""
+FETCH_LIMIT = 1 << 36
+"""Largest hidden-state share a worker may return (64 GiB; the reply is signed, this stops a runaway)."""
 _IN_FLIGHT = 3
 """Host broadcasts in flight at most (the current block, the next one, one finishing)."""
 
@@ -84,7 +81,7 @@ class DistRanks:
     """The remote ranks of one engine and the session they run in."""
 
     def __init__(self, engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str], backend: str = "gloo",
-                 owners: dict[int, int] | None = None, version_of=None, keep_all: bool = False):
+                 owners: dict[int, int] | None = None, version_of=None, keep_all: bool = False, describe=None):
         self.engine, self.lobby, self.remote = engine, lobby, dict(remote)
         self.devices, self.backend = devices, backend
         if len(set(self.remote.values())) != len(self.remote):
@@ -102,6 +99,10 @@ class DistRanks:
         """Every worker keeps every block (sent once; nothing streams per step)."""
         self.version_of = version_of or (lambda index, block: weights_version(block))
         """``(block index, block) -> version``: compared with ``dist_blocks.same_version``."""
+        self.describe = describe
+        """``(block index, block) -> (family, config)`` the worker builds the block from
+        (``distributed.block_specs``); None: the describer registered for the block's class."""
+        self._descriptions: dict[int, dict] = {}
         local = [d for r, d in enumerate(engine.devices) if r not in self.remote]
         self.wire = torch.device("cpu") if backend == "gloo" else local[0]
         """Where the host's weight bytes travel from (gloo: host memory; NCCL: the host's first GPU)."""
@@ -195,14 +196,14 @@ class DistRanks:
         name = self.remote[rank.slice.rank]
         s = self.session
         blocks = [(index, block)] + ([tuple(nxt)] if nxt is not None else [])
-        skeletons, owned, plan, updated = {}, {}, {}, []
+        skeletons, owned, plan, updated = {}, {}, {}, []  # skeletons: block descriptions (never modules)
         for idx, blk in blocks:
             if idx in self._mentioned[name]:
                 continue
             self._mentioned[name].add(idx)
             key = (self.key, idx)
             if key not in s.skeletons[name]:
-                skeletons[idx] = skeleton(blk)
+                skeletons[idx] = self._description(idx, blk)
             plan[idx] = self._transfer(idx)
             if self.keep_all or self.owners[idx] == rank.slice.rank:
                 version = self.version_of(idx, blk)
@@ -215,9 +216,10 @@ class DistRanks:
                 self.weight_bytes[name] += nbytes
                 self.streamed_bytes[name] += nbytes
         msg = {"op": "block", "fid": self._fid, "key": self.key, "index": index,
-               "skeletons": skeletons, "owned": owned, "transfers": plan,
+               "blocks": [[i, d] for i, d in skeletons.items()], "owned": [[i, f] for i, f in owned.items()],
+               "transfers": [[i, p] for i, p in plan.items()],
                "args": [self._encode(name, v) for v in values],
-               "kwargs": {k: self._encode(name, v) for k, v in kwvalues.items()},
+               "kwargs": [[k, self._encode(name, v)] for k, v in kwvalues.items()],
                "streams": list(stream_names), "slice": _slice_data(rank.slice), "main": fwd.main,
                "text_first": fwd.text_first,
                "group": [self.dist_rank[r] for r in rank.slice.group.ranks],
@@ -235,6 +237,13 @@ class DistRanks:
         for n in stream_names:
             rank.streams[n] = RemoteStream(n)
         rank.blocks_run += 1
+
+    def _description(self, index: int, block) -> dict:
+        desc = self._descriptions.get(index)
+        if desc is None:
+            describe = None if self.describe is None else (lambda b: self.describe(index, b))
+            desc = self._descriptions[index] = describe_block(block, describe)
+        return desc
 
     def _transfer(self, index: int):
         """How block ``index`` reaches the workers that do not keep it (``transfer_group``), or
@@ -276,7 +285,10 @@ class DistRanks:
 
     def fetch(self, rank: int, stream: str) -> torch.Tensor:
         name = self.remote[rank]
-        _, answer = self.session.request(name, {"op": "fetch", "name": stream}, f"returning {stream!r}")
+        _, answer = self.session.request(name, {"op": "fetch", "name": stream}, f"returning {stream!r}",
+                                         FETCH_LIMIT)
+        if answer["op"] != "tensor" or not isinstance(answer["tensor"], torch.Tensor):
+            raise DistWorkerError(f"[ShardDiT] {self.session.label(name)} answered {answer['op']!r} to 'fetch'")
         return answer["tensor"]
 
     def close(self) -> None:
@@ -302,7 +314,7 @@ class DistRanks:
         """What the worker of ``rank`` holds now (between forwards, in the open session): bytes of
         the blocks it owns and of its receive ring."""
         _, answer = (self.session or self.lobby.session).request(self.remote[rank], {"op": "held"}, "reporting its memory")
-        return answer
+        return {k: v for k, v in answer.items() if k != "op"}
 
     def _encode(self, name: str, value):
         if isinstance(value, RemoteStream):
@@ -333,8 +345,8 @@ def _slice_data(rs) -> dict:
 
 
 def _compact(v):
-    """``v`` with every tensor view copied to its own storage: pickling a view (a rank's token
-    range) would send the whole storage it looks into."""
+    """``v`` with every tensor view copied to its own storage (the wire sends a tensor's own
+    bytes; the copy keeps a rank's token range apart from the storage it looks into)."""
     if isinstance(v, torch.Tensor):
         whole = v.untyped_storage().nbytes()
         return v.clone() if whole > v.numel() * v.element_size() else v
@@ -360,10 +372,10 @@ def _plain(v, depth: int = 2) -> bool:
 
 def attach_remote_ranks(engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str],
                         backend: str = "gloo", owners: dict[int, int] | None = None, version_of=None,
-                        keep_all: bool = False) -> DistRanks:
+                        keep_all: bool = False, describe=None) -> DistRanks:
     """Make ``remote`` (engine rank -> worker name) ranks of ``engine`` run in those workers;
     ``owners``: block index -> the engine rank that owns it (default: equal contiguous shares);
-    ``keep_all``: every worker keeps every block instead of its share."""
-    engine.dist = DistRanks(engine, lobby, remote, devices, backend, owners, version_of, keep_all)
+    ``keep_all``: every worker keeps every block instead of its share; ``describe``: see ``DistRanks``."""
+    engine.dist = DistRanks(engine, lobby, remote, devices, backend, owners, version_of, keep_all, describe)
     engine.timeout_s = max(engine.timeout_s, lobby.timeout_s * 2 + 30)  # the worker's own timeout fires first
     return engine.dist

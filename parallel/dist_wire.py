@@ -6,23 +6,63 @@ Two things cross processes in distributed `sequence` mode, both through torch.di
 - **parts**: what one rank sends each other rank in an all-to-all (a tuple of tensors, ``None``
   allowed). ``pack_parts`` writes a fixed-size int64 header per destination (item count, dtype
   codes, shapes) and the raw bytes of every tensor; ``unpack_parts`` rebuilds them bit for bit.
-- **messages**: control commands between the host (rank 0) and one worker: any picklable object
-  (tensors inside travel as raw bytes through ``torch.save``), sent as a length then a byte
-  tensor with ``send``/``recv`` on the pair's own gloo group.
+  When both sides know what they exchange (``expect``: the dtype and shape of every item each
+  source sends, as Ulysses attention knows from the token and head ranges), no header travels:
+  the split sizes follow from ``expect``, and no host sync waits for a header.
+- **messages**: control commands between the host (rank 0) and one worker (``Channel``): the
+  schema-checked, signed messages of ``distributed.protocol`` (JSON, tensors as raw bytes; never
+  pickle), sent as a length word, the header, then the tensors' bytes, with ``send``/``recv`` on
+  the pair's own gloo group.
+
+Every size a peer chooses (a length word, a header row, a tensor count) is checked against a
+limit before anything is allocated.
 """
 from __future__ import annotations
 
 import datetime
-import io
+import logging
+import math
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["HEADER", "RawMessage", "pack_parts", "part_items", "recv_message", "send_message", "unpack_parts"]
+from .distributed.protocol import (
+    MAX_HEADER_BYTES,
+    ProtocolError,
+    SecretMismatch,
+    channel_key,
+    decode_message,
+    frame,
+    new_nonce,
+    parse_header,
+    tensors_from_bytes,
+)
+from .distributed.protocol import (
+    PROTOCOL as PROTOCOL_VERSION,
+)
+from .distributed.secret import HOW_TO_MAKE, sign, verify
+
+__all__ = [
+    "HEADER",
+    "MAX_PART_BYTES",
+    "Channel",
+    "expect_sizes",
+    "host_handshake",
+    "pack_parts",
+    "part_items",
+    "part_sizes",
+    "unpack_expected",
+    "unpack_parts",
+    "worker_handshake",
+]
 
 HEADER = 96
 """int64 words of one part's header: item count, then per item dtype code (-1: None), ndim,
 shape. 96 words hold 8 items of up to 9 dims."""
+log = logging.getLogger("sharddit")
+MAX_ITEMS, MAX_NDIM = 8, 9
+MAX_PART_BYTES = 1 << 36
+"""Largest part a header may announce (64 GiB: a 720p Wan 14B Ulysses part is about 1 GB)."""
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
            torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
 _CODE = {d: i for i, d in enumerate(_DTYPES)}
@@ -66,77 +106,185 @@ def pack_parts(parts: list, order: list[int], device) -> tuple[torch.Tensor, tor
     return header.to(device), data, sizes
 
 
-def part_sizes(header: torch.Tensor) -> list[int]:
-    """Byte count of each part described by received header rows."""
+def _row_specs(row: list[int], where: str) -> list:
+    """The items of one received header row as (dtype, shape) or None, checked (ProtocolError)."""
+    n, i, out = row[0], 1, []
+    if not 0 <= n <= MAX_ITEMS:
+        raise ProtocolError(f"{where}: {n} items announced, at most {MAX_ITEMS}")
+    for _ in range(n):
+        if i + 2 > len(row):
+            raise ProtocolError(f"{where}: header row too short")
+        code, ndim = row[i], row[i + 1]
+        if code == -1:
+            out.append(None)
+            i += 2
+            continue
+        if not (0 <= code < len(_DTYPES) and 0 <= ndim <= MAX_NDIM and i + 2 + ndim <= len(row)):
+            raise ProtocolError(f"{where}: bad dtype code {code} or {ndim} dims")
+        shape = row[i + 2:i + 2 + ndim]
+        if any(s < 0 for s in shape):
+            raise ProtocolError(f"{where}: negative size in shape {shape}")
+        out.append((_DTYPES[code], tuple(shape)))
+        i += 2 + ndim
+    return out
+
+
+def _nbytes(spec) -> int:
+    return 0 if spec is None else math.prod(spec[1]) * spec[0].itemsize
+
+
+def part_sizes(header: torch.Tensor, max_bytes: int = MAX_PART_BYTES) -> list[int]:
+    """Byte count of each part described by received header rows; ProtocolError for a malformed
+    row or a part above ``max_bytes`` (before the receive buffer is allocated)."""
     out = []
-    for row in header.cpu().tolist():
-        n, i, size = row[0], 1, 0
-        for _ in range(n):
-            code, ndim = row[i], row[i + 1]
-            shape = row[i + 2:i + 2 + ndim]
-            i += 2 + ndim
-            if code >= 0:
-                numel = 1
-                for s in shape:
-                    numel *= s
-                size += numel * torch.empty(0, dtype=_DTYPES[code]).element_size()
+    for g, row in enumerate(header.cpu().tolist()):
+        size = sum(_nbytes(s) for s in _row_specs(row, f"exchange header {g}"))
+        if size > max_bytes:
+            raise ProtocolError(f"exchange header {g} announces {size} bytes, more than the limit {max_bytes}")
         out.append(size)
     return out
 
 
 def unpack_parts(header: torch.Tensor, data: torch.Tensor, device) -> list[tuple]:
     """The parts described by ``header`` (one row per source) out of the received bytes."""
+    specs = [_row_specs(row, f"exchange header {g}") for g, row in enumerate(header.cpu().tolist())]
+    return unpack_expected(specs, data, device)
+
+
+def expect_sizes(expect: list) -> list[int]:
+    """Byte count of each expected part (``expect[g]``: its items as (dtype, shape) or None)."""
+    return [sum(_nbytes(s) for s in specs) for specs in expect]
+
+
+def unpack_expected(expect: list, data: torch.Tensor, device) -> list[tuple]:
+    """The parts ``expect`` describes (one list of item specs per source) out of the received bytes."""
     out, offset = [], 0
-    for row in header.cpu().tolist():
-        n, i, items = row[0], 1, []
-        for _ in range(n):
-            code, ndim = row[i], row[i + 1]
-            shape = row[i + 2:i + 2 + ndim]
-            i += 2 + ndim
-            if code < 0:
+    for specs in expect:
+        items = []
+        for spec in specs:
+            if spec is None:
                 items.append(None)
                 continue
-            dtype = _DTYPES[code]
-            numel = 1
-            for s in shape:
-                numel *= s
-            nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+            dtype, shape = spec
+            nbytes = _nbytes(spec)
             raw = data[offset:offset + nbytes].clone()  # own storage, aligned for the dtype view
             offset += nbytes
-            t = raw.view(dtype).reshape(shape) if numel else torch.empty(shape, dtype=dtype)
+            t = raw.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype)
             items.append(t.to(device))
         out.append(tuple(items))
+    if offset != data.numel():
+        raise ProtocolError(f"exchange: {data.numel()} bytes received, {offset} expected")
     return out
 
 
-def send_message(obj, dst: int, group, timeout_s: float | None = None) -> int:
-    """Send a picklable object to ``dst`` (global rank) over ``group``; returns the bytes sent.
-    Gives up after ``timeout_s`` (None: the group's own timeout), so a peer that stopped reading
-    (hung, frozen) cannot hold the sender forever."""
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    payload = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-    _wait(dist.isend(torch.tensor([payload.numel()], dtype=torch.int64), dst, group=group), timeout_s)
-    _wait(dist.isend(payload, dst, group=group), timeout_s)
-    return payload.numel() + 8
+# ---- control messages --------------------------------------------------------------------------------
+class Channel:
+    """The control channel between the host (rank 0) and the worker of global rank ``rank`` over
+    their own gloo ``group``: signed, numbered messages (``distributed.protocol``). Until the
+    challenge-response (``host_handshake`` / ``worker_handshake``) it signs with the shared
+    secret, after it with the pair's fresh channel key."""
+
+    def __init__(self, group, rank: int, is_host: bool, secret: bytes | None, timeout_s: float | None = None):
+        self.group, self.rank, self.is_host, self.timeout_s = group, rank, is_host, timeout_s
+        self.secret = secret or b""
+        self.key = self.secret
+        self.peer = rank if is_host else 0
+        self.out_label, self.in_label = (f"h2w/{rank}", f"w2h/{rank}") if is_host else (f"w2h/{rank}", f"h2w/{rank}")
+        self.sent = self.received = 0
+
+    def send(self, msg: dict, timeout_s: float | None = None) -> int:
+        """Send one message; the bytes sent. Waits up to ``timeout_s`` (default: the channel's)."""
+        header, tensors = frame(msg, self.key, self.out_label, self.sent)
+        self.sent += 1
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        head = torch.frombuffer(bytearray(header), dtype=torch.uint8)
+        works = [dist.isend(torch.tensor([head.numel()], dtype=torch.int64), self.peer, group=self.group),
+                 dist.isend(head, self.peer, group=self.group)]
+        body = [t.reshape(-1).view(torch.uint8) for t in tensors if t.numel()]
+        if body:
+            flat = torch.cat(body) if len(body) > 1 else body[0]
+            works.append(dist.isend(flat, self.peer, group=self.group))
+        for w in works:
+            _wait(w, timeout_s)
+        return 8 + head.numel() + sum(b.numel() for b in body)
+
+    def recv(self, max_body: int, device="cpu", timeout_s: float | None = None) -> tuple[dict, int]:
+        """(message, bytes) of the next message: its length word, header and tensor bytes checked
+        (at most ``MAX_HEADER_BYTES`` and ``max_body``) before their buffers are allocated, its
+        signature and sequence number verified; tensors rebuilt on ``device``."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        size = torch.zeros(1, dtype=torch.int64)
+        _wait(dist.irecv(size, self.peer, group=self.group), timeout_s)
+        n = int(size.item())
+        if not 64 < n <= MAX_HEADER_BYTES:
+            raise ProtocolError(f"a control header of {n} bytes announced (limit {MAX_HEADER_BYTES})")
+        head = torch.empty(n, dtype=torch.uint8)
+        _wait(dist.irecv(head, self.peer, group=self.group), timeout_s)
+        encoded, specs, nbytes = parse_header(head.numpy().tobytes(), self.key, self.in_label, self.received,
+                                              max_body)
+        self.received += 1
+        body = torch.empty(nbytes, dtype=torch.uint8)
+        if nbytes:
+            _wait(dist.irecv(body, self.peer, group=self.group), timeout_s)
+        msg = decode_message(encoded, tensors_from_bytes(specs, body, device))
+        return msg, 8 + n + nbytes
 
 
-def recv_message(src: int, group, timeout_s: float | None = None) -> RawMessage:
-    """The next message ``src`` (global rank) sent over ``group`` (``.load()`` rebuilds it); waits up
-    to ``timeout_s`` (None: the group's own timeout), then raises."""
-    size = torch.zeros(1, dtype=torch.int64)
-    _wait(dist.irecv(size, src, group=group), timeout_s)
-    payload = torch.empty(int(size.item()), dtype=torch.uint8)
-    _wait(dist.irecv(payload, src, group=group), timeout_s)
-    return RawMessage(payload.numpy().tobytes())
+def host_handshake(ch: Channel, label: str) -> None:
+    """The host's half of the challenge-response. A worker that does not prove the host's secret
+    (SecretMismatch) or breaks the protocol (ProtocolError: an unsigned, oversized or malformed
+    answer, which is never decoded further) is told it is refused; the error names ``label``."""
+    nonce = new_nonce()
+    ch.send({"op": "hello", "nonce": nonce, "protocol": PROTOCOL_VERSION})
+    try:
+        answer, _ = ch.recv(0)
+        if answer["op"] != "answer" or not verify(ch.secret, answer["proof"], "sharddit-answer", ch.rank, nonce,
+                                                   answer["nonce"]):
+            raise SecretMismatch("wrong proof")
+    except ProtocolError as e:
+        secret = isinstance(e, SecretMismatch)
+        why = (f"{label} does not hold this host's secret: its SHARDDIT_DIST_SECRET (or _FILE) differs from the "
+               "host's; give every worker the host's value" if secret else
+               f"{label} broke the protocol in the secret handshake ({e})")
+        try:
+            ch.send({"op": "refused", "error": "[ShardDiT] the host refused this worker: " + (
+                "its secret differs from the host's; set the host's SHARDDIT_DIST_SECRET here" if secret else
+                "its answer to the handshake was not valid")}, timeout_s=5.0)
+        except Exception as e2:  # noqa: BLE001 - best effort: the worker knows already
+            log.debug("[ShardDiT] %s was not told it is refused: %s", label, e2)
+        raise type(e)(f"[ShardDiT] {why}") from None
+    ch.send({"op": "welcome", "proof": sign(ch.secret, "sharddit-welcome", ch.rank, answer["nonce"], nonce)})
+    ch.key = channel_key(ch.secret, nonce, answer["nonce"], ch.rank)
 
 
-class RawMessage(bytes):
-    """A received message not yet rebuilt: ``load()`` unpickles it (may raise ImportError when the
-    sender's classes are missing here, which the caller reports back instead of dying)."""
-
-    def load(self):
-        return torch.load(io.BytesIO(self), weights_only=False)
+def worker_handshake(ch: Channel) -> None:
+    """The worker's half; SecretMismatch saying so when the host does not prove the same secret."""
+    refused = SecretMismatch("[ShardDiT] refused: this worker's secret differs from the host's (SHARDDIT_DIST_SECRET "
+                             "or SHARDDIT_DIST_SECRET_FILE must hold the host's value" + ("" if ch.secret else
+                             "; none is set here: " + HOW_TO_MAKE) + ")")
+    mine = new_nonce()
+    try:
+        hello, _ = ch.recv(0)
+        if hello["op"] != "hello":
+            raise ProtocolError(f"the host began with {hello['op']!r}, not 'hello'")
+        if hello["protocol"] != PROTOCOL_VERSION:
+            raise ProtocolError(f"the host speaks protocol {hello['protocol']}, this worker {PROTOCOL_VERSION}: "
+                                "install the same ShardDiT version on both")
+        theirs = hello["nonce"]
+    except SecretMismatch:
+        theirs = ""
+    ch.send({"op": "answer", "nonce": mine, "proof": sign(ch.secret, "sharddit-answer", ch.rank, theirs, mine)})
+    if not theirs:
+        raise refused
+    try:
+        welcome, _ = ch.recv(0)
+    except SecretMismatch:
+        raise refused from None
+    if welcome["op"] == "refused":
+        raise SecretMismatch(welcome["error"])
+    if welcome["op"] != "welcome" or not verify(ch.secret, welcome["proof"], "sharddit-welcome", ch.rank, mine, theirs):
+        raise refused
+    ch.key = channel_key(ch.secret, theirs, mine, ch.rank)
 
 
 def _wait(work, timeout_s: float | None) -> None:

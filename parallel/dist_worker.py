@@ -5,9 +5,13 @@ listens), registers its offer under the member key ``NAME/DEVICE`` (one process 
 ``python <pack-dir> worker --devices cuda:0,cuda:1`` starts one per device), then loops: wait for
 an invitation to that member, join the session's process group, run the host's commands until it
 says ``leave`` or the session breaks, back to waiting.
-Commands (``dist_wire`` messages on the worker's command group, one reply each):
+Before anything else the host and the worker prove to each other that they hold the shared
+secret (``dist_wire.worker_handshake``); a worker with another secret is refused and told so.
+Commands (``distributed.protocol`` messages on the worker's command channel, one reply each;
+signed, numbered, schema-checked, never unpickled):
 
-- ``block``: keep the skeletons and the weights of the blocks this worker owns that came with it,
+- ``block``: build the blocks the host describes (``distributed.block_specs``), keep the weights
+  of the blocks this worker owns that came with it,
   post this worker's part of the weight broadcasts of the blocks it mentions first (the current
   one and the next: sent from here for a block it owns, received into a ``WeightRing`` slot
   otherwise), rebuild the rank's arguments (the hidden state it kept, constants defined once per
@@ -17,8 +21,9 @@ Commands (``dist_wire`` messages on the worker's command group, one reply each):
 - ``fetch``: send back the rows of one hidden state;
 - ``leave``: leave the session (the weights go with it).
 
-The block classes come from the pickled modules the host sends: their defining package (ComfyUI
-for real models) must be importable here. No model file is read.
+The block classes are this process's own (ComfyUI's for real models, built from the model config
+by the builder ``python <pack-dir> worker`` registers); the host sends only their description and
+the weights' bytes. No model file is read.
 """
 from __future__ import annotations
 
@@ -39,8 +44,17 @@ from .devices import check_member_name
 from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize
 from .dist_connect import connect_store
 from .dist_exchange import DistExchange
-from .dist_host import IDLE_TIMEOUT_S, member_key, reset_after_failed_init, weight_groups
-from .dist_wire import recv_message, send_message
+from .dist_host import (
+    IDLE_TIMEOUT_S,
+    end_process_group,
+    member_key,
+    reset_after_failed_init,
+    weight_groups,
+)
+from .dist_wire import Channel, worker_handshake
+from .distributed.block_specs import build_block
+from .distributed.protocol import ProtocolError, SecretMismatch
+from .distributed.secret import dist_secret
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 
@@ -48,6 +62,8 @@ __all__ = ["Worker", "connect", "device_free_bytes", "make_offer", "serve"]
 
 log = logging.getLogger("sharddit")
 _OVERRIDE = "optimized_attention_override"
+MAX_COMMAND_BYTES = 1 << 40
+"""Largest command (block weights inside) a worker accepts; commands are signed by the host."""
 
 
 def connect(host: str, port: int, timeout_s: float, wait_s: float = math.inf, say=print):
@@ -74,8 +90,9 @@ def make_offer(name: str, device: str) -> dict:
 
 
 class Worker:
-    def __init__(self, store, name: str, device, offer: dict | None = None, say=print):
+    def __init__(self, store, name: str, device, offer: dict | None = None, say=print, secret: bytes | None = None):
         self.store, self.name, self.device, self.say = store, check_member_name(name), torch.device(device), say
+        self.secret = secret if secret is not None else dist_secret()
         self.member = member_key(name, str(device))
         self.offer = offer if offer is not None else make_offer(name, str(device))
         store.set(f"offer/{self.member}", json.dumps(self.offer))
@@ -116,73 +133,87 @@ class Worker:
         self.owned: dict[tuple, tuple] = {}  # (model key, block index) -> (module, flat bytes on device, layout)
         self.layouts: dict[tuple, WeightLayout] = {}
         self.ring = WeightRing(self.device, self.wire, timeout_s=invite["timeout_s"])
+        why = "failed while joining"
         try:
             ctl = {r: dist.new_group([0, r], backend="gloo", timeout=datetime.timedelta(seconds=IDLE_TIMEOUT_S))
                    for r in range(1, world)}
             groups = {tuple(g): dist.new_group(g, backend=backend, timeout=timeout) for g in invite["groups"]}
             wgroups = weight_groups(world, backend, invite["timeout_s"])
+            ch = Channel(ctl[rank], rank, False, self.secret)
+            try:
+                worker_handshake(ch)
+            except SecretMismatch as e:
+                self.say(f"{e}; left session {sid}")
+                return f"refused: {e}"
+            except Exception as e:  # noqa: BLE001 - the host gave up or speaks another protocol
+                return f"no handshake with the host ({type(e).__name__}: {e})"
             self.say(f"[ShardDiT] worker {self.name!r}: in session {sid} as rank {rank} of {world}")
-            return self._serve(rank, ctl[rank], groups, wgroups, invite["timeout_s"], backend)
+            why = self._serve(rank, ch, groups, wgroups, invite["timeout_s"], backend)
+            return why
         finally:
             self.skeletons.clear()
             self.owned.clear()
             self.ring.release()
-            dist.destroy_process_group()
+            # a failed NCCL session: abort its communicators first (collectives may still be posted)
+            end_process_group(backend == "nccl" and why != "host closed the session")
 
-    def _serve(self, rank, ctl, groups, wgroups, timeout_s, backend) -> str:
-        state = _ForwardState(-1)
+    def _serve(self, rank, ch, groups, wgroups, timeout_s, backend) -> str:
+        self.state = _ForwardState(-1)
         while True:
             try:
-                raw = recv_message(0, ctl)
+                msg, _ = ch.recv(MAX_COMMAND_BYTES, self.device)
+            except ProtocolError as e:  # unsigned, out of sequence or malformed: nothing of it is used
+                _tell_host({"op": "error", "error": f"invalid command: {e}"}, ch, timeout_s)
+                return f"invalid command from the host: {e}"
             except Exception as e:  # noqa: BLE001 - the host closed the session or went away
                 return f"host gone ({type(e).__name__})"
-            try:
-                msg = raw.load()
-            except Exception as e:  # noqa: BLE001 - e.g. a block class this worker's ComfyUI lacks
-                err = (f"cannot rebuild the host's command: {type(e).__name__}: {e} (install the same ComfyUI "
-                       "version and custom nodes on the worker as on the host)")
-                _tell_host({"error": err}, ctl, timeout_s)
-                return err
-            op = msg.get("op")
+            op = msg["op"]
             if op == "leave":
                 return "host closed the session"
             try:
-                if op == "block":
-                    if msg["fid"] != state.fid:
-                        state.finish(timeout_s)
-                        state = _ForwardState(msg["fid"])
-                    self._block(state, msg, rank, groups, wgroups, timeout_s, backend)
-                    reply = {"ok": True}
-                elif op == "fetch":
-                    reply = {"tensor": state.streams[msg["name"]].cpu()}
-                elif op == "drop":
-                    for k in [k for k in (*self.owned, *self.skeletons) if k[0] == msg["key"]]:
-                        self.owned.pop(k, None)
-                        self.skeletons.pop(k, None)
-                        self.layouts.pop(k, None)
-                    reply = {"ok": True}
-                elif op == "held":
-                    reply = {"owned": sum(f.numel() for _, f, _ in self.owned.values()), "ring": self.ring.nbytes,
-                             "blocks": sorted(i for _, i in self.owned)}
-                else:
-                    reply = {"error": f"unknown command {op!r}"}
+                reply = self._command(op, msg, rank, groups, wgroups, timeout_s, backend)
             except Exception as e:  # noqa: BLE001 - report, then leave: the ranks are out of step now
                 log.error("[ShardDiT] worker %r: %s", self.name, traceback.format_exc())
-                _tell_host({"error": f"{type(e).__name__}: {e}"}, ctl, timeout_s)
+                _tell_host({"op": "error", "error": f"{type(e).__name__}: {e}"}, ch, timeout_s)
                 return f"failed: {e}"
             try:
-                send_message(reply, 0, ctl, timeout_s)
+                ch.send(reply, timeout_s)
             except Exception as e:  # noqa: BLE001 - the host stopped reading: it gave up on this session
                 return f"host gone ({type(e).__name__})"
+
+    def _command(self, op, msg, rank, groups, wgroups, timeout_s, backend) -> dict:
+        """The reply to one verified command."""
+        if op == "block":
+            if msg["fid"] != self.state.fid:
+                self.state.finish(timeout_s)
+                self.state = _ForwardState(msg["fid"])
+            self._block(self.state, msg, rank, groups, wgroups, timeout_s, backend)
+            return {"op": "ok"}
+        if op == "fetch":
+            return {"op": "tensor", "tensor": self.state.streams[msg["name"]].cpu()}
+        if op == "drop":
+            for k in [k for k in (*self.owned, *self.skeletons) if k[0] == msg["key"]]:
+                self.owned.pop(k, None)
+                self.skeletons.pop(k, None)
+                self.layouts.pop(k, None)
+            return {"op": "ok"}
+        if op == "held":
+            return {"op": "holding", "owned": sum(f.numel() for _, f, _ in self.owned.values()),
+                    "ring": self.ring.nbytes, "blocks": sorted(i for _, i in self.owned)}
+        return {"op": "error", "error": f"{op!r} is not a command"}
 
     def _weights(self, state, msg, rank, wgroups, timeout_s) -> None:
         """Take the skeletons and owned blocks the host sent, then post this rank's part of the
         weight broadcasts of the blocks first mentioned here (the current one and the next)."""
         key = msg["key"]
-        for idx, skel in msg["skeletons"].items():
+        for idx, desc in msg["blocks"]:  # built here from the host's description, checked against it
+            skel = build_block(desc)
             self.skeletons[(key, idx)] = skel
             self.layouts[(key, idx)] = WeightLayout(skel)
-        for idx, flat in msg["owned"].items():
+        for idx, flat in msg["owned"]:
+            if not isinstance(flat, torch.Tensor) or (key, idx) not in self.layouts \
+                    or flat.dtype != torch.uint8 or flat.numel() != self.layouts[(key, idx)].nbytes:
+                raise ProtocolError(f"block {idx}: its weights do not match its layout")
             k = (key, idx)
             module = materialize(self.skeletons[k], self.device)
             flat = flat.to(self.device)
@@ -191,9 +222,10 @@ class Worker:
         if msg["owned"]:
             mine = sorted(i for kk, i in self.owned if kk == key)
             size = sum(f.numel() for _, f, _ in self.owned.values()) / 2**20
-            self.say(f"[ShardDiT] worker {self.name!r}: received blocks {sorted(msg['owned'])}; holds blocks {mine} "
+            got = sorted(i for i, _ in msg["owned"])
+            self.say(f"[ShardDiT] worker {self.name!r}: received blocks {got}; holds blocks {mine} "
                      f"of model {key} ({size:.1f} MiB owned in all); the others arrive from their owners")
-        for idx, plan in msg["transfers"].items():
+        for idx, plan in msg["transfers"]:
             k = (key, idx)
             if plan is None:
                 continue
@@ -224,7 +256,7 @@ class Worker:
         self._weights(state, msg, rank, wgroups, timeout_s)
         module = self._module(state, (msg["key"], msg["index"]), timeout_s)
         args = [state.decode(a, self.device) for a in msg["args"]]
-        kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"].items()}
+        kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"]}
         d = msg["slice"]
         rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
@@ -241,10 +273,10 @@ class Worker:
             state.streams[name] = t
 
 
-def _tell_host(message: dict, ctl, timeout_s: float) -> None:
+def _tell_host(message: dict, ch, timeout_s: float) -> None:
     """Report a failure to the host, if it still listens (this worker leaves the session anyway)."""
     try:
-        send_message(message, 0, ctl, timeout_s)
+        ch.send(message, timeout_s)
     except Exception as e:  # noqa: BLE001
         log.warning("[ShardDiT] could not report to the host: %s", e)
 
@@ -270,7 +302,9 @@ class _ForwardState:
         self.works, self.incoming = [], {}
 
     def decode(self, item, device):
-        kind = item[0]
+        kind = item[0] if isinstance(item, tuple) and item else None
+        if kind not in ("stream", "ref", "def", "val"):
+            raise ProtocolError(f"not an argument of a block command: {str(item)[:60]}")
         if kind == "stream":
             return self.streams[item[1]]
         if kind == "ref":

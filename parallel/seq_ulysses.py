@@ -52,7 +52,9 @@ def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, k
 
     own, text = (tail, 0) if text_first else (0, mine)  # where this rank's rows and the text start
     parts = [tuple(heads_of(x.narrow(tok, own, mine), h0, h1) for x in (q, k, v)) for h0, h1 in head_ranges]
-    recv = exchange.all_to_all(pos, parts)
+    # what position j sends this one: its own rows of this rank's heads (known here: no header)
+    expect = [[_resized(t, tok, b - a) for t in parts[pos]] for a, b in token_ranges]
+    recv = exchange.all_to_all(pos, parts, expect)
     h0, h1 = head_ranges[pos]
     full = []
     for i, x in enumerate((q, k, v)):
@@ -68,13 +70,23 @@ def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, k
     rows_at, text_at = (tail, 0) if text_first else (0, main)  # in the whole sequence
     back = [(out.narrow(otok, rows_at + a, b - a), out.narrow(otok, text_at, tail) if tail else None)
             for a, b in token_ranges]
-    recv = exchange.all_to_all(pos, back)
+    hdim = 1 if out_heads_first else back[pos][0].dim() - 1
+    width = 1 if out_heads_first else head_dim  # position j sends this rank's rows of j's heads
+    expect = [[None if t is None else _resized(t, hdim, (b - a) * width) for t in back[pos]] for a, b in head_ranges]
+    recv = exchange.all_to_all(pos, back, expect)
     hdim = 1 if out_heads_first else -1
     rows = torch.cat([recv[j][0] for j in range(n)], dim=hdim)
     if not tail:
         return rows
     text_rows = torch.cat([recv[j][1] for j in range(n)], dim=hdim)
     return torch.cat([text_rows, rows] if text_first else [rows, text_rows], dim=otok)
+
+
+def _resized(t: torch.Tensor, dim: int, size: int) -> tuple:
+    """(dtype, shape) of ``t`` with dimension ``dim`` of length ``size``."""
+    shape = list(t.shape)
+    shape[dim] = size
+    return (t.dtype, tuple(shape))
 
 
 def _attend_heads(attend, qkv, n_heads: int, heads: int, head_dim: int, extra, kwargs):

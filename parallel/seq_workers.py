@@ -194,7 +194,7 @@ class ThreadExchange:
         self.bytes_received = [0] * len(self.devices)
         self.calls = [0] * len(self.devices)
 
-    def all_to_all(self, pos: int, parts: list):
+    def all_to_all(self, pos: int, parts: list, expect=None):
         n = len(self.devices)
         assert len(parts) == n, f"{len(parts)} parts for {n} positions"
         call = self._seq[pos]

@@ -33,5 +33,7 @@ def test_dist_ulysses_bit_identical_to_threads_and_unsharded(tmp_path, world, to
     for r in range(world):
         assert torch.equal(got[r]["out"], threads[r])
         assert got[r]["calls"] == 2 and got[r]["bytes"] == thread_bytes[r]
+        # the split sizes follow from the token and head ranges: no header all-to-all, no host sync for one
+        assert got[r]["header_rounds"] == 0
     assert torch.equal(whole, torch.cat(threads, dim=1))
     assert torch.allclose(whole, ref, atol=1e-6)  # heads split: per head the same maths

@@ -4,8 +4,10 @@ host's distributed `sequence` mode from this machine (``parallel/dist_worker.py`
 One serving process per device (the torchrun norm): each registers as the member ``NAME/DEVICE``
 (``box2/cuda:1``). With one device this process serves it; with several it starts one child per
 device (``python <pack-dir> worker ... --devices DEV``, so each child is exactly the one-device
-worker) and Ctrl+C stops them all. Imports ComfyUI (the host sends its block modules, already
-patched with LoRAs, and their classes live in ComfyUI); reads no model file.
+worker) and Ctrl+C stops them all. Imports ComfyUI: the host describes its blocks (model class,
+config, tensor layout) and this worker builds them with its own ComfyUI classes
+(``loaders/comfy/worker_blocks``), then receives their weights (patched with LoRAs) as raw bytes;
+nothing is unpickled. Reads no model file.
 """
 from __future__ import annotations
 
@@ -111,6 +113,9 @@ def _serve_one(host: str, port: int, name: str, device: str, wait_s: float = mat
     import torch.distributed as dist
 
     from ...parallel.dist_worker import serve
+    from ..comfy.worker_blocks import register_comfy
+
+    register_comfy()  # this worker builds ComfyUI's own blocks from the host's description
 
     print(f"[ShardDiT] worker {name!r}: serving {device} as {name}/{device}; joining {host}:{port}", flush=True)
     try:

@@ -68,14 +68,15 @@ def check_workers(devices: str, remote) -> None:
 
 
 def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None,
-                   keep_all: bool = False) -> None:
+                   keep_all: bool = False, describe=None) -> None:
     """Ranks ``n_local...`` of ``engine`` run in the worker members ``remote`` ((name, device) pairs);
-    ``owners``: block index -> engine rank (the plan's ranges)."""
+    ``owners``: block index -> engine rank (the plan's ranges); ``describe``: how the workers build
+    the blocks (``worker_blocks.describer``)."""
     lobby = get_lobby(devices)
     every = [str(d) for d in engine.devices[:n_local]] + [d for _, d in remote]
     backend = "nccl" if all(d.startswith("cuda") for d in every) else "gloo"
     attach_remote_ranks(engine, lobby, {n_local + i: member_key(n, d) for i, (n, d) in enumerate(remote)},
-                        {member_key(n, d): d for n, d in remote}, backend, owners, version_of, keep_all)
+                        {member_key(n, d): d for n, d in remote}, backend, owners, version_of, keep_all, describe)
 
 
 def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:

@@ -55,6 +55,7 @@ from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntim
                           get_shard_state, is_sharded, prepare_sampling_wrapper, release_roots,
                           release_shards_on_detach, sync_shard_patches)
 from .specs import find_arch_spec, get_arch_spec
+from .worker_blocks import describer
 
 log = logging.getLogger("sharddit")
 
@@ -262,7 +263,10 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
         if remote:
             owners = {g: r for r, br in enumerate(plan.block_ranges) for g in range(br.start, br.stop)}
             keys = {g: f"diffusion_model.{path}.{i}." for g, (path, i, _) in enumerate(blocks)}
-            attach_workers(engine, request_key[0], remote, n_local, owners, patch_versions(runtime, keys), keep_all)
+            paths = {g: f"{p}.{i}" for g, (p, i, _) in enumerate(blocks)}
+            describe = describer(dit, base.model.model_config.unet_config, paths)  # workers build the blocks
+            attach_workers(engine, request_key[0], remote, n_local, owners, patch_versions(runtime, keys), keep_all,
+                           describe)
             log.info("[ShardDiT] worker shares%s: %s", " (every worker also keeps the others' blocks)" * keep_all,
                      "; ".join(
                 f"{name}/{dev} owns blocks {br.start}-{br.stop - 1} ({sum(block_bytes[br.start:br.stop]) / 2**30:.2f} "

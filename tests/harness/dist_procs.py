@@ -19,6 +19,8 @@ from sharddit.parallel.dist_exchange import DistExchange
 from sharddit.parallel.seq_split import plan_groups, rank_slices
 from sharddit.parallel.seq_ulysses import ulysses_attention
 
+from harness import dist_toys  # noqa: F401 - the toys' blocks can run on workers
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -50,7 +52,8 @@ def ulysses_rank(rank, world, port, tokens, heads, head_dim, out_path):
         group = dist.new_group(list(range(world)))
         ex = DistExchange(group, list(range(world)), "cpu", [f"rank {r}" for r in range(world)], 30)
         out = ulysses_attention(ex, rs, tokens, sdpa, (q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], heads), {})
-        torch.save({"out": out, "bytes": ex.bytes_received[rs.position], "calls": ex.calls[rs.position]}, out_path)
+        torch.save({"out": out, "bytes": ex.bytes_received[rs.position], "calls": ex.calls[rs.position],
+                    "header_rounds": ex.header_rounds}, out_path)
     finally:
         dist.destroy_process_group()
 

@@ -1,0 +1,236 @@
+"""The control messages of a distributed session: every message, its fields and their checks (pure).
+
+Nothing a peer sends is unpickled. A control message is a JSON object (``op`` plus the fields
+``MESSAGES`` lists for it) and a table of tensors, each sent as dtype (``DTYPES``, an allow-list),
+shape and raw bytes. On the wire (``frame`` / ``parse_header``):
+
+1. one int64: the header's length, at most ``MAX_HEADER_BYTES`` (checked before it is allocated);
+2. the header: 64 hex digits of HMAC-SHA256, then the JSON text ``{"seq", "msg", "tensors"}``;
+   the MAC covers the protocol version, the channel (which pair, which direction), the sequence
+   number and the JSON text, so a message cannot be replayed, reordered or moved to another pair;
+3. the tensors' raw bytes, one after the other: their count and sizes come only from the verified
+   header and are checked against the receiver's limit before anything is allocated.
+
+Values inside messages (block arguments, ``transformer_options``) are JSON with tagged forms for
+what JSON lacks (``encode_value``): ``{"T": i}`` tensor ``i`` of the table, ``{"tuple": [...]}``,
+``{"dict": [[key, value], ...]}``, ``{"dtype": "float16"}``, ``{"float": "nan"}``.
+Tensors always leave as CPU bytes and are rebuilt on the receiver's own device.
+
+The pair first completes a challenge-response (``hello`` / ``answer`` / ``welcome`` or ``refused``,
+signed with the shared secret) that proves both sides hold it; every later message is signed with
+a key derived from the secret and both sides' fresh nonces (``channel_key``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import secrets
+
+import torch
+
+from .secret import sign, verify
+
+__all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "SecretMismatch", "channel_key",
+           "check_message", "decode_message", "decode_value", "dtype_name", "encode_value", "frame", "new_nonce",
+           "parse_header", "tensor_nbytes", "tensors_from_bytes"]
+
+PROTOCOL = 2
+"""Version of this message format (1: pickled messages, before it); a mismatch is refused."""
+MAX_HEADER_BYTES = 8 << 20
+"""A control header is a few KB (a block command with its per-tensor layout); 8 MiB is ample."""
+MAX_TENSORS = 4096
+MAX_NDIM = 8
+MAX_DEPTH = 12
+MAC_CHARS = 64
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
+          "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
+          "bool": torch.bool, "complex64": torch.complex64, "float8_e4m3fn": torch.float8_e4m3fn,
+          "float8_e5m2": torch.float8_e5m2}
+"""The dtypes that may cross the wire, by name; anything else is refused on both sides."""
+_NAMES = {d: n for n, d in DTYPES.items()}
+
+_ANY = object()
+_INT, _STR, _BOOL, _LIST, _DICT = int, str, bool, list, dict
+MESSAGES: dict[str, dict[str, object]] = {
+    # challenge-response, signed with the shared secret itself
+    "hello": {"nonce": _STR, "protocol": _INT},        # host -> worker: a fresh challenge
+    "answer": {"nonce": _STR, "proof": _STR},          # worker -> host: its own nonce, the proof
+    "welcome": {"proof": _STR},                        # host -> worker: the host's proof
+    "refused": {"error": _STR},                        # either way: why the session cannot go on
+    # host -> worker commands, signed with the channel key
+    "block": {"fid": _INT, "key": _STR, "index": _INT, "blocks": _LIST, "owned": _LIST, "transfers": _LIST,
+              "args": _LIST, "kwargs": _LIST, "streams": _LIST, "slice": _DICT, "main": _INT, "text_first": _BOOL,
+              "group": _LIST, "peers": _LIST, "grad": _BOOL, "inference": _BOOL},
+    "fetch": {"name": _STR},
+    "drop": {"key": _STR},
+    "held": {},
+    "leave": {},
+    # worker -> host replies
+    "ok": {},
+    "tensor": {"tensor": _ANY},
+    "holding": {"owned": _INT, "ring": _INT, "blocks": _LIST},
+    "error": {"error": _STR},
+}
+"""Every control message: op -> {field: type}. ``block``: ``blocks`` [[index, description]] (the
+block layouts, ``distributed.block_specs``), ``owned`` [[index, value]] (weights of blocks the
+worker keeps), ``transfers`` [[index, [group, source] or None]], ``args`` [value], ``kwargs``
+[[name, value]]."""
+
+
+class ProtocolError(ValueError):
+    """A message that is malformed, too large, out of sequence, or not signed by a secret holder."""
+
+
+class SecretMismatch(ProtocolError):
+    """The peer's signature does not verify: it does not hold this side's secret."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = _NAMES.get(dtype)
+    if name is None:
+        raise TypeError(f"[ShardDiT] dtype {dtype} cannot cross the wire (allowed: {', '.join(DTYPES)})")
+    return name
+
+
+def new_nonce() -> str:
+    return secrets.token_hex(16)
+
+
+def channel_key(secret: bytes, host_nonce: str, worker_nonce: str, rank: int) -> bytes:
+    """The key of one pair's control channel in one session: fresh nonces from both sides."""
+    return sign(secret, "sharddit-channel", PROTOCOL, rank, host_nonce, worker_nonce).encode()
+
+
+# ---- values ---------------------------------------------------------------------------------------
+def encode_value(v, tensors: list, depth: int = 0):
+    """``v`` as JSON; its tensors appended to ``tensors`` (CPU, contiguous). TypeError for anything
+    else (a class instance would need pickle)."""
+    if depth > MAX_DEPTH:
+        raise TypeError(f"[ShardDiT] a value nests deeper than {MAX_DEPTH} levels; it cannot cross the wire")
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else {"float": repr(v)}
+    if isinstance(v, torch.Tensor):
+        dtype_name(v.dtype)
+        tensors.append(v)
+        return {"T": len(tensors) - 1}
+    if isinstance(v, torch.dtype):
+        return {"dtype": dtype_name(v)}
+    if isinstance(v, tuple) and not hasattr(v, "_fields"):
+        return {"tuple": [encode_value(x, tensors, depth + 1) for x in v]}
+    if isinstance(v, list):
+        return [encode_value(x, tensors, depth + 1) for x in v]
+    if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+        return {"dict": [[k, encode_value(x, tensors, depth + 1)] for k, x in v.items()]}
+    raise TypeError(f"[ShardDiT] a value of type {type(v).__name__} cannot cross the wire (tensors, numbers, "
+                    "strings, tuples, lists and dicts with string keys only)")
+
+
+def decode_value(v, tensors: list, depth: int = 0):
+    """The value ``encode_value`` made; ProtocolError for anything it does not make."""
+    if depth > MAX_DEPTH:
+        raise ProtocolError(f"a value nests deeper than {MAX_DEPTH} levels")
+    if v is None or isinstance(v, (bool, int, str, float)):
+        return v
+    if isinstance(v, list):
+        return [decode_value(x, tensors, depth + 1) for x in v]
+    if isinstance(v, dict) and len(v) == 1:
+        (tag, x), = v.items()
+        if tag == "T" and type(x) is int and 0 <= x < len(tensors):
+            return tensors[x]
+        if tag == "tuple" and isinstance(x, list):
+            return tuple(decode_value(y, tensors, depth + 1) for y in x)
+        if tag == "dict" and isinstance(x, list) and all(isinstance(p, list) and len(p) == 2
+                                                          and isinstance(p[0], str) for p in x):
+            return {k: decode_value(y, tensors, depth + 1) for k, y in x}
+        if tag == "dtype" and x in DTYPES:
+            return DTYPES[x]
+        if tag == "float" and x in ("nan", "inf", "-inf"):
+            return float(x)
+    raise ProtocolError(f"not a value of this protocol: {str(v)[:80]}")
+
+
+# ---- messages -------------------------------------------------------------------------------------
+def check_message(msg) -> dict:
+    """``msg`` if it is a known message with exactly its fields, of their types; else ProtocolError."""
+    if not isinstance(msg, dict) or msg.get("op") not in MESSAGES:
+        op = msg.get("op") if isinstance(msg, dict) else type(msg).__name__
+        raise ProtocolError(f"unknown message {str(op)[:40]!r}")
+    fields = MESSAGES[msg["op"]]
+    got = set(msg) - {"op"}
+    if got != set(fields):
+        raise ProtocolError(f"message {msg['op']!r} has fields {sorted(got)}, expected {sorted(fields)}")
+    for name, kind in fields.items():
+        value = msg[name]
+        if kind is _ANY:
+            continue
+        if (kind is int and (type(value) is not int)) or not isinstance(value, kind):
+            raise ProtocolError(f"message {msg['op']!r}: field {name!r} is {type(value).__name__}, not {kind.__name__}")
+    return msg
+
+
+def tensor_nbytes(spec) -> int:
+    """Bytes of one tensor described as ``[dtype name, shape]``; ProtocolError for a bad one."""
+    if not (isinstance(spec, list) and len(spec) == 2 and spec[0] in DTYPES and isinstance(spec[1], list)):
+        raise ProtocolError(f"bad tensor description {str(spec)[:80]}")
+    shape = spec[1]
+    if len(shape) > MAX_NDIM or not all(type(s) is int and 0 <= s < 2**48 for s in shape):
+        raise ProtocolError(f"bad tensor shape {str(shape)[:80]}")
+    return math.prod(shape) * DTYPES[spec[0]].itemsize
+
+
+def frame(msg: dict, key: bytes, channel: str, seq: int) -> tuple[bytes, list[torch.Tensor]]:
+    """(header bytes, CPU tensors whose raw bytes follow it) of a checked, signed message."""
+    check_message(msg)
+    tensors: list = []
+    body = {k: encode_value(v, tensors) for k, v in msg.items()}
+    if len(tensors) > MAX_TENSORS:
+        raise ValueError(f"[ShardDiT] a message carries {len(tensors)} tensors, at most {MAX_TENSORS}")
+    cpu = [t.detach().to("cpu").contiguous() for t in tensors]
+    specs = [[dtype_name(t.dtype), list(t.shape)] for t in cpu]
+    text = json.dumps({"seq": seq, "msg": body, "tensors": specs}, allow_nan=False, separators=(",", ":")).encode()
+    mac = sign(key, "sharddit-ctl", PROTOCOL, channel, seq, text)
+    return mac.encode() + text, cpu
+
+
+def parse_header(header: bytes, key: bytes, channel: str, seq: int, max_body: int = 0) -> tuple[dict, list, int]:
+    """(encoded message, tensor descriptions, body bytes) of a received header, verified: signed with
+    ``key`` for ``channel`` with sequence number ``seq`` (SecretMismatch otherwise), its tensors
+    at most ``max_body`` bytes in all (ProtocolError otherwise, before anything is allocated)."""
+    mac, text = header[:MAC_CHARS], header[MAC_CHARS:]
+    mac = mac.decode("ascii") if mac.isascii() else ""
+    if not verify(key, mac, "sharddit-ctl", PROTOCOL, channel, seq, text):
+        raise SecretMismatch(f"a control message on {channel} (number {seq}) is not signed with this side's secret")
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"a control header is not JSON ({e})") from None
+    if not (isinstance(data, dict) and data.get("seq") == seq and isinstance(data.get("msg"), dict)
+            and isinstance(data.get("tensors"), list) and len(data["tensors"]) <= MAX_TENSORS):
+        raise ProtocolError("a control header lacks seq/msg/tensors")
+    nbytes = sum(tensor_nbytes(s) for s in data["tensors"])
+    if nbytes > max_body:
+        raise ProtocolError(f"message {str(data['msg'].get('op'))[:20]!r} announces {nbytes} bytes of tensors, more "
+                            f"than the {max_body} expected here")
+    return data["msg"], data["tensors"], nbytes
+
+
+def tensors_from_bytes(specs: list, body: torch.Tensor, device) -> list[torch.Tensor]:
+    """The tensors of a verified header out of its raw bytes (a uint8 CPU tensor), on ``device``."""
+    out, offset = [], 0
+    for spec in specs:
+        n = tensor_nbytes(spec)
+        dtype, shape = DTYPES[spec[0]], spec[1]
+        raw = body[offset:offset + n].clone()  # own storage, aligned for the dtype view
+        offset += n
+        t = raw.view(dtype).reshape(shape) if n else torch.empty(shape, dtype=dtype)
+        out.append(t.to(device))
+    return out
+
+
+def decode_message(encoded: dict, tensors: list) -> dict:
+    """The checked message of a verified header, its values rebuilt."""
+    msg = {k: decode_value(v, tensors) for k, v in encoded.items()}
+    return check_message(msg)

@@ -1,0 +1,193 @@
+"""The control-message protocol (parallel/distributed/protocol.py), the block descriptions workers
+build from (parallel/distributed/block_specs.py) and the bounds on exchange headers (dist_wire):
+no pickle on any network path (a grep of the distributed modules), every message checked against
+its schema, signed and numbered; sizes a peer announces refused before allocation (pure, CPU)."""
+import json
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO
+from harness import dist_attacks, dist_toys  # noqa: F401 - the toys' block builders
+from harness.toy_seq import SeqToyDiT
+from sharddit.loaders.comfy import worker_blocks
+from sharddit.parallel.dist_blocks import WeightLayout
+from sharddit.parallel.dist_wire import HEADER, pack_parts, part_sizes, unpack_parts
+from sharddit.parallel.distributed import protocol
+from sharddit.parallel.distributed.block_specs import (
+    INSECURE_ENV,
+    BlockMismatch,
+    build_block,
+    describe_block,
+)
+from sharddit.parallel.distributed.protocol import (
+    ProtocolError,
+    SecretMismatch,
+    frame,
+    parse_header,
+)
+
+KEY = b"k" * 40
+NETWORK_MODULES = ["parallel/dist_*.py", "parallel/distributed/*.py", "loaders/comfy/worker_blocks.py",
+                   "loaders/comfy/distributed.py", "loaders/cli/worker_command.py"]
+
+
+def _roundtrip(msg, key=KEY, seq=0, device="cpu"):
+    header, tensors = frame(msg, key, "h2w/1", seq)
+    raw = [t.reshape(-1).view(torch.uint8) for t in tensors]
+    body = torch.cat(raw) if raw else torch.empty(0, dtype=torch.uint8)
+    encoded, specs, nbytes = parse_header(header, key, "h2w/1", seq, max_body=1 << 20)
+    assert nbytes == body.numel()
+    return protocol.decode_message(encoded, protocol.tensors_from_bytes(specs, body, device))
+
+
+def test_no_pickle_or_torch_load_on_a_network_path():
+    hits = []
+    for pattern in NETWORK_MODULES:
+        for path in sorted(REPO.glob(pattern)):
+            text = path.read_text()
+            for bad in (r"torch\.load\(", r"\bimport pickle\b", r"\bpickle\.", r"weights_only\s*=\s*False",
+                        r"\bcopyreg\b", r"\bmarshal\."):
+                hits += [f"{path.relative_to(REPO)}: {bad}" for _ in re.finditer(bad, text)]
+    assert not hits, hits
+
+
+def test_a_block_command_round_trips_bit_for_bit_and_tensors_land_on_the_receivers_device():
+    sigmas = torch.tensor([0.9, 0.5], dtype=torch.float64)
+    x = torch.randn(2, 3, 4, dtype=torch.bfloat16)
+    opts = {"sigmas": sigmas, "cond_or_uncond": [0, 1], "scale": float("inf"), "dtype": torch.float16, "n": None}
+    msg = {"op": "block", "fid": 3, "key": "abc", "index": 1, "blocks": [],
+           "owned": [[1, torch.arange(8, dtype=torch.uint8)]], "transfers": [[2, ("all", 0)], [3, None]],
+           "args": [("def", 0, x), ("stream", "x")], "kwargs": [["transformer_options", ("val", opts)]],
+           "streams": ["x"], "slice": {"rank": 1, "tokens": (0, 3), "group": {"ranks": (0, 1)}}, "main": 3,
+           "text_first": False, "group": [0, 1], "peers": ["host", "w1"], "grad": False, "inference": True}
+    got = _roundtrip(msg)
+    assert torch.equal(got["args"][0][2], x) and got["args"][0][2].dtype == torch.bfloat16
+    opts = got["kwargs"][0][1][1]
+    assert torch.equal(opts["sigmas"], sigmas) and opts["scale"] == float("inf") and opts["dtype"] is torch.float16
+    assert got["transfers"] == [[2, ("all", 0)], [3, None]] and got["slice"]["tokens"] == (0, 3)
+    # the wire carries CPU bytes and no device: the receiver puts them on its own device
+    header, _ = frame(msg, KEY, "h2w/1", 0)
+    assert b"cuda" not in header and b"device" not in header
+    meta = _roundtrip(msg, device="meta")
+    assert meta["kwargs"][0][1][1]["sigmas"].device.type == "meta"
+
+
+@pytest.mark.parametrize("msg", [{"op": "exec", "code": "x"}, {"op": "fetch"}, {"op": "fetch", "name": "x", "more": 1},
+                                 {"op": "fetch", "name": 3}, {"op": "holding", "owned": True, "ring": 0, "blocks": []}])
+def test_unknown_or_malformed_messages_are_refused(msg):
+    with pytest.raises(ProtocolError):
+        frame(msg, KEY, "h2w/1", 0)
+
+
+def test_only_allowed_values_and_dtypes_cross_the_wire():
+    with pytest.raises(TypeError, match="cannot cross the wire"):
+        frame({"op": "tensor", "tensor": dist_attacks.Boom("x")}, KEY, "h2w/1", 0)
+    with pytest.raises(TypeError, match="uint16|cannot cross"):
+        frame({"op": "tensor", "tensor": torch.zeros(2, dtype=torch.uint16)}, KEY, "h2w/1", 0)
+    with pytest.raises(ProtocolError):
+        protocol.decode_value({"__reduce__": ["os.system", "id"]}, [])
+
+
+def test_forged_replayed_and_moved_messages_are_refused(tmp_path):
+    header, _ = frame({"op": "leave"}, KEY, "h2w/1", 5)
+    with pytest.raises(SecretMismatch):  # another secret
+        parse_header(header, b"x" * 40, "h2w/1", 5)
+    with pytest.raises(SecretMismatch):  # replayed: the receiver expects the next number
+        parse_header(header, KEY, "h2w/1", 6)
+    with pytest.raises(SecretMismatch):  # moved to another pair or direction
+        parse_header(header, KEY, "w2h/1", 5)
+    tampered = header.replace(b'"leave"', b'"drop" ')
+    with pytest.raises(SecretMismatch):
+        parse_header(tampered, KEY, "h2w/1", 5)
+    marker = tmp_path / "pwned"
+    evil = pickle.dumps(dist_attacks.Boom(str(marker)))
+    with pytest.raises(SecretMismatch):  # a pickle where a header belongs: never unpickled
+        parse_header(evil, KEY, "h2w/1", 0)
+    signed = protocol.sign(KEY, "sharddit-ctl", protocol.PROTOCOL, "h2w/1", 0, evil).encode() + evil
+    with pytest.raises(ProtocolError, match="not JSON"):  # even signed by a secret holder
+        parse_header(signed, KEY, "h2w/1", 0)
+    assert not marker.exists()
+
+
+def test_an_oversized_tensor_description_is_refused_before_allocation():
+    text = json.dumps({"seq": 0, "msg": {"op": "tensor", "tensor": {"T": 0}},
+                       "tensors": [["float32", [2**47, 2**47]]]}).encode()
+    header = protocol.sign(KEY, "sharddit-ctl", protocol.PROTOCOL, "w2h/1", 0, text).encode() + text
+    with pytest.raises(ProtocolError, match=f"announces {2**96} bytes of tensors, more than the {2**30}"):
+        parse_header(header, KEY, "w2h/1", 0, max_body=2**30)
+    text = json.dumps({"seq": 0, "msg": {"op": "tensor", "tensor": {"T": 0}},
+                       "tensors": [["float32", [1, 2, 3, 4, 5, 6, 7, 8, 9]]]}).encode()
+    header = protocol.sign(KEY, "sharddit-ctl", protocol.PROTOCOL, "w2h/1", 0, text).encode() + text
+    with pytest.raises(ProtocolError, match="bad tensor shape"):
+        parse_header(header, KEY, "w2h/1", 0)
+
+
+def test_exchange_headers_are_bounded_before_allocation():
+    parts = [(torch.randn(2, 3), None, torch.arange(4))]
+    header, data, sizes = pack_parts(parts, [0], "cpu")
+    assert part_sizes(header) == sizes
+    got = unpack_parts(header, data, "cpu")[0]
+    assert torch.equal(got[0], parts[0][0]) and got[1] is None and torch.equal(got[2], parts[0][2])
+    huge = torch.zeros(1, HEADER, dtype=torch.int64)
+    huge[0, :5] = torch.tensor([1, 0, 2, 2**31, 2**31])  # one float32 [2^31, 2^31]: 16 EiB
+    with pytest.raises(ProtocolError, match="more than the limit"):
+        part_sizes(huge)
+    for row in ([99], [1, 77, 1, 4], [1, 0, 30], [1, 0, 2, -5, 4]):  # item count, dtype code, ndim, size
+        bad = torch.zeros(1, HEADER, dtype=torch.int64)
+        bad[0, :len(row)] = torch.tensor(row)
+        with pytest.raises(ProtocolError):
+            part_sizes(bad)
+
+
+def test_a_worker_builds_the_block_from_its_description_and_refuses_another_layout():
+    torch.manual_seed(0)
+    block = SeqToyDiT(dim=32, heads=4).eval().blocks[1]
+    desc = _roundtrip({"op": "block", "fid": 0, "key": "k", "index": 0, "blocks": [[0, describe_block(block)]],
+                       "owned": [], "transfers": [], "args": [], "kwargs": [], "streams": [], "slice": {}, "main": 0,
+                       "text_first": False, "group": [], "peers": [], "grad": False, "inference": True})["blocks"][0][1]
+    built = build_block(desc)
+    assert type(built) is type(block) and all(t.device.type == "meta" for t in built.parameters())
+    assert WeightLayout(built).key == WeightLayout(block).key and built.heads == block.heads
+    other = json.loads(json.dumps(desc))
+    other["tensors"][0][2][0] += 1  # the host's class has another shape: another version
+    with pytest.raises(BlockMismatch, match="on the host"):
+        build_block(other)
+    other = json.loads(json.dumps(desc))
+    other["modules"][1][1] = "evil.module:Thing"
+    with pytest.raises(BlockMismatch, match="install the same"):
+        build_block(other)
+    with pytest.raises(BlockMismatch, match="cannot build 'pickle' blocks"):
+        build_block({**desc, "family": "pickle"})
+
+
+def test_workers_refuse_custom_operations_unless_the_user_opts_in(monkeypatch):
+    monkeypatch.delenv(INSECURE_ENV, raising=False)
+    with pytest.raises(BlockMismatch, match=INSECURE_ENV):
+        worker_blocks._ops("custom_nodes.ComfyUI-GGUF.ops:GGMLOps")
+    with pytest.raises(BlockMismatch, match="cannot build"):
+        worker_blocks._ops("comfy.ops:mixed_precision_ops.<locals>.MixedPrecisionOps")
+    with pytest.raises(BlockMismatch, match="not one of ComfyUI's"):
+        worker_blocks._model({"module": "os", "class": "system", "unet_config": {}, "ops": "comfy.ops:manual_cast"})
+    monkeypatch.setenv(INSECURE_ENV, "1")
+    assert worker_blocks._ops("json:JSONDecoder") is json.JSONDecoder  # the opt-in: the host names the module
+
+
+def test_the_protocol_lists_every_message_host_and_worker_use():
+    used = set()
+    for path in ("parallel/dist_host.py", "parallel/dist_worker.py", "parallel/dist_ranks.py", "parallel/dist_wire.py"):
+        used |= set(re.findall(r'"op": "(\w+)"', (REPO / path).read_text()))
+    assert used <= set(protocol.MESSAGES) and {"hello", "answer", "welcome", "block", "ok"} <= used, used
+    assert Path(protocol.__file__).name == "protocol.py"
+
+
+def test_the_comfy_description_sends_plain_config_values_only():
+    dit = SeqToyDiT(dim=32, heads=4)
+    describe = worker_blocks.describer(dit, {"dim": 32, "dtype": torch.bfloat16, "patch_size": (1, 2, 2),
+                                             "hook": object(), "_private": 1}, {1: "blocks.1"})
+    family, config = describe(1, dit.blocks[1])
+    assert family == "comfy" and config["path"] == "blocks.1" and config["class"] == "SeqToyDiT"
+    assert config["unet_config"] == {"dim": 32, "dtype": torch.bfloat16, "patch_size": (1, 2, 2)}
+    assert describe_block(dit.blocks[1], lambda b: describe(1, b))["family"] == "comfy"
