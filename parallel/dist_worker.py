@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import logging
 import math
 import os
-import socket
 import time
 import traceback
 
@@ -40,11 +38,14 @@ from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize, unpac
 from .dist_connect import connect_store
 from .dist_exchange import DistExchange
 from .dist_host import IDLE_TIMEOUT_S, member_key, reset_after_failed_init, weight_groups
+from .dist_lobby import lobby_id, require_secret
+from .distributed import lobby as lobby_entries
+from .distributed.lobby import check_invite
 from .dist_wire import recv_message, send_message
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 
-__all__ = ["Worker", "connect", "device_free_bytes", "make_offer", "serve"]
+__all__ = ["Worker", "WorkerRefused", "bind_device", "connect", "device_free_bytes", "make_offer", "serve"]
 
 log = logging.getLogger("sharddit")
 _OVERRIDE = "optimized_attention_override"
@@ -67,37 +68,148 @@ def device_free_bytes(device: str) -> int:
         return 0
 
 
-def make_offer(name: str, device: str) -> dict:
-    """What one serving process registers: ``{"host", "pid", "name", "device", "free"}``."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "name": name, "device": str(device),
-            "free": device_free_bytes(device)}
+def bind_device(device: str, cuda=None) -> None:
+    """Make ``device`` this process's current CUDA device before anything touches CUDA (ComfyUI's
+    import, the free-memory reading, NCCL): else every worker process makes a context on cuda:0,
+    reports that GPU's memory and may launch kernels there. ``cuda``: ``torch.cuda`` (tests pass a
+    recorder)."""
+    if str(device).startswith("cuda"):
+        (cuda or torch.cuda).set_device(int(str(device).split(":")[1]))
+
+
+def make_offer(name: str, device: str, overrides: dict | None = None, comfyui: str = "") -> dict:
+    """What one serving process registers (``distributed/lobby.OFFER_FIELDS``); ``overrides``
+    (tests, a stated ``free``) replace measured fields."""
+    overrides = dict(overrides or {})
+    free = overrides.pop("free") if "free" in overrides else device_free_bytes(device)
+    return {**lobby_entries.make_offer(name, str(device), free, comfyui), **overrides}
+
+
+class WorkerRefused(ValueError):
+    """The host's lobby refuses this worker (wrong or missing secret, another protocol): the
+    message says which and the fix; the worker stops without joining anything."""
+
+
+LOBBY_WAIT_S = 5.0
+"""How long a worker waits for the host's signed lobby entry once the port answers."""
+SLOT_CHECK_S = 1.0
+"""How often a waiting worker checks that its registration is still in the lobby."""
 
 
 class Worker:
-    def __init__(self, store, name: str, device, offer: dict | None = None, say=print):
+    def __init__(self, store, name: str, device, offer: dict | None = None, say=print, key: bytes | None = None,
+                 where: str = "the host", comfyui: str = ""):
         self.store, self.name, self.device, self.say = store, check_member_name(name), torch.device(device), say
         self.member = member_key(name, str(device))
-        self.offer = offer if offer is not None else make_offer(name, str(device))
-        store.set(f"offer/{self.member}", json.dumps(self.offer))
-        self.seen = store.add("sessions", 0)  # invitations up to this one are stale (an earlier run)
-        self.reg = store.add("workers", 1) - 1
-        store.set(f"reg/{self.reg}", self.member)
+        self.key = require_secret(key, f"worker {self.member!r}")
+        self.where = where
+        self.lobby = self._lobby_id()
+        self.offer = make_offer(name, str(device), offer, comfyui)
+        self.nonce = lobby_entries.new_id()
+        self.entry = lobby_entries.make_entry(self.key, "offer", self.lobby, self.nonce, self.offer)
+        self.seen = 0  # the host's session count of the last invitation taken
+        self.reg = self._claim()
+        self._said: set[str] = set()
+
+    def _lobby_id(self) -> str:
+        """The host's lobby id from its signed entry; WorkerRefused saying why this worker may not join."""
+        deadline = time.monotonic() + LOBBY_WAIT_S
+        while True:
+            raw = lobby_entries.read_key(self.store, lobby_entries.LOBBY_KEY)
+            if raw is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if raw is None:
+            raise WorkerRefused(f"[ShardDiT] worker {self.member!r}: {self.where} has no signed ShardDiT lobby: it runs "
+                                f"an older ShardDiT (protocol 1) or is not a ShardDiT host; run the same ShardDiT "
+                                f"version there (this worker speaks protocol {lobby_entries.PROTOCOL})")
+        try:
+            return lobby_id(self.store, self.key)
+        except lobby_entries.BadEntry as e:
+            why = str(e)
+            if "signature" in why:
+                why = ("this worker's SHARDDIT_DIST_SECRET is not the host's (the host's lobby entry does not verify "
+                       "with it); give the worker the host's secret")
+            raise WorkerRefused(f"[ShardDiT] worker {self.member!r} refused by {self.where}: {why}") from None
+
+    def _slot_state(self, raw) -> str:
+        """``mine``, ``same`` (a valid offer of this member: an earlier run), ``other`` (another
+        member's valid offer: never taken) or ``free`` (empty, unsigned, stale or foreign)."""
+        if raw == self.entry:
+            return "mine"
+        try:
+            entry = lobby_entries.open_entry(self.key, raw, "offer", session=self.lobby)
+            member = lobby_entries.check_offer(entry["body"])["member"]
+        except lobby_entries.BadEntry:
+            return "free"
+        return "same" if member == self.member else "other"
+
+    def _claim(self) -> int:
+        """A registration slot for this offer: this member's earlier one, else the first slot that
+        holds no other member's valid offer (``compare_set``: two workers never take one slot)."""
+        for _ in range(3):
+            slots = [(i, lobby_entries.read_key(self.store, lobby_entries.slot_key(i)))
+                     for i in range(lobby_entries.MAX_MEMBERS)]
+            states = [(self._slot_state(raw), i, raw) for i, raw in slots]
+            order = {"mine": 0, "same": 1, "free": 2}
+            for state, i, raw in sorted((s for s in states if s[0] in order), key=lambda s: (order[s[0]], s[1])):
+                got = self.store.compare_set(lobby_entries.slot_key(i), raw or "", self.entry)
+                if got == self.entry:
+                    return i
+        raise WorkerRefused(f"[ShardDiT] worker {self.member!r}: {self.where}'s lobby is full (its "
+                            f"{lobby_entries.MAX_MEMBERS} registration slots hold other members' offers)")
 
     def leave_lobby(self) -> None:
         """Take this registration out of the lobby (a clean stop), so ``devices=auto`` no longer lists it."""
         try:
-            self.store.delete_key(f"reg/{self.reg}")
+            self.store.compare_set(lobby_entries.slot_key(self.reg), self.entry, "")
         except Exception as e:  # noqa: BLE001 - the host may be gone already
             log.debug("[ShardDiT] worker %r: could not leave the lobby: %s", self.member, e)
 
+    def _say_once(self, text: str) -> None:
+        if text not in self._said:
+            self._said.add(text)
+            self.say(text)
+
+    def take_invite(self) -> dict | None:
+        """The verified, fresh invitation to this member, or None (none yet; a forged, stale or
+        altered one is ignored and said once)."""
+        raw = lobby_entries.read_key(self.store, lobby_entries.invite_key(self.member))
+        if raw is None:
+            return None
+        try:
+            entry = lobby_entries.open_entry(self.key, raw, "invite")
+            invite = check_invite(entry, self.lobby, self.nonce, self.member)
+        except lobby_entries.BadEntry as e:
+            self._say_once(f"[ShardDiT] worker {self.member!r}: ignored an invitation: {e}")
+            return None
+        if invite["n"] <= self.seen:
+            return None  # taken already (or from before this registration)
+        self.seen = invite["n"]
+        return invite
+
+    def check_slot(self) -> None:
+        """Register again when the registration was overwritten (a stranger, or the lobby's own
+        reset); WorkerRefused when another process registered as this member since."""
+        raw = lobby_entries.read_key(self.store, lobby_entries.slot_key(self.reg))
+        state = self._slot_state(raw)
+        if state == "mine":
+            return
+        if state == "same":
+            raise WorkerRefused(f"[ShardDiT] worker {self.member!r}: another worker process registered as "
+                                f"{self.member!r} at {self.where}; this one stops")
+        self.say(f"[ShardDiT] worker {self.member!r}: its registration was overwritten in the lobby; registering again")
+        self.reg = self._claim()
+
     def wait_invite(self, poll_s: float = 0.2) -> dict:
-        key = f"invite/{self.member}"
+        next_check = time.monotonic() + SLOT_CHECK_S
         while True:
-            if self.store.check([key]):
-                invite = json.loads(self.store.get(key).decode())
-                if invite["sid"] > self.seen:
-                    self.seen = invite["sid"]
-                    return invite
+            invite = self.take_invite()
+            if invite is not None:
+                return invite
+            if time.monotonic() >= next_check:
+                self.check_slot()
+                next_check = time.monotonic() + SLOT_CHECK_S
             time.sleep(poll_s)
 
     def run_session(self, invite: dict) -> str:
@@ -105,7 +217,7 @@ class Worker:
         sid, rank, world = invite["sid"], invite["rank"], invite["world"]
         timeout = datetime.timedelta(seconds=invite["timeout_s"])
         try:
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{sid}/", self.store), rank=rank,
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{invite['id']}/", self.store), rank=rank,
                                     world_size=world, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - the host gave up on this session meanwhile
             reset_after_failed_init()
@@ -301,12 +413,15 @@ def _attention(exchange, rs, main, calls, text_first, func, *args, **kwargs):
 
 
 def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=print,
-          sessions: int | None = None, wait_s: float = math.inf) -> None:
+          sessions: int | None = None, wait_s: float = math.inf, comfyui: str = "") -> None:
     """Join ``host:port`` as member ``name/device`` (waiting up to ``wait_s`` for the host to
-    answer) and serve until interrupted (or ``sessions`` sessions ended)."""
+    answer) and serve until interrupted (or ``sessions`` sessions ended). ValueError (a
+    ``WorkerRefused``) before joining anything when the secret is missing or not the host's."""
     check_member_name(name)
+    key = require_secret(None, f"worker '{name}/{device}'")
+    bind_device(device)
     store = connect(host, port, timeout_s, wait_s, say=say)
-    worker = Worker(store, name, device, None, say)
+    worker = Worker(store, name, device, None, say, key, f"the host at {host}:{port}", comfyui)
     offer = worker.offer
     say(f"[ShardDiT] worker {worker.member!r} (pid {offer['pid']}) joined {host}:{port}, offering {offer['device']} "
         f"({offer['free'] / 2**30:.1f} GiB free)")

@@ -56,6 +56,9 @@ def read_lobby(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> LobbyView:
     """The offers and the workers' description from the lobby at ``addr`` (``--workers``);
     ValueError naming the address, what failed and the fix."""
     host, port = parse_addr(addr, "--workers")
+    from ...parallel.dist_lobby import require_secret
+
+    require_secret(None, f"--workers {addr} (reading the host's signed lobby)")
     deadline = time.monotonic() + timeout_s
     stage = [f"resolving the name {host!r}"]
     with _notice_after(NOTICE_S, lambda: (f"[ShardDiT] still waiting for the ShardDiT host at {host}:{port} "
