@@ -45,7 +45,7 @@ from .dist_wire import recv_message, send_message
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 
-__all__ = ["Worker", "WorkerRefused", "bind_device", "connect", "device_free_bytes", "make_offer", "serve"]
+__all__ = ["Worker", "WorkerRefused", "bind_device", "check_lobby", "connect", "device_free_bytes", "make_offer", "serve"]
 
 log = logging.getLogger("sharddit")
 _OVERRIDE = "optimized_attention_override"
@@ -96,6 +96,27 @@ SLOT_CHECK_S = 1.0
 """How often a waiting worker checks that its registration is still in the lobby."""
 
 
+def check_lobby(store, key: bytes, member: str, where: str = "the host") -> str:
+    """The host's lobby id from its signed entry (waiting up to ``LOBBY_WAIT_S`` for it);
+    WorkerRefused saying why ``member`` may not join: no ShardDiT lobby there, another protocol, or
+    a secret that is not the host's."""
+    deadline = time.monotonic() + LOBBY_WAIT_S
+    while (raw := lobby_entries.read_key(store, lobby_entries.LOBBY_KEY)) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if raw is None:
+        raise WorkerRefused(f"[ShardDiT] worker {member!r}: {where} has no signed ShardDiT lobby: it runs an older "
+                            "ShardDiT (protocol 1) or is not a ShardDiT host; run the same ShardDiT version there "
+                            f"(this worker speaks protocol {lobby_entries.PROTOCOL})")
+    try:
+        return lobby_id(store, key)
+    except lobby_entries.BadEntry as e:
+        why = str(e)
+        if "signature" in why:
+            why = ("this worker's SHARDDIT_DIST_SECRET is not the host's (the host's signed lobby entry does not "
+                   "verify with it); give the worker the same secret as the host")
+        raise WorkerRefused(f"[ShardDiT] worker {member!r} refused by {where}: {why}") from None
+
+
 class Worker:
     def __init__(self, store, name: str, device, offer: dict | None = None, say=print, key: bytes | None = None,
                  where: str = "the host", comfyui: str = ""):
@@ -103,34 +124,13 @@ class Worker:
         self.member = member_key(name, str(device))
         self.key = require_secret(key, f"worker {self.member!r}")
         self.where = where
-        self.lobby = self._lobby_id()
+        self.lobby = check_lobby(store, self.key, self.member, where)
         self.offer = make_offer(name, str(device), offer, comfyui)
         self.nonce = lobby_entries.new_id()
         self.entry = lobby_entries.make_entry(self.key, "offer", self.lobby, self.nonce, self.offer)
         self.seen = 0  # the host's session count of the last invitation taken
         self.reg = self._claim()
         self._said: set[str] = set()
-
-    def _lobby_id(self) -> str:
-        """The host's lobby id from its signed entry; WorkerRefused saying why this worker may not join."""
-        deadline = time.monotonic() + LOBBY_WAIT_S
-        while True:
-            raw = lobby_entries.read_key(self.store, lobby_entries.LOBBY_KEY)
-            if raw is not None or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        if raw is None:
-            raise WorkerRefused(f"[ShardDiT] worker {self.member!r}: {self.where} has no signed ShardDiT lobby: it runs "
-                                f"an older ShardDiT (protocol 1) or is not a ShardDiT host; run the same ShardDiT "
-                                f"version there (this worker speaks protocol {lobby_entries.PROTOCOL})")
-        try:
-            return lobby_id(self.store, self.key)
-        except lobby_entries.BadEntry as e:
-            why = str(e)
-            if "signature" in why:
-                why = ("this worker's SHARDDIT_DIST_SECRET is not the host's (the host's lobby entry does not verify "
-                       "with it); give the worker the host's secret")
-            raise WorkerRefused(f"[ShardDiT] worker {self.member!r} refused by {self.where}: {why}") from None
 
     def _slot_state(self, raw) -> str:
         """``mine``, ``same`` (a valid offer of this member: an earlier run), ``other`` (another

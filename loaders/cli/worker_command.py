@@ -114,17 +114,35 @@ def run(args) -> int:
 
     devices = requested or ["cuda:0" if torch.cuda.is_available() else "cpu"]
     _check_cuda(devices, torch)
+    _check_host(host, port, args.name, devices)
     if len(devices) > 1:  # before ComfyUI's import, which would make a CUDA context on cuda:0 here
         return _run_members(args, devices)
+    return start_one(args, host, port, devices[0])
+
+
+def start_one(args, host: str, port: int, device: str) -> int:
+    """Serve one device: make it this process's CUDA device first (``bind_device``), then import
+    ComfyUI (which makes its CUDA context on the current device) and serve."""
     from ...parallel.dist_worker import bind_device
 
-    bind_device(devices[0])  # before ComfyUI's import makes its CUDA context
+    bind_device(device)
     try:
         import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
     except KeyboardInterrupt:  # stopped while starting (e.g. by the parent of several members)
         print(f"[ShardDiT] worker {args.name!r}: stopped", flush=True)
         return 0
-    return _serve_one(host, port, args.name, devices[0], args.wait)
+    return _serve_one(host, port, args.name, device, args.wait)
+
+
+def _check_host(host: str, port: int, name: str, devices: list[str]) -> None:
+    """The host's lobby accepts this worker's secret and protocol, checked once before ComfyUI's
+    slow import and before any child starts (``WorkerRefused``, a ValueError: exit 2)."""
+    from ...parallel.dist_lobby import require_secret
+    from ...parallel.dist_worker import check_lobby, connect
+
+    store = connect(host, port, dist_timeout(), wait_s=10.0, say=lambda m: print(m, flush=True))
+    check_lobby(store, require_secret(), f"{name}/{','.join(devices)}", f"the host at {host}:{port}")
+    del store
 
 
 def _hint(host: str, port: int) -> str:
