@@ -25,8 +25,22 @@ import math
 import os
 import socket
 
-__all__ = ["ADDR_ENV", "ADDR_FORM", "PUBLIC_ENV", "check_listen_address", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "TIMEOUT_RANGE_S",
-           "WEIGHTS_ENV", "WEIGHTS_MODES", "dist_addr", "dist_timeout", "dist_weights", "parse_addr"]
+__all__ = [
+    "ADDR_ENV",
+    "ADDR_FORM",
+    "DEFAULT_PORT",
+    "DEFAULT_TIMEOUT_S",
+    "PUBLIC_ENV",
+    "TIMEOUT_ENV",
+    "TIMEOUT_RANGE_S",
+    "WEIGHTS_ENV",
+    "WEIGHTS_MODES",
+    "check_listen_address",
+    "dist_addr",
+    "dist_timeout",
+    "dist_weights",
+    "parse_addr",
+]
 
 ADDR_ENV = "SHARDDIT_DIST_ADDR"
 PUBLIC_ENV = "SHARDDIT_DIST_PUBLIC"

@@ -23,8 +23,8 @@ from .dist_plan import compute_worker_needs
 from .dist_wire import recv_message, send_message
 from .distributed.lobby import check_member as lobby_check_member
 
-__all__ = ["IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member", "check_worker_room",
-           "IDLE_CLOSE_S", "choose_worker_weights", "describe_workers", "member_key", "offer_free", "read_workers",
+__all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member",
+           "check_worker_room", "choose_worker_weights", "describe_workers", "member_key", "offer_free", "read_workers",
            "reset_after_failed_init", "split_member", "weight_groups"]
 
 log = logging.getLogger("sharddit")

@@ -24,8 +24,21 @@ import torch.distributed as dist
 
 from .dist_connect import join_address
 from .distributed.lobby import (
-    LOBBY_KEY, MAX_MEMBERS, MEMBER_FORM, PROTOCOL, BadEntry, check_member, check_offer, invite_key,
-    local_versions, make_entry, new_id, open_entry, read_key, slot_key)
+    LOBBY_KEY,
+    MAX_MEMBERS,
+    MEMBER_FORM,
+    PROTOCOL,
+    BadEntry,
+    check_member,
+    check_offer,
+    invite_key,
+    local_versions,
+    make_entry,
+    new_id,
+    open_entry,
+    read_key,
+    slot_key,
+)
 from .distributed.secret import HOW_TO_MAKE, dist_secret
 
 __all__ = ["MEMBER_FORM", "READ_TIMEOUT_S", "Lobby", "describe_workers", "lobby_id", "member_key", "read_workers",

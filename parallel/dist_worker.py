@@ -39,9 +39,9 @@ from .dist_connect import connect_store
 from .dist_exchange import DistExchange
 from .dist_host import IDLE_TIMEOUT_S, member_key, reset_after_failed_init, weight_groups
 from .dist_lobby import lobby_id, require_secret
+from .dist_wire import recv_message, send_message
 from .distributed import lobby as lobby_entries
 from .distributed.lobby import check_invite
-from .dist_wire import recv_message, send_message
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 

@@ -11,7 +11,11 @@ import re
 
 import pytest
 from harness import dist_procs
-from sharddit.parallel.devices import MEMBER_NAME_FORM, check_member_name, split_worker_devices
+from sharddit.parallel.devices import (
+    MEMBER_NAME_FORM,
+    check_member_name,
+    split_worker_devices,
+)
 from sharddit.parallel.dist_config import dist_addr, dist_timeout, parse_addr
 from sharddit.parallel.dist_connect import join_address, this_machine_addresses
 from sharddit.parallel.dist_host import Lobby, check_member

@@ -20,7 +20,7 @@ from harness import dist_procs
 from harness.numerics import assert_split_close
 from sharddit.parallel.dist_host import Lobby
 from sharddit.parallel.dist_lobby import read_workers
-from sharddit.parallel.dist_worker import Worker, WorkerRefused, check_lobby, connect
+from sharddit.parallel.dist_worker import Worker, WorkerRefused, check_lobby
 from sharddit.parallel.distributed import lobby as entries
 
 STRANGER_KEY = b"a-guess-at-the-secret-" + b"0" * 26
@@ -161,10 +161,10 @@ def test_a_forged_or_replayed_invite_is_ignored(lobby):
     forged = entries.make_entry(STRANGER_KEY, "invite", f"{lobby.id}.1", w1.nonce, body)
     _put(stranger, entries.invite_key("w1/cpu"), forged)
     assert w1.take_invite() is None and w1.take_invite() is None
-    assert [m for m in said if "ignored an invitation" in m] == [
+    assert [m for m in said if "ignored an invitation" in m] == [(
         "[ShardDiT] worker 'w1/cpu': ignored an invitation: its signature does not verify: it was made with another "
-        "secret, or altered"], said
-    n, sid = lobby.next_session()
+        "secret, or altered")], said
+    _, sid = lobby.next_session()
     lobby.invite("w1/cpu", lobby.workers()["w1/cpu"], sid, {k: v for k, v in body.items() if k != "member"})
     invite = w1.take_invite()
     assert invite["id"] == sid and invite["rank"] == 1 and invite["world"] == 2
@@ -232,9 +232,8 @@ def test_the_host_reconnects_its_store_client(lobby, caplog):
 def test_a_real_session_works_after_every_attack():
     """A spawned worker joins a lobby strangers have poisoned (counters, a forged invite to it, a
     forged offer of its name, a bogus member): the host's forward over it matches the unsharded model."""
-    from test_dist_sequence import _copies, _engine, _inputs, _run
-
     from sharddit.parallel.dist_ranks import attach_remote_ranks
+    from test_dist_sequence import _copies, _engine, _inputs, _run
 
     with dist_procs.lobby_with_workers(8.0, ("w1",)) as lob:
         stranger = _client(lob)

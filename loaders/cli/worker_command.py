@@ -25,7 +25,12 @@ import time
 
 from ...parallel.devices import MEMBER_NAME_FORM, check_member_name, parse_device
 from ...parallel.dist_config import DEFAULT_PORT, dist_timeout, parse_addr
-from ...parallel.dist_connect import HostUnreachable, HostUnresolved, resolve_host, wait_for_port
+from ...parallel.dist_connect import (
+    HostUnreachable,
+    HostUnresolved,
+    resolve_host,
+    wait_for_port,
+)
 from ...parallel.distributed.secret import HOW_TO_MAKE, dist_secret, new_secret
 from ..comfyui_import import import_comfyui
 

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import logging
 
-from ...parallel.dist_config import ADDR_ENV, WEIGHTS_ENV, dist_addr, dist_timeout, dist_weights
+from ...parallel.dist_config import (
+    ADDR_ENV,
+    WEIGHTS_ENV,
+    dist_addr,
+    dist_timeout,
+    dist_weights,
+)
 from ...parallel.dist_host import Lobby, choose_worker_weights, member_key
 from ...parallel.dist_ranks import attach_remote_ranks
 from ...parallel.distributed.lobby import choose_backend, gpu_uuid
@@ -123,7 +129,7 @@ class PatchVersion:
     strengths and patch objects, held here so their ids stay unique) and the cast settings of the
     main patcher this sampling run loaded. Equal versions: the same weights."""
 
-    __slots__ = ("key", "hold")
+    __slots__ = ("hold", "key")
 
     def __init__(self, key: tuple, hold: list):
         self.key, self.hold = key, hold

@@ -80,9 +80,9 @@ def check_member(member) -> str:
     one rule wherever a member name is read (the host's lobby, the nodes' ``devices``)."""
     if isinstance(member, str) and len(member) <= 48:
         name, slash, device = member.partition("/")
-        if slash and NAME_RE.fullmatch(name) and _DEVICE_RE.fullmatch(device):
-            if not device.startswith("cuda") or int(device[5:]) <= MAX_CUDA_INDEX:
-                return member
+        if slash and NAME_RE.fullmatch(name) and _DEVICE_RE.fullmatch(device) and (
+                not device.startswith("cuda") or int(device[5:]) <= MAX_CUDA_INDEX):
+            return member
     raise BadEntry(f"{str(member)[:64]!r} is not {MEMBER_FORM}")
 
 
@@ -117,7 +117,7 @@ def parse_entry(raw, kind: str) -> dict:
     if not isinstance(entry, dict) or entry.get("kind") != kind or not isinstance(entry.get("body"), dict):
         raise BadEntry(f"it is not a signed {kind} (an older ShardDiT, protocol 1, or not ShardDiT)")
     if not all(isinstance(entry.get(k), str) and len(entry[k]) <= _TEXT_MAX for k in ("session", "nonce", "mac")):
-        raise BadEntry(f"its session, nonce or signature is not a short string")
+        raise BadEntry("its session, nonce or signature is not a short string")
     return entry
 
 
@@ -216,7 +216,7 @@ def gpu_uuid(device: str) -> str:
 
 def normal_uuid(uuid: str) -> str:
     uuid = (uuid or "").strip().lower()
-    return uuid[4:] if uuid.startswith("gpu-") else uuid
+    return uuid.removeprefix("gpu-")
 
 
 def this_host() -> str:
