@@ -45,7 +45,8 @@ from .distributed.lobby import check_invite
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 
-__all__ = ["Worker", "WorkerRefused", "bind_device", "check_lobby", "connect", "device_free_bytes", "make_offer", "serve"]
+__all__ = ["Worker", "WorkerRefused", "bind_device", "check_lobby", "connect", "device_free_bytes", "make_offer",
+           "serve"]
 
 log = logging.getLogger("sharddit")
 _OVERRIDE = "optimized_attention_override"

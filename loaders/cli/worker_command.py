@@ -11,8 +11,8 @@ One serving process per device (the torchrun norm): each registers as the member
 device (``python <pack-dir> worker ... --devices DEV``, so each child is exactly the one-device
 worker) and Ctrl+C stops them all; the parent imports no ComfyUI and touches no GPU, and each
 child makes its device current (``dist_worker.bind_device``) before ComfyUI's import makes a CUDA
-context, so each reports its own GPU's free memory and runs its kernels there. Imports ComfyUI (the host sends its block modules, already
-patched with LoRAs, and their classes live in ComfyUI); reads no model file.
+context, so each reports its own GPU's free memory and runs its kernels there. Imports ComfyUI
+(the block classes the host's commands name live there); reads no model file.
 """
 from __future__ import annotations
 
