@@ -23,6 +23,7 @@ rotary table), which this prints as the difference. Then the same model's figure
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -92,6 +93,9 @@ def main(argv=None) -> int:
     handle = attach_block_sharding(model, BlockLayout(("blocks",), (("x",),)), ["cpu"] * n_blocks, "cpu")
     engine = attach_sequence_engine(handle.router, list(handle.proxies["blocks"]),
                                     (TokenSpec({"x": 1, "e": 1, "freqs": 1}),), ["cpu", "cpu"])
+    from sharddit.parallel.distributed.secret import SECRET_ENV, new_secret
+
+    os.environ.setdefault(SECRET_ENV, new_secret())  # a one-off secret for this 127.0.0.1 run (the worker inherits it)
     lobby = Lobby("127.0.0.1", dist_procs.free_port(), 60.0)
     proc = dist_procs.start_worker(lobby.port, "w1", 60.0)
     try:
