@@ -73,12 +73,19 @@ def split_member(member: str) -> tuple[str, str]:
 
 _LOGGED: set[str] = set()
 """Reasons already logged for skipped entries (once each per process)."""
+MAX_LOGGED = 100
+"""Distinct skipped entries logged per process; a stranger writing ever new ones cannot flood the log."""
 
 
 def _skip_once(slot: int, reason: str) -> None:
-    if reason not in _LOGGED:
-        _LOGGED.add(reason)
-        log.warning("[ShardDiT] a worker registration (slot %d) was ignored, not enrolled: %s", slot, reason)
+    if reason in _LOGGED or len(_LOGGED) > MAX_LOGGED:
+        return
+    _LOGGED.add(reason)
+    if len(_LOGGED) > MAX_LOGGED:
+        log.warning("[ShardDiT] more than %d bad worker registrations: further ones are ignored without a log line "
+                    "(is a stranger writing to the lobby? keep SHARDDIT_DIST_ADDR on a private network)", MAX_LOGGED)
+        return
+    log.warning("[ShardDiT] a worker registration (slot %d) was ignored, not enrolled: %s", slot, reason)
 
 
 def lobby_id(store, key: bytes) -> str:

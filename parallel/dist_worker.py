@@ -38,7 +38,7 @@ from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize, unpac
 from .dist_connect import connect_store
 from .dist_exchange import DistExchange
 from .dist_host import IDLE_TIMEOUT_S, member_key, reset_after_failed_init, weight_groups
-from .dist_lobby import lobby_id, require_secret
+from .dist_lobby import MAX_LOGGED, lobby_id, require_secret
 from .dist_wire import recv_message, send_message
 from .distributed import lobby as lobby_entries
 from .distributed.lobby import check_invite
@@ -168,7 +168,8 @@ class Worker:
             log.debug("[ShardDiT] worker %r: could not leave the lobby: %s", self.member, e)
 
     def _say_once(self, text: str) -> None:
-        if text not in self._said:
+        """Say ``text`` once; at most ``MAX_LOGGED`` distinct lines (a stranger's invitations cannot flood the log)."""
+        if text not in self._said and len(self._said) < MAX_LOGGED:
             self._said.add(text)
             self.say(text)
 

@@ -255,3 +255,19 @@ def test_a_real_session_works_after_every_attack():
             assert lob.session.sid == 1 and lob.session.id == f"{lob.id}.1"
         finally:
             engine.close()
+
+
+def test_a_stranger_cannot_flood_the_log(lobby, caplog, monkeypatch):
+    """Forged entries under ever new names are logged once each, up to ``MAX_LOGGED`` in all."""
+    from sharddit.parallel import dist_lobby
+
+    monkeypatch.setattr(dist_lobby, "_LOGGED", set())
+    stranger = _client(lobby)
+    with caplog.at_level(logging.WARNING, logger="sharddit"):
+        for round_ in range(2):
+            for i in range(entries.MAX_MEMBERS):
+                _put(stranger, entries.slot_key(i), entries.make_entry(
+                    STRANGER_KEY, "offer", lobby.id, "n", entries.make_offer(f"e{round_}x{i}", "cpu", 1)))
+            assert lobby.workers() == {}
+    lines = [r.getMessage() for r in caplog.records if "registration" in r.getMessage()]
+    assert len(lines) == dist_lobby.MAX_LOGGED + 1 and "further ones are ignored" in lines[-1], len(lines)
