@@ -1,10 +1,14 @@
 """A ShardDiT worker process: joins a host's lobby and serves sessions (pure PyTorch).
 
-``serve(host, port, name, device)`` connects to the host's ``TCPStore`` (retrying until the host
-listens), registers its offer under the member key ``NAME/DEVICE`` (one process serves one device;
+``serve(host, port, name, device)`` makes ``device`` its current CUDA device, connects to the
+host's ``TCPStore`` (retrying until the host listens), checks the host's signed lobby entry (a
+secret that is not the host's, or another protocol: ``WorkerRefused``, nothing registered), signs
+its offer as the member ``NAME/DEVICE`` into a registration slot (one process serves one device;
 ``python <pack-dir> worker --devices cuda:0,cuda:1`` starts one per device), then loops: wait for
-an invitation to that member, join the session's process group, run the host's commands until it
-says ``leave`` or the session breaks, back to waiting.
+a verified invitation to that member (forged, stale or altered ones are ignored and said once;
+the registration is written again if a stranger overwrote it), join the session's process group,
+run the host's commands until it says ``leave``, the session breaks or the host stays silent for
+``IDLE_TIMEOUT_S``, back to waiting. Entry formats: ``distributed/lobby.py``.
 Commands (``dist_wire`` messages on the worker's command group, one reply each):
 
 - ``block``: keep the skeletons and the weights of the blocks this worker owns that came with it,
