@@ -18,7 +18,7 @@ import torch.distributed as dist
 from conftest import REPO
 from harness import dist_procs
 from harness.numerics import assert_split_close
-from sharddit.parallel.dist_host import Lobby
+from sharddit.parallel.dist_host import IDLE_CLOSE_S, IDLE_TIMEOUT_S, Lobby
 from sharddit.parallel.dist_lobby import read_workers
 from sharddit.parallel.dist_worker import Worker, WorkerRefused, check_lobby
 from sharddit.parallel.distributed import lobby as entries
@@ -67,6 +67,12 @@ class Counted:
             return fn(*args)
 
         return call
+
+
+def test_idle_and_control_timeouts_are_minutes():
+    from sharddit.parallel.dist_config import TIMEOUT_RANGE_S
+
+    assert 60 <= IDLE_CLOSE_S < IDLE_TIMEOUT_S <= 3600 and TIMEOUT_RANGE_S[1] <= 3600
 
 
 def test_a_forged_offer_is_ignored_and_logged_once(lobby, caplog):
@@ -253,6 +259,9 @@ def test_a_real_session_works_after_every_attack():
                 ref = ref_model(*x)
             assert_split_close(_run(handle, model, *x), ref, what="after the attacks")
             assert lob.session.sid == 1 and lob.session.id == f"{lob.id}.1"
+            lob.session.used -= IDLE_CLOSE_S + 1  # idle for minutes: the host opens a fresh session
+            assert_split_close(_run(handle, model, *x), ref, what="after an idle session")
+            assert lob.session.sid == 2
         finally:
             engine.close()
 
