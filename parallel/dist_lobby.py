@@ -156,8 +156,8 @@ class Lobby:
         self._client = None
         self._count = 0
         self.session = None
-        self.store.set(LOBBY_KEY, make_entry(self.key, "lobby", self.id, self.id,
-                                             {"protocol": PROTOCOL, "versions": self.versions}))
+        self._entry = make_entry(self.key, "lobby", self.id, self.id, {"protocol": PROTOCOL, "versions": self.versions})
+        self.store.set(LOBBY_KEY, self._entry)
         self.join = join_address(host, port)
         """What workers pass to ``--join`` (this machine's address when ``host`` is a wildcard)."""
         where = f"{host}:{port}" if self.join == f"{host}:{port}" else (
@@ -189,8 +189,15 @@ class Lobby:
             return fn(self.store)
 
     def workers(self) -> dict[str, dict]:
-        """Verified offers of the joined members (``NAME/DEVICE`` -> offer)."""
-        return self._call(lambda store: read_workers(store, self.key, self.id))
+        """Verified offers of the joined members (``NAME/DEVICE`` -> offer). Writes the lobby entry
+        again first if someone changed it (workers check it before they register)."""
+        def read(store):
+            if read_key(store, LOBBY_KEY) != self._entry:
+                log.warning("[ShardDiT] the lobby's own entry was changed by another client; written again")
+                store.set(LOBBY_KEY, self._entry)
+            return read_workers(store, self.key, self.id)
+
+        return self._call(read)
 
     def describe(self) -> str:
         return self._call(lambda store: describe_workers(store, self.host, self.port, self.key))

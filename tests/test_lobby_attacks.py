@@ -123,6 +123,8 @@ def test_a_registration_without_an_offer_is_not_waited_on(lobby):
     stranger.delete_key(entries.LOBBY_KEY)  # the reader that takes the lobby id from the store is refused
     with pytest.raises(ValueError, match="missing"):
         read_workers(Counted(_client(lobby)), lobby.key)
+    assert lobby.workers() == {}  # the host writes its entry again: workers can check it and join
+    assert _worker(lobby).lobby == lobby.id and list(lobby.workers()) == ["w1/cpu"]
 
 
 def test_a_bogus_name_with_huge_free_memory_is_refused_and_injects_no_device(lobby, monkeypatch):
