@@ -282,3 +282,17 @@ def test_a_stranger_cannot_flood_the_log(lobby, caplog, monkeypatch):
             assert lobby.workers() == {}
     lines = [r.getMessage() for r in caplog.records if "registration" in r.getMessage()]
     assert len(lines) == dist_lobby.MAX_LOGGED + 1 and "further ones are ignored" in lines[-1], len(lines)
+
+
+def test_plan_workers_with_a_wrong_secret_is_told_so(lobby, monkeypatch):
+    """``plan --workers`` reads the offers with this machine's secret: another one is named as such."""
+    from sharddit.loaders.cli.plan_lobby import read_lobby
+
+    _worker(lobby)
+    assert list(read_lobby(f"127.0.0.1:{lobby.port}").offers) == ["w1/cpu"]
+    monkeypatch.setenv("SHARDDIT_DIST_SECRET", "z" * 40)
+    with pytest.raises(ValueError, match="signature does not verify.*give this machine the host's SHARDDIT_DIST_SECRET"):
+        read_lobby(f"127.0.0.1:{lobby.port}")
+    monkeypatch.delenv("SHARDDIT_DIST_SECRET")
+    with pytest.raises(ValueError, match="needs a shared secret, and none is set"):
+        read_lobby(f"127.0.0.1:{lobby.port}")
