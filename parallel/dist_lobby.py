@@ -127,10 +127,10 @@ def _who(raw: bytes) -> str:
         return ""
 
 
-def describe_workers(store, host: str, port: int, key: bytes | None = None) -> str:
+def describe_workers(store, host: str, port: int, key: bytes | None = None, lobby: str | None = None) -> str:
     """Lines for the Plan node and ``plan --workers``: the joined workers, each device with its free memory."""
     by_name: dict[str, list[tuple[str, dict]]] = {}
-    for member, offer in read_workers(store, key).items():
+    for member, offer in read_workers(store, key, lobby).items():
         by_name.setdefault(split_member(member)[0], []).append((member, offer))
     head = f"Workers at {host}:{port} (devices NAME/DEVICE, parallel=sequence):"
     if not by_name:
@@ -200,7 +200,7 @@ class Lobby:
         return self._call(read)
 
     def describe(self) -> str:
-        return self._call(lambda store: describe_workers(store, self.host, self.port, self.key))
+        return self._call(lambda store: describe_workers(store, self.host, self.port, self.key, self.id))
 
     def next_session(self) -> tuple[int, str]:
         """(n, id) of the next session: the host's own count (never a store counter)."""
