@@ -23,6 +23,7 @@ rotary table), which this prints as the difference. Then the same model's figure
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -74,8 +75,6 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)
     import_pack()
-    import os
-
     from sharddit.parallel.distributed.secret import SECRET_ENV, new_secret
 
     os.environ.setdefault(SECRET_ENV, new_secret())  # this host and its one local worker share it

@@ -28,6 +28,7 @@ __all__ = [
     "DeviceEntry",
     "DeviceList",
     "MEMBER_NAME_FORM",
+    "MEMBER_NAME_RE",
     "check_devices_exist",
     "check_member_name",
     "parse_component_device",
@@ -150,15 +151,18 @@ def check_devices_exist(devices: Iterable[str], available: Iterable[str]) -> Non
             raise ValueError(f"device {device!r} does not exist; this machine has {has}; {fix}")
 
 
-MEMBER_NAME_FORM = "1 to 32 letters, digits, '.', '_' or '-' (e.g. box2)"
-_MEMBER_NAME = re.compile(r"[A-Za-z0-9._-]{1,32}")
+MEMBER_NAME_FORM = "1 to 32 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit (e.g. box2)"
+MEMBER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
+"""The one pattern of a worker's NAME (``parallel/distributed/lobby.check_member`` reads members with
+it): no separator of the devices string (``,`` ``/`` ``:``), no space, nothing a shell or a log
+line could misread, no leading ``-`` or ``.``."""
 
 
 def check_member_name(name, what: str = "worker name") -> str:
     """A worker's ``NAME`` (the part before ``/`` in ``NAME/DEVICE``): ``name`` if it matches
     ``MEMBER_NAME_FORM``, else ValueError naming ``what``, the value and the form. The one rule for
     every place a name enters: ``worker --name``, the host's lobby, the nodes' ``devices``."""
-    if not isinstance(name, str) or not _MEMBER_NAME.fullmatch(name):
+    if not isinstance(name, str) or not MEMBER_NAME_RE.fullmatch(name):
         raise ValueError(f"{what} {name!r} is not {MEMBER_NAME_FORM}")
     return name
 
@@ -175,7 +179,7 @@ def split_worker_devices(text: str) -> tuple[str, tuple[tuple[str, str], ...]]:
             continue
         name, _, dev = part.partition("/")
         try:
-            name = check_member_name(name.strip())
+            name = check_member_name(name)
         except ValueError:
             raise ValueError(f"devices {text.strip()!r}: {part!r} is not NAME/DEVICE (NAME: {MEMBER_NAME_FORM}; "
                              "e.g. 'box2/cuda:0')") from None

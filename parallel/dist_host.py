@@ -1,12 +1,9 @@
 """The host side of distributed `sequence` mode: the lobby workers join, and sessions (pure PyTorch).
 
-- ``Lobby``: a ``torch.distributed.TCPStore`` served on the one address the user chose
-  (``SHARDDIT_DIST_ADDR``; the listening socket is bound here, so nothing listens on other
-  interfaces). Every serving worker process registers under its member key ``NAME/DEVICE``
-  (``box2/cuda:1``; one process per device) with its offer (host, pid, name, device, free bytes)
-  and waits there for an invitation to that member (``invite/NAME/DEVICE``).
+- ``Lobby`` (``dist_lobby``, re-exported here): where workers register their signed offers under
+  their member key ``NAME/DEVICE`` and wait for a signed invitation (``distributed/lobby.py``).
 - ``HostSession``: a process group over the host (rank 0) and the invited workers, made with
-  ``init_process_group(store=PrefixStore(session, lobby store))``: one gloo pair group per worker
+  ``init_process_group(store=PrefixStore(session id, a fresh lobby client))``: one gloo pair group per worker
   for commands (``dist_wire`` messages), and one group per batch group that mixes host and
   worker ranks for the Ulysses exchanges (gloo on CPU, NCCL when every rank is a GPU). A session
   lives across prompts (the workers keep the blocks they were sent); any failure closes it, and
@@ -16,42 +13,29 @@
 from __future__ import annotations
 
 import datetime
-import json
 import logging
-import socket
 import time
 
 import torch.distributed as dist
 
-from .devices import MEMBER_NAME_FORM, check_member_name, parse_device
-from .dist_connect import join_address
+from .dist_lobby import Lobby, describe_workers, member_key, read_workers, split_member
 from .dist_plan import compute_worker_needs
 from .dist_wire import Channel, host_handshake
+from .distributed.lobby import check_member as lobby_check_member
 from .distributed.protocol import ProtocolError
-from .distributed.secret import HOW_TO_MAKE, dist_secret
 
-__all__ = [
-    "IDLE_TIMEOUT_S",
-    "DistWorkerError",
-    "HostSession",
-    "Lobby",
-    "check_member",
-    "check_worker_room",
-    "choose_worker_weights",
-    "describe_workers",
-    "end_process_group",
-    "member_key",
-    "offer_free",
-    "read_workers",
-    "reset_after_failed_init",
-    "split_member",
-    "weight_groups",
-]
+__all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member",
+           "check_worker_room", "choose_worker_weights", "describe_workers", "end_process_group", "member_key",
+           "offer_free", "read_workers", "reset_after_failed_init", "split_member", "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
-IDLE_TIMEOUT_S = 7 * 24 * 3600.0
-"""Timeout of the command groups: a worker waits this long for the host's next command."""
+IDLE_TIMEOUT_S = 600.0
+"""Timeout of the command groups: a worker waits this long for the host's next command, then
+leaves the session and waits for a new invitation (a stranger holding a worker's session holds
+it this long at most). The host closes a session idle for ``IDLE_CLOSE_S`` and opens a fresh one
+at the next prompt, before the worker's wait ends."""
+IDLE_CLOSE_S = IDLE_TIMEOUT_S / 2
 
 
 def reset_after_failed_init() -> None:
@@ -138,155 +122,22 @@ class DistWorkerError(RuntimeError):
     """A worker failed, died or stayed silent; the message names it and what it was doing."""
 
 
-def member_key(name: str, device: str) -> str:
-    """The lobby key of one serving process: ``NAME/DEVICE`` (``box2/cuda:1``), as devices strings name it."""
-    return f"{name}/{device}"
-
-
-def split_member(member: str) -> tuple[str, str]:
-    """``"box2/cuda:1"`` -> (``"box2"``, ``"cuda:1"``)."""
-    name, _, device = member.partition("/")
-    return name, device
-
-
 def check_member(member: str) -> str:
-    """``member`` if it is ``NAME/DEVICE`` with a valid name (``devices.check_member_name``) and
-    device (``cpu`` / ``cuda:N``), else ValueError naming it and the form."""
-    name, slash, device = member.partition("/")
-    try:
-        check_member_name(name)
-        if not slash or parse_device(device) != device:
-            raise ValueError(f"{device!r} is not 'cpu' or 'cuda:N'")
-    except ValueError as e:
-        raise ValueError(f"{member!r} is not NAME/DEVICE (NAME: {MEMBER_NAME_FORM}; DEVICE: cpu or cuda:N): "
-                         f"{e}") from None
-    return member
-
-
-_REFUSED: set[str] = set()
-"""Members whose registration was skipped (logged once each per process)."""
-
-
-def read_workers(store) -> dict[str, dict]:
-    """Offers registered in a lobby store (member ``NAME/DEVICE`` -> offer ``{"host", "pid", "name",
-    "device", "free"}``), the latest registration per member. A registration whose member is not a
-    valid ``NAME/DEVICE`` (an old or foreign client: ``worker --name`` checks it) is skipped and
-    logged once: enrolled, it would make every ``devices=auto`` prompt of this host fail."""
-    out = {}
-    for i in range(store.add("workers", 0)):
-        key = f"reg/{i}"
-        if not store.check([key]):
-            continue
-        member = store.get(key).decode(errors="replace")
-        try:
-            check_member(member)
-        except ValueError as e:
-            if member not in _REFUSED:
-                _REFUSED.add(member)
-                log.warning("[ShardDiT] a worker registration was skipped, not enrolled: %s; restart that worker "
-                            "with a valid --name", e)
-            continue
-        out[member] = json.loads(store.get(f"offer/{member}").decode())
-    return out
-
-
-def describe_workers(store, host: str, port: int) -> str:
-    """Lines for the Plan node and ``plan --workers``: the joined workers, each device with its free memory."""
-    by_name: dict[str, list[tuple[str, dict]]] = {}
-    for member, offer in read_workers(store).items():
-        by_name.setdefault(split_member(member)[0], []).append((member, offer))
-    head = f"Workers at {host}:{port} (devices NAME/DEVICE, parallel=sequence):"
-    if not by_name:
-        return head + " none joined yet"
-    lines = [head]
-    for name, members in sorted(by_name.items()):
-        devs = ", ".join(f"{m} {o.get('free', 0) / 2**30:.1f} GiB free" for m, o in sorted(members))
-        hosts = sorted({o["host"] for _, o in members if o.get("host")})
-        lines.append(f"  {name}" + (f" on {', '.join(hosts)}" if hosts else "") + f": {devs}")
-    return "\n".join(lines)
-
-
-class Lobby:
-    """Where workers join (one per ComfyUI process, made on first use)."""
-
-    def __init__(self, host: str, port: int, timeout_s: float):
-        self.host, self.port, self.timeout_s = host, port, float(timeout_s)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as e:
-            sock.close()
-            raise OSError(f"[ShardDiT] cannot listen for workers on {host}:{port} ({e}); choose another "
-                          f"SHARDDIT_DIST_ADDR") from e
-        sock.listen(128)
-        self._fd = sock.detach()  # the store's daemon owns the socket from now on
-        self.store = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=self.timeout_s),
-                                   wait_for_workers=False, master_listen_fd=self._fd, use_libuv=False)
-        self.session: HostSession | None = None
-        self.join = join_address(host, port)
-        """What workers pass to ``--join`` (this machine's address when ``host`` is a wildcard)."""
-        where = f"{host}:{port}" if self.join == f"{host}:{port}" else (
-            f"{host}:{port} (every interface; from other machines join this machine's reachable address, "
-            f"not {host})")
-        log.info("[ShardDiT] workers can join at %s (python <pack-dir> worker --join %s --name NAME "
-                 "--devices DEV[,DEV...])", where, self.join)
-
-    def workers(self) -> dict[str, dict]:
-        """Offers of the joined members (``NAME/DEVICE`` -> offer), latest registration per member."""
-        return read_workers(self.store)
-
-    def describe(self) -> str:
-        return describe_workers(self.store, self.host, self.port)
-
-    def check_names(self, members) -> None:
-        """Every member (``NAME/DEVICE``) has joined; ValueError naming the joined ones and the command
-        that starts the missing one."""
-        joined = self.workers()
-        for member in members:
-            if member in joined:
-                continue
-            name, device = split_member(member)
-            have = ", ".join(sorted(joined)) or "none yet"
-            same = sorted(m for m in joined if split_member(m)[0] == name)
-            start = f"python <pack-dir> worker --join {self.join} --name {name} --devices"
-            if same:
-                devs = ",".join([split_member(m)[1] for m in same] + [device])
-                raise ValueError(f"[ShardDiT] worker {name!r} has joined {self.host}:{self.port} without device "
-                                 f"{device!r} (it serves {', '.join(same)}; joined: {have}); restart it with: "
-                                 f"{start} {devs}")
-            raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {self.host}:{self.port} with "
-                             f"{member!r} (joined: {have}); start it with: {start} {device}")
-
-    def session_for(self, names: tuple[str, ...], groups: tuple[tuple[int, ...], ...], backend: str,
-                    devices: dict[str, str]) -> HostSession:
-        """The open session with exactly these workers and groups, or a fresh one."""
-        s = self.session
-        if s is not None and (s.broken or s.names != names or s.group_keys != groups or s.backend != backend):
-            self.close_session()
-        if self.session is None:
-            self.check_names(names)
-            self.session = HostSession(self, names, groups, backend, devices)
-        return self.session
-
-    def close_session(self) -> None:
-        s, self.session = self.session, None
-        if s is not None:
-            s.close()
-
-    def close(self) -> None:
-        self.close_session()
+    """``member`` if it is ``NAME/DEVICE`` (``distributed/lobby.MEMBER_FORM``), else ValueError naming it."""
+    return lobby_check_member(member)
 
 
 class HostSession:
     """One process group: the host is rank 0, member ``names[i]`` (``NAME/DEVICE``) is rank ``i + 1``."""
 
-    def __init__(self, lobby: Lobby, names, groups, backend: str, devices: dict[str, str]):
+    def __init__(self, lobby: Lobby, names, groups, backend: str, devices: dict[str, str],
+                 offers: dict[str, dict] | None = None):
         self.lobby, self.names, self.group_keys, self.backend = lobby, tuple(names), tuple(groups), backend
         self.timeout_s = lobby.timeout_s
         self.devices = devices
         self.broken = False
+        self.used = time.monotonic()
+        """When the host last sent a command (``idle``)."""
         self.bytes_received: dict[str, int] = {}
         """Per worker: bytes of its replies (the rows it returns at a gather, acknowledgements)."""
         self.versions: dict[str, dict[tuple, object]] = {n: {} for n in self.names}
@@ -294,20 +145,19 @@ class HostSession:
         (``dist_blocks.same_version`` compares them)."""
         self.skeletons: dict[str, set] = {n: set() for n in self.names}
         """Per worker: (model key, block index) of the block skeletons it holds."""
-        self.secret = getattr(lobby, "secret", None) or dist_secret()
-        if not self.secret:
-            raise ValueError("[ShardDiT] no shared secret for the workers: " + HOW_TO_MAKE)
-        store = lobby.store
-        self.sid = store.add("sessions", 1)
+        self.secret = lobby.key  # the lobby refuses to start without one (dist_lobby.require_secret)
+        offers = offers if offers is not None else lobby.check_names(self.names)
+        self.sid, self.id = lobby.next_session()
         world = len(self.names) + 1
+        body = {"world": world, "groups": [list(g) for g in self.group_keys], "backend": backend,
+                "timeout_s": self.timeout_s}
         for rank, member in enumerate(self.names, start=1):
-            store.set(f"invite/{member}", json.dumps({"sid": self.sid, "rank": rank, "world": world,
-                                                     "groups": [list(g) for g in self.group_keys],
-                                                     "backend": backend, "timeout_s": self.timeout_s}))
+            lobby.invite(member, offers[member], self.id, {**body, "rank": rank})
         t0 = time.monotonic()
         try:
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{self.sid}/", store), rank=0,
-                                    world_size=world, timeout=datetime.timedelta(seconds=self.timeout_s))
+            store = dist.PrefixStore(f"session/{self.id}/", lobby.session_store(self.timeout_s))
+            dist.init_process_group("gloo", store=store, rank=0, world_size=world,
+                                    timeout=datetime.timedelta(seconds=self.timeout_s))
         except Exception as e:  # gloo raises DistStoreError / RuntimeError on a timeout
             reset_after_failed_init()
             raise DistWorkerError(
@@ -341,6 +191,14 @@ class HostSession:
                 self.close()
                 raise self._failed(name, "the secret handshake", e) from e
 
+    def idle(self) -> bool:
+        """Whether no command went out for ``IDLE_CLOSE_S``: the workers leave at ``IDLE_TIMEOUT_S``,
+        so the host closes it first (``Lobby.session_for``) and opens a fresh one. Past
+        ``IDLE_TIMEOUT_S`` the workers have left: marked broken, so closing tells them nothing."""
+        quiet = time.monotonic() - self.used
+        self.broken = self.broken or quiet > IDLE_TIMEOUT_S
+        return quiet > IDLE_CLOSE_S
+
     def forget(self, name: str, model_key: str) -> None:
         """Worker ``name`` no longer holds the blocks of model ``model_key`` (it was told to drop
         them): the next forward of that model sends their skeletons and weights again."""
@@ -360,6 +218,7 @@ class HostSession:
         return sent, self.receive(name, what, max_bytes)[1]
 
     def send(self, name: str, message: dict, what: str) -> int:
+        self.used = time.monotonic()
         try:
             return self.channels[name].send(message)
         except Exception as e:

@@ -1,10 +1,14 @@
 """A ShardDiT worker process: joins a host's lobby and serves sessions (pure PyTorch).
 
-``serve(host, port, name, device)`` connects to the host's ``TCPStore`` (retrying until the host
-listens), registers its offer under the member key ``NAME/DEVICE`` (one process serves one device;
+``serve(host, port, name, device)`` makes ``device`` its current CUDA device, connects to the
+host's ``TCPStore`` (retrying until the host listens), checks the host's signed lobby entry (a
+secret that is not the host's, or another protocol: ``WorkerRefused``, nothing registered), signs
+its offer as the member ``NAME/DEVICE`` into a registration slot (one process serves one device;
 ``python <pack-dir> worker --devices cuda:0,cuda:1`` starts one per device), then loops: wait for
-an invitation to that member, join the session's process group, run the host's commands until it
-says ``leave`` or the session breaks, back to waiting.
+a verified invitation to that member (forged, stale or altered ones are ignored and said once;
+the registration is written again if a stranger overwrote it), join the session's process group,
+run the host's commands until it says ``leave``, the session breaks or the host stays silent for
+``IDLE_TIMEOUT_S``, back to waiting. Entry formats: ``distributed/lobby.py``.
 Before anything else the host and the worker prove to each other that they hold the shared
 secret (``dist_wire.worker_handshake``); a worker with another secret is refused and told so.
 Commands (``distributed.protocol`` messages on the worker's command channel, one reply each;
@@ -29,12 +33,8 @@ from __future__ import annotations
 
 import datetime
 import functools
-import json
 import logging
 import math
-import os
-import socket
-import time
 import traceback
 
 import torch
@@ -42,23 +42,18 @@ import torch.distributed as dist
 
 from .devices import check_member_name
 from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize
-from .dist_connect import connect_store
 from .dist_exchange import DistExchange
-from .dist_host import (
-    IDLE_TIMEOUT_S,
-    end_process_group,
-    member_key,
-    reset_after_failed_init,
-    weight_groups,
-)
+from .dist_host import IDLE_TIMEOUT_S, end_process_group, reset_after_failed_init, weight_groups
+from .dist_join import LobbyMember, WorkerRefused, bind_device, check_lobby, connect, device_free_bytes, make_offer
+from .dist_lobby import require_secret
 from .dist_wire import Channel, worker_handshake
 from .distributed.block_specs import build_block
 from .distributed.protocol import ProtocolError, SecretMismatch
-from .distributed.secret import dist_secret
 from .seq_split import Group, RankSlice
 from .seq_ulysses import ulysses_attention
 
-__all__ = ["Worker", "connect", "device_free_bytes", "make_offer", "serve"]
+__all__ = ["Worker", "WorkerRefused", "bind_device", "check_lobby", "connect", "device_free_bytes", "make_offer",
+           "serve"]
 
 log = logging.getLogger("sharddit")
 _OVERRIDE = "optimized_attention_override"
@@ -66,63 +61,15 @@ MAX_COMMAND_BYTES = 1 << 40
 """Largest command (block weights inside) a worker accepts; commands are signed by the host."""
 
 
-def connect(host: str, port: int, timeout_s: float, wait_s: float = math.inf, say=print):
-    """A client of the host's lobby store (``dist_connect.connect_store``): the name resolved
-    first, progress said within seconds, waiting up to ``wait_s``."""
-    return connect_store(host, port, timeout_s, wait_s, say,
-                         hint=f"is ComfyUI running there with SHARDDIT_DIST_ADDR={host}:{port}?")
-
-
-def device_free_bytes(device: str) -> int:
-    """Free memory of ``device``: the GPU's free bytes, or the system's available RAM for ``cpu`` (0 if unknown)."""
-    if str(device).startswith("cuda"):
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0
-
-
-def make_offer(name: str, device: str) -> dict:
-    """What one serving process registers: ``{"host", "pid", "name", "device", "free"}``."""
-    return {"host": socket.gethostname(), "pid": os.getpid(), "name": name, "device": str(device),
-            "free": device_free_bytes(device)}
-
-
-class Worker:
-    def __init__(self, store, name: str, device, offer: dict | None = None, say=print, secret: bytes | None = None):
-        self.store, self.name, self.device, self.say = store, check_member_name(name), torch.device(device), say
-        self.secret = secret if secret is not None else dist_secret()
-        self.member = member_key(name, str(device))
-        self.offer = offer if offer is not None else make_offer(name, str(device))
-        store.set(f"offer/{self.member}", json.dumps(self.offer))
-        self.seen = store.add("sessions", 0)  # invitations up to this one are stale (an earlier run)
-        self.reg = store.add("workers", 1) - 1
-        store.set(f"reg/{self.reg}", self.member)
-
-    def leave_lobby(self) -> None:
-        """Take this registration out of the lobby (a clean stop), so ``devices=auto`` no longer lists it."""
-        try:
-            self.store.delete_key(f"reg/{self.reg}")
-        except Exception as e:  # noqa: BLE001 - the host may be gone already
-            log.debug("[ShardDiT] worker %r: could not leave the lobby: %s", self.member, e)
-
-    def wait_invite(self, poll_s: float = 0.2) -> dict:
-        key = f"invite/{self.member}"
-        while True:
-            if self.store.check([key]):
-                invite = json.loads(self.store.get(key).decode())
-                if invite["sid"] > self.seen:
-                    self.seen = invite["sid"]
-                    return invite
-            time.sleep(poll_s)
+class Worker(LobbyMember):
+    """A lobby member that serves the sessions it is invited to."""
 
     def run_session(self, invite: dict) -> str:
         """Join the session, serve it; returns why it ended."""
         sid, rank, world = invite["sid"], invite["rank"], invite["world"]
         timeout = datetime.timedelta(seconds=invite["timeout_s"])
         try:
-            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{sid}/", self.store), rank=rank,
+            dist.init_process_group("gloo", store=dist.PrefixStore(f"session/{invite['id']}/", self.store), rank=rank,
                                     world_size=world, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - the host gave up on this session meanwhile
             reset_after_failed_init()
@@ -139,7 +86,7 @@ class Worker:
                    for r in range(1, world)}
             groups = {tuple(g): dist.new_group(g, backend=backend, timeout=timeout) for g in invite["groups"]}
             wgroups = weight_groups(world, backend, invite["timeout_s"])
-            ch = Channel(ctl[rank], rank, False, self.secret)
+            ch = Channel(ctl[rank], rank, False, self.key)
             try:
                 worker_handshake(ch)
             except SecretMismatch as e:
@@ -335,12 +282,15 @@ def _attention(exchange, rs, main, calls, text_first, func, *args, **kwargs):
 
 
 def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=print,
-          sessions: int | None = None, wait_s: float = math.inf) -> None:
+          sessions: int | None = None, wait_s: float = math.inf, comfyui: str = "") -> None:
     """Join ``host:port`` as member ``name/device`` (waiting up to ``wait_s`` for the host to
-    answer) and serve until interrupted (or ``sessions`` sessions ended)."""
+    answer) and serve until interrupted (or ``sessions`` sessions ended). ValueError (a
+    ``WorkerRefused``) before joining anything when the secret is missing or not the host's."""
     check_member_name(name)
+    key = require_secret(None, f"worker '{name}/{device}'")
+    bind_device(device)
     store = connect(host, port, timeout_s, wait_s, say=say)
-    worker = Worker(store, name, device, None, say)
+    worker = Worker(store, name, device, None, say, key, f"the host at {host}:{port}", comfyui)
     offer = worker.offer
     say(f"[ShardDiT] worker {worker.member!r} (pid {offer['pid']}) joined {host}:{port}, offering {offer['device']} "
         f"({offer['free'] / 2**30:.1f} GiB free)")

@@ -18,7 +18,7 @@ from harness.toy_seq import SeqToyDiT
 from sharddit.parallel.dist_blocks import WeightLayout
 from sharddit.parallel.dist_host import describe_workers
 from sharddit.parallel.dist_ranks import attach_remote_ranks
-from sharddit.parallel.dist_worker import connect
+from sharddit.parallel.dist_worker import Worker, connect
 from sharddit.parallel.seq_engine import attach_sequence_engine
 from sharddit.parallel.seq_split import TokenSpec
 from sharddit.parallel.seq_workers import WorkerError
@@ -294,8 +294,8 @@ def test_a_session_that_failed_to_open_does_not_block_the_next(lobby):
     """A registered worker that is gone (killed while joining): the session fails, naming it; a
     worker that joins afterwards gets a session (a failed init_process_group must not leave
     torch's group count behind, or host and fresh worker wait for each other's keys)."""
-    lobby.store.set("offer/w1/cpu", '{"name": "w1", "device": "cpu", "free": 0}')  # a registration whose process is gone
-    lobby.store.set(f"reg/{lobby.store.add('workers', 1) - 1}", "w1/cpu")
+    Worker(connect("127.0.0.1", lobby.port, 5.0, wait_s=0), "w1", "cpu", {"free": 0},  # a registration whose
+           say=lambda m: None)                                                          # process is gone
     model, ref_model = _copies(2)
     handle, engine = _engine(model, ["cpu", "cpu"])
     attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})

@@ -56,6 +56,9 @@ def read_lobby(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> LobbyView:
     """The offers and the workers' description from the lobby at ``addr`` (``--workers``);
     ValueError naming the address, what failed and the fix."""
     host, port = parse_addr(addr, "--workers")
+    from ...parallel.dist_lobby import require_secret
+
+    require_secret(None, f"--workers {addr} (reading the host's signed lobby)")
     deadline = time.monotonic() + timeout_s
     stage = [f"resolving the name {host!r}"]
     with _notice_after(NOTICE_S, lambda: (f"[ShardDiT] still waiting for the ShardDiT host at {host}:{port} "
@@ -116,6 +119,11 @@ def _read_offers(host: str, port: int, deadline: float, peers: set) -> tuple[dic
     if "result" in box:
         return box["result"]
     error = None if late else box.get("error")
+    from ...parallel.distributed.lobby import BadEntry
+
+    if isinstance(error, BadEntry):  # a ShardDiT lobby answered; its signed entry does not verify here
+        raise ValueError(f"[ShardDiT] --workers {host}:{port}: the host's lobby entry: {error}; give this machine "
+                         "the host's SHARDDIT_DIST_SECRET and the same ShardDiT version")
     root = error.__cause__ or error if error is not None else None  # connect() wraps the store's own error
     why = f"({(str(root).strip().splitlines() or [type(root).__name__])[0]})" if root is not None else \
         "in time: it accepts connections and says nothing"

@@ -1,13 +1,20 @@
 """``python <pack-dir> worker --join HOST:PORT --name NAME [--devices DEV[,DEV...]]``: serve a ComfyUI
 host's distributed `sequence` mode from this machine (``parallel/dist_worker.py``).
+``python <pack-dir> worker --new-secret`` prints a fresh shared secret for the host and its workers.
+
+The worker needs the host's secret (``SHARDDIT_DIST_SECRET`` or ``SHARDDIT_DIST_SECRET_FILE``):
+without one it stops before connecting; with another than the host's it is refused when it
+reads the host's signed lobby entry, before it registers.
 
 One serving process per device (the torchrun norm): each registers as the member ``NAME/DEVICE``
 (``box2/cuda:1``). With one device this process serves it; with several it starts one child per
 device (``python <pack-dir> worker ... --devices DEV``, so each child is exactly the one-device
-worker) and Ctrl+C stops them all. Imports ComfyUI: the host describes its blocks (model class,
-config, tensor layout) and this worker builds them with its own ComfyUI classes
-(``loaders/comfy/worker_blocks``), then receives their weights (patched with LoRAs) as raw bytes;
-nothing is unpickled. Reads no model file.
+worker) and Ctrl+C stops them all; the parent imports no ComfyUI and touches no GPU, and each
+child makes its device current (``dist_worker.bind_device``) before ComfyUI's import makes a CUDA
+context, so each reports its own GPU's free memory and runs its kernels there. Each child imports
+ComfyUI: the host describes its blocks (model class, config, tensor layout) and the worker builds
+them with its own ComfyUI classes (``loaders/comfy/worker_blocks``), then receives their weights
+(patched with LoRAs) as raw bytes; nothing is unpickled. Reads no model file.
 """
 from __future__ import annotations
 
@@ -20,20 +27,30 @@ import time
 
 from ...parallel.devices import MEMBER_NAME_FORM, check_member_name, parse_device
 from ...parallel.dist_config import DEFAULT_PORT, dist_timeout, parse_addr
-from ...parallel.dist_connect import HostUnreachable, HostUnresolved, resolve_host, wait_for_port
+from ...parallel.dist_connect import (
+    HostUnreachable,
+    HostUnresolved,
+    resolve_host,
+    wait_for_port,
+)
+from ...parallel.distributed.secret import HOW_TO_MAKE, dist_secret, new_secret
 from ..comfyui_import import import_comfyui
 
 NAME = "worker"
 HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a ShardDiT worker: each of its devices "
-        "becomes a rank of parallel=sequence when a devices string names it NAME/DEVICE. Trusted networks only.")
+        "becomes a rank of parallel=sequence when a devices string names it NAME/DEVICE. Needs the host's "
+        "SHARDDIT_DIST_SECRET; private networks or a VPN only (nothing is encrypted).")
 PACK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOP_WAIT_S = 30.0
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--join", required=True, metavar="HOST:PORT",
-                   help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted)")
-    p.add_argument("--name", required=True, help=f"this worker's name in devices strings (e.g. box2 -> 'box2/cuda:0'): "
+    p.add_argument("--new-secret", action="store_true",
+                   help="print a fresh shared secret and exit: give it to the host and every worker as "
+                        "SHARDDIT_DIST_SECRET (or in a file only you can read, named by SHARDDIT_DIST_SECRET_FILE)")
+    p.add_argument("--join", metavar="HOST:PORT",
+                   help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted); required")
+    p.add_argument("--name", help=f"this worker's name in devices strings (e.g. box2 -> 'box2/cuda:0'): "
                                                   f"{MEMBER_NAME_FORM}")
     p.add_argument("--devices", default=None,
                    help="the devices this worker serves, each once: 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1' "
@@ -68,8 +85,14 @@ def _check_cuda(devices: list[str], torch) -> None:
 def check_arguments(args) -> tuple[str, int, list[str] | None]:
     """(host, port, devices or None for the default): every argument checked, the host name
     resolved, before ComfyUI is imported or anything connects (ValueError: exit 2)."""
+    for option, value in (("--join", args.join), ("--name", args.name)):
+        if value is None:
+            raise ValueError(f"{option} is required (python <pack-dir> worker --join HOST:PORT --name NAME)")
     host, port = parse_addr(args.join, "--join")
     check_member_name(args.name, "--name")
+    if dist_secret() is None:  # a bad one raises here, naming the variable
+        raise ValueError(f"[ShardDiT] worker {args.name!r} needs the host's shared secret, and none is set: "
+                         + HOW_TO_MAKE)
     requested = parse_worker_devices(args.devices) if args.devices is not None else None
     if not args.wait > 0:
         raise ValueError(f"--wait {args.wait!r} is not a positive number of seconds")
@@ -82,6 +105,9 @@ def check_arguments(args) -> tuple[str, int, list[str] | None]:
 
 
 def run(args) -> int:
+    if getattr(args, "new_secret", False):
+        print(new_secret())
+        return 0
     host, port, requested = check_arguments(args)
     try:  # before ComfyUI's slow import: whether the host answers is said within seconds
         wait_for_port(host, port, args.wait, say=lambda m: print(m, flush=True), hint=_hint(host, port))
@@ -91,18 +117,39 @@ def run(args) -> int:
     except KeyboardInterrupt:
         print(f"[ShardDiT] worker {args.name!r}: stopped", flush=True)
         return 0
+    import torch
+
+    devices = requested or ["cuda:0" if torch.cuda.is_available() else "cpu"]
+    _check_cuda(devices, torch)
+    _check_host(host, port, args.name, devices)
+    if len(devices) > 1:  # before ComfyUI's import, which would make a CUDA context on cuda:0 here
+        return _run_members(args, devices)
+    return start_one(args, host, port, devices[0])
+
+
+def start_one(args, host: str, port: int, device: str) -> int:
+    """Serve one device: make it this process's CUDA device first (``bind_device``), then import
+    ComfyUI (which makes its CUDA context on the current device) and serve."""
+    from ...parallel.dist_worker import bind_device
+
+    bind_device(device)
     try:
         import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False))
     except KeyboardInterrupt:  # stopped while starting (e.g. by the parent of several members)
         print(f"[ShardDiT] worker {args.name!r}: stopped", flush=True)
         return 0
-    import torch
+    return _serve_one(host, port, args.name, device, args.wait)
 
-    devices = requested or ["cuda:0" if torch.cuda.is_available() else "cpu"]
-    _check_cuda(devices, torch)
-    if len(devices) > 1:
-        return _run_members(args, devices)
-    return _serve_one(host, port, args.name, devices[0], args.wait)
+
+def _check_host(host: str, port: int, name: str, devices: list[str]) -> None:
+    """The host's lobby accepts this worker's secret and protocol, checked once before ComfyUI's
+    slow import and before any child starts (``WorkerRefused``, a ValueError: exit 2)."""
+    from ...parallel.dist_lobby import require_secret
+    from ...parallel.dist_worker import check_lobby, connect
+
+    store = connect(host, port, dist_timeout(), wait_s=10.0, say=lambda m: print(m, flush=True))
+    check_lobby(store, require_secret(), f"{name}/{','.join(devices)}", f"the host at {host}:{port}")
+    del store
 
 
 def _hint(host: str, port: int) -> str:
@@ -112,17 +159,21 @@ def _hint(host: str, port: int) -> str:
 def _serve_one(host: str, port: int, name: str, device: str, wait_s: float = math.inf) -> int:
     import torch.distributed as dist
 
-    from ...parallel.dist_worker import serve
+    from ...parallel.dist_worker import WorkerRefused, serve
     from ..comfy.worker_blocks import register_comfy
 
     register_comfy()  # this worker builds ComfyUI's own blocks from the host's description
 
     print(f"[ShardDiT] worker {name!r}: serving {device} as {name}/{device}; joining {host}:{port}", flush=True)
     try:
-        serve(host, port, name, device, dist_timeout(), say=lambda m: print(m, flush=True), wait_s=wait_s)
+        serve(host, port, name, device, dist_timeout(), say=lambda m: print(m, flush=True), wait_s=wait_s,
+              comfyui=_comfyui_version())
     except (HostUnreachable, HostUnresolved) as e:
         print(f"{e}; worker {name!r} gives up (--wait {wait_s:g})", flush=True)
         return 1
+    except WorkerRefused as e:
+        print(f"{e}", file=sys.stderr, flush=True)
+        return 2
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl+C must not break the cleanup
         if dist.is_initialized():
@@ -131,14 +182,27 @@ def _serve_one(host: str, port: int, name: str, device: str, wait_s: float = mat
     return 0
 
 
+def _comfyui_version() -> str:
+    try:
+        import comfyui_version
+
+        return str(comfyui_version.__version__)
+    except (ImportError, AttributeError):
+        return ""
+
+
+def member_command(args, device: str) -> list[str]:
+    """The command line of the child serving ``device``: the one-device worker for that device."""
+    head = [sys.executable, PACK_DIR] + (["-v"] if getattr(args, "verbose", False) else []) + ["worker"]
+    wait = ["--wait", f"{args.wait:g}"] if math.isfinite(getattr(args, "wait", math.inf)) else []
+    return head + ["--join", args.join, "--name", args.name, "--devices", device] + wait
+
+
 def _run_members(args, devices: list[str]) -> int:
     """One child per device, each the one-device worker; waits for them, stops them all on Ctrl+C."""
-    head = [sys.executable, PACK_DIR] + (["-v"] if getattr(args, "verbose", False) else []) + ["worker"]
     children = {}
     for device in devices:  # own session: Ctrl+C reaches this process only, which stops each child once
-        wait = ["--wait", f"{args.wait:g}"] if math.isfinite(getattr(args, "wait", math.inf)) else []
-        children[device] = subprocess.Popen(head + ["--join", args.join, "--name", args.name, "--devices", device]
-                                            + wait, start_new_session=True)
+        children[device] = subprocess.Popen(member_command(args, device), start_new_session=True)
         print(f"[ShardDiT] worker {args.name!r}: started {args.name}/{device} (pid {children[device].pid})", flush=True)
     try:
         while True:

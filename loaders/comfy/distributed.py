@@ -7,15 +7,24 @@ joined member (``resolve_auto_devices``).
 
 The lobby starts with the server when ``SHARDDIT_DIST_ADDR`` is set (``start_lobby_if_configured``
 from the extension entrypoint), so workers can join before the first prompt; without it nothing
-listens and a worker device is a clear error.
+listens and a worker device is a clear error. It opens only with the shared secret
+(``SHARDDIT_DIST_SECRET`` or ``SHARDDIT_DIST_SECRET_FILE``): without one it logs how to make one and
+stays closed, and every node keeps working with this machine's devices.
 """
 from __future__ import annotations
 
 import logging
 
-from ...parallel.dist_config import ADDR_ENV, WEIGHTS_ENV, dist_addr, dist_timeout, dist_weights
+from ...parallel.dist_config import (
+    ADDR_ENV,
+    WEIGHTS_ENV,
+    dist_addr,
+    dist_timeout,
+    dist_weights,
+)
 from ...parallel.dist_host import Lobby, choose_worker_weights, member_key
 from ...parallel.dist_ranks import attach_remote_ranks
+from ...parallel.distributed.lobby import choose_backend, gpu_uuid
 
 __all__ = ["PatchVersion", "attach_workers", "auto_members", "check_workers", "decide_worker_weights",
            "describe_workers", "get_lobby", "patch_versions", "resolve_auto_devices", "start_lobby_if_configured"]
@@ -31,8 +40,33 @@ def get_lobby(devices: str = "") -> Lobby:
             raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices, but {ADDR_ENV} is not set where "
                              f"ComfyUI runs: start ComfyUI with {ADDR_ENV}=HOST:PORT (this machine's address on "
                              "the network the workers share) and start each worker with --join HOST:PORT")
-        _LOBBY.append(Lobby(*addr, dist_timeout()))
+        _LOBBY.append(Lobby(*addr, dist_timeout(), comfyui=_comfyui_version()))
     return _LOBBY[0]
+
+
+def _comfyui_version() -> str:
+    """ComfyUI's version for the lobby entry and offers ('' when unknown)."""
+    try:
+        import comfyui_version
+
+        return str(comfyui_version.__version__)
+    except (ImportError, AttributeError):
+        return ""
+
+
+_VERSION_NOTES: set[str] = set()
+
+
+def _note_versions(lobby: Lobby, offers: dict) -> None:
+    """Log once per member whose ShardDiT, torch or ComfyUI version differs from this host's (the
+    protocol is the same, or the lobby would have skipped it): block classes may differ."""
+    for member, offer in offers.items():
+        diff = [f"{k} {v!r} (host {lobby.versions[k]!r})" for k, v in offer["versions"].items()
+                if v != lobby.versions.get(k)]
+        note = f"{member}: " + ", ".join(diff)
+        if diff and note not in _VERSION_NOTES:
+            _VERSION_NOTES.add(note)
+            log.warning("[ShardDiT] worker %s runs other versions than this host; results may differ", note)
 
 
 def start_lobby_if_configured() -> None:
@@ -73,8 +107,11 @@ def attach_workers(engine, devices: str, remote, n_local: int, owners=None, vers
     ``owners``: block index -> engine rank (the plan's ranges); ``describe``: how the workers build
     the blocks (``worker_blocks.describer``)."""
     lobby = get_lobby(devices)
-    every = [str(d) for d in engine.devices[:n_local]] + [d for _, d in remote]
-    backend = "nccl" if all(d.startswith("cuda") for d in every) else "gloo"
+    offers = lobby.check_names([member_key(n, d) for n, d in remote])
+    _note_versions(lobby, offers)
+    local = {str(d): gpu_uuid(str(d)) for d in engine.devices[:n_local]}
+    backend, why = choose_backend(local, offers)
+    log.info("[ShardDiT] distributed backend %s: %s", backend, why)
     attach_remote_ranks(engine, lobby, {n_local + i: member_key(n, d) for i, (n, d) in enumerate(remote)},
                         {member_key(n, d): d for n, d in remote}, backend, owners, version_of, keep_all, describe)
 
@@ -93,7 +130,7 @@ class PatchVersion:
     strengths and patch objects, held here so their ids stay unique) and the cast settings of the
     main patcher this sampling run loaded. Equal versions: the same weights."""
 
-    __slots__ = ("key", "hold")
+    __slots__ = ("hold", "key")
 
     def __init__(self, key: tuple, hold: list):
         self.key, self.hold = key, hold

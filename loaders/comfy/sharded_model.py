@@ -39,7 +39,7 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 from ...parallel.devices import split_worker_devices, with_worker_shares
 from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.planner import Footprint, PlacementRequest, plan_placement
-from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES, ModeDecision, check_parallel, decide_parallel
+from ...parallel.parallel_mode import DEFAULT_PARALLEL, ModeDecision, check_parallel, decide_parallel
 from ...parallel.routing import BlockRouter
 from ...parallel.seq_engine import attach_sequence_engine
 from ...parallel.sharding import build_block_proxies, get_block_list
