@@ -31,14 +31,13 @@ import torch
 
 from ..devices import MEMBER_NAME_FORM as NAME_FORM
 from ..devices import MEMBER_NAME_RE as NAME_RE
+from .protocol import PROTOCOL  # one version for the lobby entries and the control messages
 from .secret import sign, verify
 
 __all__ = ["LOBBY_KEY", "MAX_ENTRY_BYTES", "MAX_FREE_BYTES", "MAX_MEMBERS", "MEMBER_FORM", "PROTOCOL", "BadEntry",
            "check_invite", "check_member", "check_offer", "choose_backend", "gpu_uuid", "invite_key", "local_versions",
            "make_entry", "make_offer", "new_id", "open_entry", "read_key", "slot_key"]
 
-PROTOCOL = 2
-"""Version of the distributed protocol (lobby entries and control messages); 1 was unsigned."""
 MAX_MEMBERS = 64
 """Registration slots the host reads: at most this many worker processes (devices) per lobby."""
 MAX_ENTRY_BYTES = 8192

@@ -35,7 +35,9 @@ __all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError"
            "parse_header", "tensor_nbytes", "tensors_from_bytes"]
 
 PROTOCOL = 2
-"""Version of this message format (1: pickled messages, before it); a mismatch is refused."""
+"""Version of the distributed protocol: these control messages and the lobby's signed entries
+(``lobby.py``); raised with any change to either. 1 was unsigned entries and pickled messages. A
+mismatch is refused naming both sides."""
 MAX_HEADER_BYTES = 8 << 20
 """A control header is a few KB (a block command with its per-tensor layout); 8 MiB is ample."""
 MAX_TENSORS = 4096
