@@ -1,6 +1,6 @@
 """Bytes each rank sends per sampling step in distributed `sequence` mode, beside the cost model.
 
-The host (this process) and one worker process (``parallel/dist_worker.py``) on 127.0.0.1 over
+The host (this process) and one worker process (``parallel/distributed/worker.py``) on 127.0.0.1 over
 gloo run a Wan-shaped toy DiT (``tests/harness/toy_seq.py``: dim 1024, 16 heads, 4 blocks, fp32,
 512 text tokens) as ``cpu,w1/cpu``. After one warm-up forward (which also carries every block's
 weights of the blocks the worker owns -- half of them -- printed apart) each step's bytes are
@@ -12,7 +12,7 @@ counted where they cross the process boundary:
   Ulysses all-to-alls;
 - worker -> host: its side of the all-to-alls, acknowledgements, and its rows at the gather.
 
-The analytic figure is ``parallel/cost_model.py``'s ``estimate_sequence(...).bytes_per_device``
+The analytic figure is ``parallel/cost/model.py``'s ``estimate_sequence(...).bytes_per_device``
 (Ulysses exchange + streamed weights of the blocks a rank does not own + scatter of the hidden
 state) for the same shape, with fp32 activations and weights. The cost model leaves out the constants (text context,
 rotary table), which this prints as the difference. Then the same model's figures for Wan 2.1
@@ -40,21 +40,21 @@ def import_pack():
 
 
 def _toy_shape(dim, heads, n_blocks, text_tokens, tokens):
-    from sharddit.parallel.cost_inputs import BlockShape, ModelShape
+    from sharddit.parallel.cost.inputs import BlockShape, ModelShape
 
     block = BlockShape(n_blocks, 6 * dim * dim + 2 * dim * 4 * dim, 2 * dim * dim, 8 * dim * dim + 2 * dim * 4 * dim)
     return ModelShape("toy", dim, heads, (block,), text_tokens, 1, 1, (1, 1, 1))
 
 
 def _analytic(shape, width, height, frames, cfg, act_bytes, weight_bytes=2):
-    from sharddit.parallel.cost_model import Hardware, Workload, estimate_sequence
+    from sharddit.parallel.cost.model import Hardware, Workload, estimate_sequence
 
     work = Workload(shape, width, height, frames, cfg=cfg, activation_bytes=act_bytes, weight_bytes=weight_bytes)
     return estimate_sequence(work, Hardware((1e12, 1e12), 1e9)).bytes_per_device
 
 
 def wan14b_table() -> list[str]:
-    from sharddit.parallel.cost_inputs import shape_from_config
+    from sharddit.parallel.cost.inputs import shape_from_config
 
     cfg = {"dim": 5120, "num_heads": 40, "ffn_dim": 13824, "num_layers": 40}
     shape = shape_from_config("wan2.1-14b", "wan", cfg, spatial=8, temporal=4, text_tokens=512)
@@ -80,11 +80,11 @@ def main(argv=None) -> int:
     os.environ.setdefault(SECRET_ENV, new_secret())  # this host and its one local worker share it
     from harness import dist_procs
     from harness.toy_seq import SeqToyDiT
-    from sharddit.parallel.dist_host import Lobby
-    from sharddit.parallel.dist_ranks import attach_remote_ranks
-    from sharddit.parallel.seq_engine import attach_sequence_engine
-    from sharddit.parallel.seq_split import TokenSpec
-    from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.distributed.host import Lobby
+    from sharddit.parallel.distributed.ranks import attach_remote_ranks
+    from sharddit.parallel.sequence.engine import attach_sequence_engine
+    from sharddit.parallel.sequence.split import TokenSpec
+    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
     dim, heads, n_blocks, text = 1024, 16, 4, 512
     torch.manual_seed(0)

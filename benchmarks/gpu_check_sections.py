@@ -111,15 +111,15 @@ def plan_bytes(sz, ranks, block_bytes, block_devices, home, tokens, batch):
     ``parallel_mode.prefetch_bytes`` (2 x the largest block per rank) + ``cost_baselines.
     ACTIVATION_HIDDEN_STATES`` hidden states of each rank's tokens."""
     try:
-        from sharddit.parallel.cost_memory import plan_sequence_memory
+        from sharddit.parallel.cost.memory import plan_sequence_memory
     except ImportError:
         plan_sequence_memory = None
     if plan_sequence_memory is not None:
         rows = plan_sequence_memory("wan", sz.mem_dim, tokens, batch, ranks, block_bytes, block_devices, home, 0,
                                     text_tokens=sz.mem_text, act_bytes=2)
         return sum(r.prefetch + r.activations for r in rows if r.device == home), "cost_memory.plan_sequence_memory"
-    from sharddit.parallel.cost_baselines import ACTIVATION_HIDDEN_STATES
-    from sharddit.parallel.parallel_mode import prefetch_bytes
+    from sharddit.parallel.cost.baselines import ACTIVATION_HIDDEN_STATES
+    from sharddit.parallel.cost.mode import prefetch_bytes
 
     per_rank_tokens = batch * tokens // len(ranks)
     act = ACTIVATION_HIDDEN_STATES * per_rank_tokens * sz.mem_dim * 2
@@ -135,8 +135,8 @@ def _wan_width(sz, cuda: bool):
 
 
 def section_memory(sz, cuda: bool):
-    from sharddit.parallel.sharding import BlockLayout
-    from sharddit.parallel.sizing import compute_block_bytes
+    from sharddit.parallel.blocks.sharding import BlockLayout
+    from sharddit.parallel.placement.sizing import compute_block_bytes
 
     home, model, args = _wan_width(sz, cuda)
     ranks = [home, home]

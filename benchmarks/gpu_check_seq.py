@@ -30,9 +30,9 @@ def pack():
     """The engine's modules (the pack is imported by path first, as ``sharddit``)."""
     from harness.toy_seq import SeqToyDiT
     from sharddit.parallel import seq_stream
-    from sharddit.parallel.seq_engine import attach_sequence_engine
-    from sharddit.parallel.seq_split import TokenSpec
-    from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.sequence.engine import attach_sequence_engine
+    from sharddit.parallel.sequence.split import TokenSpec
+    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
     return SeqToyDiT, seq_stream, attach_sequence_engine, TokenSpec, BlockLayout, attach_block_sharding
 

@@ -56,9 +56,9 @@ def main(argv=None) -> int:
     import_pack()
     from harness.toy_seq import SeqToyDiT
 
-    from sharddit.parallel.seq_engine import attach_sequence_engine
-    from sharddit.parallel.seq_split import TokenSpec
-    from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.sequence.engine import attach_sequence_engine
+    from sharddit.parallel.sequence.split import TokenSpec
+    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

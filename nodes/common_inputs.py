@@ -1,5 +1,5 @@
 """The inputs several ShardDiT nodes share, defined once: same name, default and tooltip in every
-node. Defaults come from ``parallel/plan_types.py`` (``DEFAULT_DEVICES``,
+node. Defaults come from ``parallel/placement/plan_types.py`` (``DEFAULT_DEVICES``,
 ``DEFAULT_RESERVE_VRAM_GB``), which the KSampler path, the CLI and the simulator use too.
 
 A new shared input (e.g. the ``parallel`` mode) gets its helper here and its default there.
@@ -7,9 +7,9 @@ A new shared input (e.g. the ``parallel`` mode) gets its helper here and its def
 from comfy_api.latest import io
 
 from ..loaders.comfy.core_features import core_checks_v3_combos
-from ..parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
-from ..parallel.cost_inputs import DEFAULT_LINK_GBPS
-from ..parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
+from ..parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
+from ..parallel.cost.inputs import DEFAULT_LINK_GBPS
+from ..parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 
 __all__ = ["CheckedCombo", "DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DEVICES_TOOLTIP",
            "cfg_input", "devices_input", "gpu_input", "link_gbps_input", "parallel_input", "reserve_vram_input",

@@ -5,7 +5,7 @@ In the UI the node shows a picture of the plan (ComfyUI's image preview) and the
 from comfy_api.latest import io, ui
 
 from ..loaders.simulator import plan_node, presets, simulator
-from ..parallel.inventory import read_hidden_note
+from ..parallel.placement.inventory import read_hidden_note
 from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, CheckedCombo, cfg_input, devices_input, gpu_input,
                             link_gbps_input, parallel_input, reserve_vram_input, validate_one)
 

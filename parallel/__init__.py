@@ -1,5 +1,13 @@
-"""Pure-PyTorch engine: device inventory, sizing, placement planner, block sharding, VAE tiling.
+"""Pure-PyTorch engine, one folder per concern; nothing here imports ComfyUI (``comfy``,
+``comfy_api``, ``folder_paths``, ``nodes``) or the pack's ``loaders``/``nodes`` (a test enforces it).
 
-Nothing here imports ComfyUI (``comfy``, ``comfy_api``, ``folder_paths``, ``nodes``) or the
-pack's ``loaders``/``nodes`` packages; a test enforces it.
+- ``placement/``: devices and their free memory, sizing, the planner that puts blocks on devices;
+- ``blocks/``: block sharding (``blocks`` mode): hooks that run each block where its weights are;
+- ``sequence/``: the sequence-parallel engine (``sequence`` mode): token/batch split, block
+  streaming, Ulysses attention, one thread per local device;
+- ``distributed/``: the same engine over ``torch.distributed``: lobby, host, worker, wire;
+- ``cost/``: what each mode costs (memory, time, bytes) and the ``auto`` decision;
+- ``tiling/``: the batched, multi-device tiled VAE decode.
+Top level: ``model_geometry`` (per-family shapes), ``simulate`` (fake-device memory tracking),
+``random_weights``.
 """

@@ -24,8 +24,8 @@ def wan14b_config():
 
 
 def _state(mode):
-    from sharddit.parallel.parallel_mode import ModeDecision
-    from sharddit.parallel.plan_types import BlockRange
+    from sharddit.parallel.cost.mode import ModeDecision
+    from sharddit.parallel.placement.plan_types import BlockRange
 
     plan = SimpleNamespace(block_ranges=[BlockRange("cuda:0", 0, 20), BlockRange("cuda:1", 20, 40)])
     return SimpleNamespace(auto_mode=ModeDecision(mode, f"{mode}: memory rule"), plan=plan)

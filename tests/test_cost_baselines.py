@@ -7,7 +7,7 @@ its checks are the link arithmetic written out: a Wan 2.1 14B bf16 block is 351,
 """
 import pytest
 from sharddit.loaders.simulator.presets import PRESETS
-from sharddit.parallel.cost_baselines import (
+from sharddit.parallel.cost.baselines import (
     AS_FAST,
     CoreSetup,
     compare_with_core,
@@ -16,19 +16,19 @@ from sharddit.parallel.cost_baselines import (
     estimate_core_cfg_split,
     estimate_dynamic_vram,
 )
-from sharddit.parallel.cost_inputs import (
+from sharddit.parallel.cost.inputs import (
     DEFAULT_HOST_LINK_GBPS,
     shape_from_config,
     shape_from_spec,
 )
-from sharddit.parallel.cost_model import (
+from sharddit.parallel.cost.model import (
     Hardware,
     Workload,
     estimate_costs,
     estimate_one_gpu,
     hardware_from_options,
 )
-from sharddit.parallel.cost_report import choose_strategy, format_strategy_rows
+from sharddit.parallel.cost.report import choose_strategy, format_strategy_rows
 
 GiB = 1 << 30
 BLOCK = 351_272_960 * 2  # one Wan 2.1 14B block, bf16 bytes

@@ -1,7 +1,7 @@
 """Cost model (pure, CI): shapes, inputs, calibration against published speed-ups, `auto` decision.
 
-Every number asserted here comes out of the one set of constants in ``parallel/cost_inputs.py``
-(``EFFICIENCY`` 0.6, ``DEFAULT_LINK_GBPS`` 12) and ``parallel/cost_model.py``
+Every number asserted here comes out of the one set of constants in ``parallel/cost/inputs.py``
+(``EFFICIENCY`` 0.6, ``DEFAULT_LINK_GBPS`` 12) and ``parallel/cost/model.py``
 (``TRANSFER_LATENCY_S``); nothing is tuned per test. (The calibration against published end-to-end
 tables solves one number per table, the seconds no run splits; see ``_calibrate``.)
 """
@@ -10,8 +10,8 @@ import importlib
 from pathlib import Path
 
 import pytest
-from sharddit.parallel.cost_baselines import estimate_core_cfg_split
-from sharddit.parallel.cost_inputs import (
+from sharddit.parallel.cost.baselines import estimate_core_cfg_split
+from sharddit.parallel.cost.inputs import (
     DEFAULT_LINK_GBPS,
     gpu_flops,
     link_bandwidth,
@@ -20,14 +20,14 @@ from sharddit.parallel.cost_inputs import (
     shape_from_config,
     shape_from_spec,
 )
-from sharddit.parallel.cost_model import (
+from sharddit.parallel.cost.model import (
     Hardware,
     Workload,
     estimate_costs,
     estimate_sequence,
     hardware_from_options,
 )
-from sharddit.parallel.cost_report import (
+from sharddit.parallel.cost.report import (
     DevicePeak,
     choose_strategy,
     format_strategy_rows,
@@ -350,7 +350,7 @@ def test_strategy_rows_show_peaks_time_speedup_and_fit():
 
 
 def test_cost_modules_are_pure_python():
-    for name in ("cost_inputs.py", "cost_model.py", "cost_report.py", "cost_baselines.py"):
+    for name in ("cost/inputs.py", "cost/model.py", "cost/report.py", "cost/baselines.py"):
         tree = ast.parse((Path(__file__).parents[1] / "parallel" / name).read_text())
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from sharddit.parallel.devices import (
+from sharddit.parallel.placement.devices import (
     DEVICE_FORM,
     DEVICES_FORM,
     DeviceEntry,
@@ -100,7 +100,7 @@ def test_check_devices_exist():
 
 
 def test_split_worker_devices():
-    from sharddit.parallel.devices import split_worker_devices
+    from sharddit.parallel.placement.devices import split_worker_devices
     assert split_worker_devices("cpu,cpu") == ("cpu,cpu", ())
     assert split_worker_devices("cpu, w1/CPU") == ("cpu", (("w1", "cpu"),))
     assert split_worker_devices("cuda:0,cuda:1,box-2/cuda:1") == ("cuda:0,cuda:1", (("box-2", "cuda:1"),))
@@ -118,7 +118,7 @@ def test_split_worker_devices():
 def test_a_worker_device_listed_twice_is_refused_first(text):
     """One member ``NAME/DEVICE`` is one rank: listed twice it cannot run. Refused before the
     "only worker devices" rule, whose suggested fix would otherwise carry the repeat along."""
-    from sharddit.parallel.devices import split_worker_devices
+    from sharddit.parallel.placement.devices import split_worker_devices
     with pytest.raises(ValueError, match=r"lists the worker device '\w+/\w+(:\d)?' 2 times.*list it once"):
         split_worker_devices(text)
 
@@ -127,7 +127,7 @@ def test_a_worker_device_listed_twice_is_refused_first(text):
 def test_the_fix_for_only_worker_devices_is_accepted(text):
     import re
 
-    from sharddit.parallel.devices import split_worker_devices
+    from sharddit.parallel.placement.devices import split_worker_devices
     with pytest.raises(ValueError, match="only worker devices") as err:
         split_worker_devices(text)
     fix = re.search(r"e\.g\. '([^']+)'", str(err.value)).group(1)

@@ -5,8 +5,8 @@ prompt, then samples the cached shard state again). Toy DiT, gloo on 127.0.0.1."
 import pytest
 import torch
 from harness import dist_procs
-from sharddit.parallel.dist_blocks import WeightLayout
-from sharddit.parallel.dist_ranks import attach_remote_ranks
+from sharddit.parallel.distributed.weights import WeightLayout
+from sharddit.parallel.distributed.ranks import attach_remote_ranks
 
 from test_dist_sequence import _copies, _engine, _inputs, _run  # noqa: E402
 

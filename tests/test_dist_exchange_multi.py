@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 from harness import dist_multi, dist_procs
-from sharddit.parallel.dist_exchange import DistExchange, DistPeerError
-from sharddit.parallel.seq_split import even_ranges
-from sharddit.parallel.seq_workers import WorkerError, WorkerPool
+from sharddit.parallel.distributed.exchange import DistExchange, DistPeerError
+from sharddit.parallel.sequence.split import even_ranges
+from sharddit.parallel.sequence.threads import WorkerError, WorkerPool
 
 HEAD_DIM = 8
 F32 = 4

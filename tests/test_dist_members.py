@@ -15,8 +15,8 @@ import torch
 from conftest import REPO
 from harness import dist_procs
 from harness.numerics import assert_split_close
-from sharddit.parallel.dist_host import member_key, split_member
-from sharddit.parallel.dist_ranks import attach_remote_ranks
+from sharddit.parallel.distributed.host import member_key, split_member
+from sharddit.parallel.distributed.ranks import attach_remote_ranks
 from test_dist_sequence import _copies, _engine, _inputs, _run
 
 TIMEOUT_S = 8.0
@@ -98,7 +98,7 @@ def test_parse_worker_devices():
 def test_a_stopped_member_leaves_the_lobby(lobby):
     """A worker that stops cleanly (Ctrl+C, or its sessions done) takes its registration out, so
     ``devices=auto`` does not count it; a killed one stays until it re-joins."""
-    from sharddit.parallel.dist_worker import Worker, connect
+    from sharddit.parallel.distributed.worker import Worker, connect
     store = connect("127.0.0.1", lobby.port, 5.0, wait_s=0)
     w = Worker(store, "w3", "cpu", None, say=lambda m: None)
     assert "w3/cpu" in lobby.workers()

@@ -1,12 +1,12 @@
-"""What `plan` says about worker devices and the network (parallel/dist_plan.py; pure, CPU, no ComfyUI)."""
+"""What `plan` says about worker devices and the network (parallel/cost/workers.py; pure, CPU, no ComfyUI)."""
 import itertools
 from types import SimpleNamespace as R
 
 import pytest
-from sharddit.parallel.cost_inputs import shape_from_config
-from sharddit.parallel.cost_model import Workload
-from sharddit.parallel.dist_host import choose_worker_weights
-from sharddit.parallel.dist_plan import compute_network_step, compute_worker_needs, parse_net_gbps, split_worker_spec
+from sharddit.parallel.cost.inputs import shape_from_config
+from sharddit.parallel.cost.model import Workload
+from sharddit.parallel.distributed.host import choose_worker_weights
+from sharddit.parallel.cost.workers import compute_network_step, compute_worker_needs, parse_net_gbps, split_worker_spec
 
 GiB = 2**30
 WAN14B = shape_from_config("wan2.1-14b", "wan", {"dim": 5120, "num_heads": 40, "ffn_dim": 13824, "num_layers": 40},

@@ -13,8 +13,8 @@ from conftest import REPO
 from harness import dist_attacks, dist_toys  # noqa: F401 - the toys' block builders
 from harness.toy_seq import SeqToyDiT
 from sharddit.loaders.comfy import worker_blocks
-from sharddit.parallel.dist_blocks import WeightLayout
-from sharddit.parallel.dist_wire import HEADER, pack_parts, part_sizes, unpack_parts
+from sharddit.parallel.distributed.weights import WeightLayout
+from sharddit.parallel.distributed.wire import HEADER, pack_parts, part_sizes, unpack_parts
 from sharddit.parallel.distributed import protocol
 from sharddit.parallel.distributed.block_specs import (
     INSECURE_ENV,
@@ -177,7 +177,7 @@ def test_workers_refuse_custom_operations_unless_the_user_opts_in(monkeypatch):
 
 def test_the_protocol_lists_every_message_host_and_worker_use():
     used = set()
-    for path in ("parallel/dist_host.py", "parallel/dist_worker.py", "parallel/dist_ranks.py", "parallel/dist_wire.py"):
+    for path in ("parallel/distributed/host.py", "parallel/distributed/worker.py", "parallel/distributed/ranks.py", "parallel/distributed/wire.py"):
         used |= set(re.findall(r'"op": "(\w+)"', (REPO / path).read_text()))
     assert used <= set(protocol.MESSAGES) and {"hello", "answer", "welcome", "block", "ok"} <= used, used
     assert Path(protocol.__file__).name == "protocol.py"

@@ -15,14 +15,14 @@ import torch
 from harness import dist_procs
 from harness.numerics import assert_same_shapes_equal, assert_split_close
 from harness.toy_seq import SeqToyDiT
-from sharddit.parallel.dist_blocks import WeightLayout
-from sharddit.parallel.dist_host import describe_workers
-from sharddit.parallel.dist_ranks import attach_remote_ranks
-from sharddit.parallel.dist_worker import Worker, connect
-from sharddit.parallel.seq_engine import attach_sequence_engine
-from sharddit.parallel.seq_split import TokenSpec
-from sharddit.parallel.seq_workers import WorkerError
-from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.distributed.weights import WeightLayout
+from sharddit.parallel.distributed.host import describe_workers
+from sharddit.parallel.distributed.ranks import attach_remote_ranks
+from sharddit.parallel.distributed.worker import Worker, connect
+from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.split import TokenSpec
+from sharddit.parallel.sequence.threads import WorkerError
+from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 WAN = BlockLayout(("blocks",), (("x",),))
 WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)

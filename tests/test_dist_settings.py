@@ -11,14 +11,14 @@ import re
 
 import pytest
 from harness import dist_procs
-from sharddit.parallel.devices import (
+from sharddit.parallel.placement.devices import (
     MEMBER_NAME_FORM,
     check_member_name,
     split_worker_devices,
 )
-from sharddit.parallel.dist_config import dist_addr, dist_timeout, parse_addr
-from sharddit.parallel.dist_connect import join_address, this_machine_addresses
-from sharddit.parallel.dist_host import Lobby, check_member
+from sharddit.parallel.distributed.config import dist_addr, dist_timeout, parse_addr
+from sharddit.parallel.distributed.connect import join_address, this_machine_addresses
+from sharddit.parallel.distributed.host import Lobby, check_member
 
 BAD_ADDRS = ["127.0.0.1:notaport", "127.0.0.1:99999", ":29555", "127.0.0.1:0", "127.0.0.1:", "my host:29555",
              "127.0.0.1:٣٣"]
@@ -104,7 +104,7 @@ def test_the_lobby_skips_a_bad_registration_and_logs_it_once(caplog):
 
 
 def test_a_worker_with_a_bad_name_does_not_register():
-    from sharddit.parallel.dist_worker import Worker
+    from sharddit.parallel.distributed.worker import Worker
 
     lobby = Lobby("127.0.0.1", dist_procs.free_port(), 5.0)
     try:

@@ -41,7 +41,7 @@ def _fake_pynvml(folder: Path):
 
 
 def test_plan_node_says_once_which_gpus_are_hidden(env, monkeypatch, tmp_path):
-    inv = pack_module(env, "parallel.inventory")
+    inv = pack_module(env, "parallel.placement.inventory")
     fake = _fake_pynvml(tmp_path)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

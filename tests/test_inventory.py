@@ -9,8 +9,8 @@ import types
 import pytest
 
 from sharddit.parallel import inventory as inv
-from sharddit.parallel.inventory import SPEC_FORM, DeviceInfo, Inventory, inventory_from_spec, parse_bytes
-from sharddit.parallel.visible import (
+from sharddit.parallel.placement.inventory import SPEC_FORM, DeviceInfo, Inventory, inventory_from_spec, parse_bytes
+from sharddit.parallel.placement.visible import (
     PhysicalGpu,
     infer_visible_gpus,
     match_torch_devices,
@@ -246,7 +246,7 @@ _SUBPROCESS = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import conftest
-from sharddit.parallel.inventory import read_inventory
+from sharddit.parallel.placement.inventory import read_inventory
 inv = read_inventory()
 print(json.dumps({"source": inv.source, "gpus": [[g.device, g.uuid, g.total_bytes] for g in inv.gpus]}))
 """
@@ -307,7 +307,7 @@ def test_missing_nvml_and_gpu_logged_once_per_process(monkeypatch, no_torch_cuda
 
 
 def test_hidden_gpus_note_names_them_and_the_fix():
-    from sharddit.parallel.visible import hidden_gpus_note
+    from sharddit.parallel.placement.visible import hidden_gpus_note
 
     assert hidden_gpus_note(PHYSICAL, PHYSICAL, 3, None, windows=False) == ""
     linux = hidden_gpus_note(PHYSICAL, (A,), 1, "0", windows=False)

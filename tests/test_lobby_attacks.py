@@ -18,9 +18,9 @@ import torch.distributed as dist
 from conftest import REPO
 from harness import dist_procs
 from harness.numerics import assert_split_close
-from sharddit.parallel.dist_host import IDLE_CLOSE_S, IDLE_TIMEOUT_S, Lobby
-from sharddit.parallel.dist_lobby import read_workers
-from sharddit.parallel.dist_worker import Worker, WorkerRefused, check_lobby
+from sharddit.parallel.distributed.host import IDLE_CLOSE_S, IDLE_TIMEOUT_S, Lobby
+from sharddit.parallel.distributed.lobby import read_workers
+from sharddit.parallel.distributed.worker import Worker, WorkerRefused, check_lobby
 from sharddit.parallel.distributed import lobby as entries
 
 STRANGER_KEY = b"a-guess-at-the-secret-" + b"0" * 26
@@ -70,7 +70,7 @@ class Counted:
 
 
 def test_idle_and_control_timeouts_are_minutes():
-    from sharddit.parallel.dist_config import TIMEOUT_RANGE_S
+    from sharddit.parallel.distributed.config import TIMEOUT_RANGE_S
 
     assert 60 <= IDLE_CLOSE_S < IDLE_TIMEOUT_S <= 3600 and TIMEOUT_RANGE_S[1] <= 3600
 
@@ -240,7 +240,7 @@ def test_the_host_reconnects_its_store_client(lobby, caplog):
 def test_a_real_session_works_after_every_attack():
     """A spawned worker joins a lobby strangers have poisoned (counters, a forged invite to it, a
     forged offer of its name, a bogus member): the host's forward over it matches the unsharded model."""
-    from sharddit.parallel.dist_ranks import attach_remote_ranks
+    from sharddit.parallel.distributed.ranks import attach_remote_ranks
     from test_dist_sequence import _copies, _engine, _inputs, _run
 
     with dist_procs.lobby_with_workers(8.0, ("w1",)) as lob:

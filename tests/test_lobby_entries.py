@@ -7,9 +7,9 @@ order, on CPU); ``worker --new-secret`` prints a fresh secret."""
 import re
 
 import pytest
-from sharddit.parallel.dist_config import check_listen_address, dist_addr
+from sharddit.parallel.distributed.config import check_listen_address, dist_addr
 from sharddit.parallel.distributed import lobby as entries
-from sharddit.parallel.distributed.lobby import BadEntry
+from sharddit.parallel.distributed.entries import BadEntry
 
 KEY = b"k" * 40
 OTHER = b"o" * 40
@@ -135,7 +135,7 @@ def test_each_worker_process_binds_its_cuda_device_before_comfyui(monkeypatch):
     machine: the calls are recorded, in order)."""
     import torch
     from sharddit.loaders.cli import worker_command
-    from sharddit.parallel.dist_worker import bind_device
+    from sharddit.parallel.distributed.worker import bind_device
 
     calls = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: calls.append(("set_device", i)))

@@ -5,19 +5,19 @@ Toy footprint, sizes in GiB (G = 2**30 bytes): HY = a HunyuanVideo-like DiT, 4 "
 2 GiB then 8 "single" blocks of 1 GiB (16 GiB of blocks) + 1 GiB home, 2 GiB activation room.
 """
 import pytest
-from sharddit.parallel.cost_memory import (
+from sharddit.parallel.cost.memory import (
     compute_prefetch_bytes,
     compute_sequence_activations,
     format_shortfalls,
     plan_sequence_memory,
 )
-from sharddit.parallel.inventory import inventory_from_spec as spec
-from sharddit.parallel.parallel_mode import (
+from sharddit.parallel.placement.inventory import inventory_from_spec as spec
+from sharddit.parallel.cost.mode import (
     decide_parallel,
     prefetch_bytes,
     sequence_shortfalls,
 )
-from sharddit.parallel.planner import Footprint, PlacementRequest, plan_placement
+from sharddit.parallel.placement.planner import Footprint, PlacementRequest, plan_placement
 
 G = 1 << 30
 HY = Footprint(block_bytes=(2 * G,) * 4 + (G,) * 8, dit_home_bytes=G, dit_activation_bytes=2 * G)

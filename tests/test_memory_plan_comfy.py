@@ -17,18 +17,18 @@ def _modules(env):
     from harness.comfy_env import pack_module
 
     return (pack_module(env, "loaders.comfy.sharded_model"), pack_module(env, "loaders.comfy.memory_report"),
-            pack_module(env, "parallel.inventory"), pack_module(env, "parallel.parallel_mode"))
+            pack_module(env, "parallel.placement.inventory"), pack_module(env, "parallel.cost.mode"))
 
 
 def _tight_inventory(sm, inv_mod, pm, model):
     """The smallest even two-GPU inventory (1 MiB steps) on which the plan fits but the ring does not."""
     from sharddit.loaders.comfy.specs import get_arch_spec
-    from sharddit.parallel.planner import (
+    from sharddit.parallel.placement.planner import (
         PlacementError,
         PlacementRequest,
         plan_placement,
     )
-    from sharddit.parallel.sizing import compute_block_bytes, compute_non_block_bytes
+    from sharddit.parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes
 
     dit = model.get_model_object("diffusion_model")
     layout = get_arch_spec(dit)

@@ -51,8 +51,8 @@ def contexts(sim):
 def _context(sim, contexts, model, res, n, full=False):
     """(cut or full-depth) context over ``n`` fake 141 GiB GPUs, its block devices and home (the full
     model as the planner places it; the cut one evenly, so every rank runs and streams)."""
-    from sharddit.parallel.inventory import inventory_from_spec
-    from sharddit.parallel.planner import PlacementRequest
+    from sharddit.parallel.placement.inventory import inventory_from_spec
+    from sharddit.parallel.placement.planner import PlacementRequest
 
     presets, simulator, _ = sim
     key = (model, "full" if full else n)

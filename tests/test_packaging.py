@@ -92,11 +92,16 @@ def test_wheel_contains_only_the_sharddit_package(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     stray = [n for n in names if not (n.startswith("sharddit/") or re.match(r"sharddit-[^/]+\.dist-info/", n))]
     assert stray == [], f"wheel would install outside sharddit/: {stray}"
-    assert {"sharddit/__init__.py", "sharddit/parallel/planner.py", "sharddit/nodes/__init__.py",
+    assert {"sharddit/__init__.py", "sharddit/parallel/placement/planner.py", "sharddit/nodes/__init__.py",
             "sharddit/loaders/__init__.py", "sharddit/loaders/comfyui_import.py",
             "sharddit/loaders/comfy/sharded_model.py", "sharddit/loaders/simulator/simulator.py",
             "sharddit/loaders/cli/main.py"} <= set(names)
     assert not any(n.startswith("sharddit/tests/") for n in names)
+    # every module of the pack's code folders is in the wheel (a subpackage missing from
+    # pyproject's list would be left out silently)
+    code = {f"sharddit/{p.relative_to(REPO).as_posix()}" for d in ("nodes", "loaders", "parallel")
+            for p in (REPO / d).rglob("*.py")}
+    assert code - set(names) == set(), sorted(code - set(names))
     dist_info = next(n for n in names if n.endswith(".dist-info/METADATA"))
     metadata = zipfile.ZipFile(wheel).read(dist_info).decode()
     assert "Requires-Dist: nvidia-ml-py" in metadata and "Requires-Dist: torch" not in metadata
@@ -135,7 +140,7 @@ def _is_forbidden(name: str) -> bool:
 
 
 def find_forbidden_imports(source: str, module: str) -> list:
-    """Forbidden imports in ``source`` of module ``module`` (e.g. ``sharddit.parallel.planner``),
+    """Forbidden imports in ``source`` of module ``module`` (e.g. ``sharddit.parallel.placement.planner``),
     resolving relative imports; ``from ..loaders import x`` -> ``sharddit.loaders.x``."""
     package = module.split(".")[:-1]
     found = []

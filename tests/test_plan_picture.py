@@ -4,7 +4,7 @@ from harness.require import import_or_skip
 
 from sharddit.loaders.simulator import plan_picture
 from sharddit.loaders.simulator.simulator_report import DeviceReport, SimulationReport
-from sharddit.parallel.inventory import inventory_from_spec
+from sharddit.parallel.placement.inventory import inventory_from_spec
 
 PIL = import_or_skip("PIL", "Pillow not installed (pip install pillow; it is in tests/requirements.txt and ComfyUI's)")
 GiB = 1 << 30

@@ -42,7 +42,7 @@ def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
     weights = the blocks it owns (+ the DiT home on cuda:0), prefetch = two of the largest block
     (``parallel_mode.prefetch_bytes``), activations at least the FFN hidden of its quarter of the
     tokens (L/4 x 13824 bf16) and at most half of what blocks mode needs for all tokens."""
-    from sharddit.parallel.parallel_mode import prefetch_bytes
+    from sharddit.parallel.cost.mode import prefetch_bytes
 
     report = sim.simulate("wan2.1-t2v-14b", FOUR_12, 1280, 720, 81, parallel="auto", cfg=1, gpu="RTX 4090")
     st = report.strategies

@@ -14,8 +14,8 @@ import re
 
 import pytest
 
-from sharddit.parallel.inventory import inventory_from_spec as spec
-from sharddit.parallel.planner import (
+from sharddit.parallel.placement.inventory import inventory_from_spec as spec
+from sharddit.parallel.placement.planner import (
     BlockRange,
     DeviceLoad,
     Footprint,
@@ -429,7 +429,7 @@ def test_footprint_accepts_a_list():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from sharddit.parallel.plan_ranges import compute_block_ranges  # noqa: E402
+from sharddit.parallel.placement.plan_ranges import compute_block_ranges  # noqa: E402
 
 
 def _feasible(blocks, caps):
@@ -468,7 +468,7 @@ def test_compute_block_ranges_unconstrained_boundaries_are_closest_to_the_shares
 
 
 def test_block_devices_follow_the_ranges_and_reject_gaps():
-    from sharddit.parallel.plan_types import BlockRange, block_devices_of
+    from sharddit.parallel.placement.plan_types import BlockRange, block_devices_of
 
     ranges = (BlockRange("cuda:0", 0, 2), BlockRange("cuda:1", 2, 5), BlockRange("cuda:0", 5, 6))
     assert block_devices_of(ranges) == ("cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:1", "cuda:0")

@@ -14,10 +14,10 @@ import torch
 from harness.numerics import assert_split_close
 from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
 
-from sharddit.parallel.seq_engine import attach_sequence_engine
-from sharddit.parallel.seq_split import TokenSpec, even_ranges, plan_groups
-from sharddit.parallel.seq_workers import WorkerError
-from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.split import TokenSpec, even_ranges, plan_groups
+from sharddit.parallel.sequence.threads import WorkerError
+from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 WAN = BlockLayout(("blocks",), (("x",),))
 WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)

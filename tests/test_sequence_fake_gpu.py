@@ -13,11 +13,11 @@ import torch
 from test_specs_fake_gpu import CASES, HOME, _forward, _model, _plan, comfy, models  # noqa: F401
 
 from sharddit.parallel import seq_workers
-from sharddit.parallel.seq_engine import attach_sequence_engine
-from sharddit.parallel.seq_workers import WorkerError
-from sharddit.parallel.sharding import attach_block_sharding
+from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.threads import WorkerError
+from sharddit.parallel.blocks.sharding import attach_block_sharding
 from sharddit.parallel.simulate import fake_device_mode, materialize_planned
-from sharddit.parallel.sizing import get_blocks
+from sharddit.parallel.placement.sizing import get_blocks
 
 pytestmark = pytest.mark.comfy
 

@@ -7,9 +7,9 @@ import logging
 import pytest
 import torch
 from harness.toy_seq import SeqToyDiT
-from sharddit.parallel.seq_engine import attach_sequence_engine
-from sharddit.parallel.seq_split import TokenSpec
-from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.split import TokenSpec
+from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 WAN = BlockLayout(("blocks",), (("x",),))
 WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)

@@ -101,7 +101,7 @@ def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory
     from harness.comfy_env import pack_module
 
     sm = pack_module(env, "loaders.comfy.sharded_model")
-    inv_mod = pack_module(env, "parallel.inventory")
+    inv_mod = pack_module(env, "parallel.placement.inventory")
     model = _unknown_arch_model() if case == "unknown architecture" else _load(env, tiny.wan21_t2v_state_dict())
     weights = {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()}
     inv = inv_mod.inventory_from_spec(inventory) if inventory else None

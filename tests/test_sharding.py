@@ -8,8 +8,8 @@ import pytest
 import torch
 from harness.toy_dit import ToyDiT, ToyMMDiT
 
-from sharddit.parallel.routing import BlockRouter
-from sharddit.parallel.sharding import (
+from sharddit.parallel.blocks.routing import BlockRouter
+from sharddit.parallel.blocks.sharding import (
     BlockLayout,
     BlockProxy,
     attach_block_sharding,
@@ -206,7 +206,7 @@ class _ForgetfulRouter(BlockRouter):
 
 
 def test_fake_broken_router_is_caught(monkeypatch):
-    import sharddit.parallel.sharding as sharding
+    import sharddit.parallel.blocks.sharding as sharding
 
     model = _fake_toy(n_blocks=4)
     monkeypatch.setattr(sharding, "BlockRouter", _ForgetfulRouter)

@@ -12,7 +12,7 @@ import torch
 from harness.global_flags import restored
 from harness.toy_dit import ToyDiT
 
-from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 LAYOUT = BlockLayout(("blocks",), (("x",),), return_home_after=frozenset({2}))
 # CPU vs CUDA fp32 matmuls of size 32 with TF32 off differ by rounding only.

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from sharddit.loaders.simulator import presets
-from sharddit.parallel.plan_types import BlockRange
+from sharddit.parallel.placement.plan_types import BlockRange
 from sharddit.loaders.simulator.simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
-from sharddit.parallel.inventory import inventory_from_spec
-from sharddit.parallel.planner import PlacementRequest
+from sharddit.parallel.placement.inventory import inventory_from_spec
+from sharddit.parallel.placement.planner import PlacementRequest
 
 GiB = 1 << 30
 

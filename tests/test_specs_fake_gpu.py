@@ -13,13 +13,13 @@ import pytest
 import torch
 from harness.comfy_ldm import attention_override, import_comfy_ldm
 
-from sharddit.parallel.inventory import inventory_from_spec
-from sharddit.parallel.planner import Footprint, PlacementRequest, plan_placement
-from sharddit.parallel.routing import BlockRouter
-from sharddit.parallel.sharding import attach_block_sharding
+from sharddit.parallel.placement.inventory import inventory_from_spec
+from sharddit.parallel.placement.planner import Footprint, PlacementRequest, plan_placement
+from sharddit.parallel.blocks.routing import BlockRouter
+from sharddit.parallel.blocks.sharding import attach_block_sharding
 from sharddit.loaders.comfy.model_params import fit_params
 from sharddit.parallel.simulate import fake_device_mode, materialize_planned
-from sharddit.parallel.sizing import compute_block_bytes, compute_non_block_bytes, get_blocks
+from sharddit.parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes, get_blocks
 
 pytestmark = pytest.mark.comfy
 BF16 = torch.bfloat16
@@ -177,7 +177,7 @@ class _ForgetfulRouter(BlockRouter):
 
 @pytest.mark.parametrize("family", ["wan", "ltxv", "hunyuan"])
 def test_broken_routing_is_caught(comfy, models, family, monkeypatch):
-    import sharddit.parallel.sharding as sharding
+    import sharddit.parallel.blocks.sharding as sharding
 
     dit, layout = _model(models, comfy, family)
     devices, _ = _plan(dit, layout, 2)

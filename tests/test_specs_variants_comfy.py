@@ -11,9 +11,9 @@ import pytest
 import torch
 from harness.comfy_ldm import attention_override, import_comfy_ldm
 
-from sharddit.parallel.sharding import attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
 from sharddit.parallel.simulate import fake_device_mode, materialize_planned
-from sharddit.parallel.sizing import get_blocks
+from sharddit.parallel.placement.sizing import get_blocks
 
 pytestmark = pytest.mark.comfy
 HOME = torch.device("cuda:0")
@@ -136,7 +136,7 @@ def test_flux_spec_matches_block_signatures(comfy):
 @pytest.mark.parametrize("with_control", [False, True])
 def test_hunyuan_controlnet_brings_every_block_home(comfy, with_control):
     from sharddit.loaders.comfy.specs import get_arch_spec
-    from sharddit.parallel.sharding import needs_home_every_block
+    from sharddit.parallel.blocks.sharding import needs_home_every_block
 
     from sharddit.loaders.comfy.model_params import fit_params
 

@@ -14,12 +14,12 @@ import torch
 from harness.toy_seq import MMDouble, MMSingle, SeqToyMMDiT
 
 from sharddit.parallel import seq_stream
-from sharddit.parallel.seq_engine import attach_sequence_engine
-from sharddit.parallel.seq_record import RecordingOps
-from sharddit.parallel.seq_split import TokenSpec
-from sharddit.parallel.seq_stream import ORDER_WAITS, BlockStream, without_wait
-from sharddit.parallel.seq_workers import WorkerPool
-from sharddit.parallel.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.record import RecordingOps
+from sharddit.parallel.sequence.split import TokenSpec
+from sharddit.parallel.sequence.stream import ORDER_WAITS, BlockStream, without_wait
+from sharddit.parallel.sequence.threads import WorkerPool
+from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 MM_SPEC = (TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",

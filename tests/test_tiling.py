@@ -1,4 +1,4 @@
-"""Tiled decode engine (parallel/tile_geometry.py, parallel/tile_runner.py): pure, CPU.
+"""Tiled decode engine (parallel/tiling/geometry.py, parallel/tiling/runner.py): pure, CPU.
 
 Properties are checked without ComfyUI; agreement with core's ``tiled_scale_multidim`` (positions
 and full output, bit for bit) is the one ``comfy`` test and imports core's function.
@@ -258,7 +258,7 @@ def test_agrees_with_core_tiled_scale_multidim(layout, batch):
 
 # ----------------------------------------------------------------------------- decoder devices
 def test_decoder_devices_bounded_by_work_and_memory():
-    from sharddit.parallel.decoder_devices import (MAX_DECODE_DEVICES, check_decode_device_count,
+    from sharddit.parallel.tiling.devices import (MAX_DECODE_DEVICES, check_decode_device_count,
                                                    select_decoder_devices)
 
     mib = 2**20

@@ -9,9 +9,9 @@ import sys
 import pytest
 from harness import dist_procs
 from harness.server import REPO
-from sharddit.parallel.devices import MEMBER_NAME_FORM
-from sharddit.parallel.dist_connect import PROGRESS_S, HostUnreachable, HostUnresolved
-from sharddit.parallel.dist_worker import connect
+from sharddit.parallel.placement.devices import MEMBER_NAME_FORM
+from sharddit.parallel.distributed.connect import PROGRESS_S, HostUnreachable, HostUnresolved
+from sharddit.parallel.distributed.worker import connect
 
 NO_FRAMES = ("frame #", "c10::", "Traceback", "IPv6", "TCPStore.cpp")
 

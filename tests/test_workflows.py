@@ -10,7 +10,7 @@ import pytest
 
 import build_workflows
 import workflow_tools as wt
-from sharddit.parallel.devices import parse_component_device, parse_devices
+from sharddit.parallel.placement.devices import parse_component_device, parse_devices
 
 EXPECTED = {"wan2.1_t2v_14B_2gpu", "wan2.2_t2v_A14B_2gpu", "ltxv_13b_t2v_2gpu", "hunyuan_video_t2v_2gpu"}
 PAIRS = wt.workflow_pairs()

@@ -14,13 +14,13 @@ import os
 import re
 import sys
 
-from ...parallel.cost_inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
-from ...parallel.devices import parse_devices
-from ...parallel.dist_config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights, parse_addr
-from ...parallel.dist_plan import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
-from ...parallel.inventory import inventory_from_spec, read_hidden_note
-from ...parallel.parallel_mode import DEFAULT_PARALLEL, PARALLEL_MODES
-from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
+from ...parallel.cost.inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
+from ...parallel.placement.devices import parse_devices
+from ...parallel.distributed.config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights, parse_addr
+from ...parallel.cost.workers import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
+from ...parallel.placement.inventory import inventory_from_spec, read_hidden_note
+from ...parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
+from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfyui_import import import_comfyui
 from .plan_lobby import read_lobby
 from ..simulator.presets import preset_names
@@ -181,7 +181,7 @@ def _check_png(path: str) -> None:
 def _with_offers(workers, lobby):
     """Worker devices without a stated free memory take it from the joined worker's offer (registered
     as NAME or NAME/DEVICE). A worker that has not joined: ValueError naming the joined ones."""
-    from ...parallel.dist_host import offer_free
+    from ...parallel.distributed.host import offer_free
 
     offers, host, port = lobby.offers, lobby.host, lobby.port
     out = []

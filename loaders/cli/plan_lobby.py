@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ...parallel.dist_config import parse_addr
+from ...parallel.distributed.config import parse_addr
 
 __all__ = ["CONNECT_TIMEOUT_S", "NOTICE_S", "LobbyView", "read_lobby", "resolve_host"]
 
@@ -56,7 +56,7 @@ def read_lobby(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> LobbyView:
     """The offers and the workers' description from the lobby at ``addr`` (``--workers``);
     ValueError naming the address, what failed and the fix."""
     host, port = parse_addr(addr, "--workers")
-    from ...parallel.dist_lobby import require_secret
+    from ...parallel.distributed.lobby import require_secret
 
     require_secret(None, f"--workers {addr} (reading the host's signed lobby)")
     deadline = time.monotonic() + timeout_s
@@ -96,8 +96,8 @@ def _read_offers(host: str, port: int, deadline: float, peers: set) -> tuple[dic
     that accepts but never answers, torch 2.14.1's client waits past its own timeout (seen here:
     still waiting after 300 s with a 5 s timeout): its connection is then shut down (``_unstick``)
     so that the thread ends with an error here, not later in the middle of the process's exit."""
-    from ...parallel.dist_host import describe_workers, read_workers
-    from ...parallel.dist_worker import connect
+    from ...parallel.distributed.host import describe_workers, read_workers
+    from ...parallel.distributed.worker import connect
 
     box: dict = {}
 
@@ -119,7 +119,7 @@ def _read_offers(host: str, port: int, deadline: float, peers: set) -> tuple[dic
     if "result" in box:
         return box["result"]
     error = None if late else box.get("error")
-    from ...parallel.distributed.lobby import BadEntry
+    from ...parallel.distributed.entries import BadEntry
 
     if isinstance(error, BadEntry):  # a ShardDiT lobby answered; its signed entry does not verify here
         raise ValueError(f"[ShardDiT] --workers {host}:{port}: the host's lobby entry: {error}; give this machine "

@@ -89,7 +89,7 @@ def check_prefetch_overlap(check, n_gpus: int) -> None:
     if n_gpus == 0:
         check.lines.append("no GPU: skipped")
         return
-    from ...parallel.seq_stream import BlockStream
+    from ...parallel.sequence.stream import BlockStream
 
     dev = torch.device("cuda:0")
     with torch.device("meta"):

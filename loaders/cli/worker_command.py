@@ -1,5 +1,5 @@
 """``python <pack-dir> worker --join HOST:PORT --name NAME [--devices DEV[,DEV...]]``: serve a ComfyUI
-host's distributed `sequence` mode from this machine (``parallel/dist_worker.py``).
+host's distributed `sequence` mode from this machine (``parallel/distributed/worker.py``).
 ``python <pack-dir> worker --new-secret`` prints a fresh shared secret for the host and its workers.
 
 The worker needs the host's secret (``SHARDDIT_DIST_SECRET`` or ``SHARDDIT_DIST_SECRET_FILE``):
@@ -25,9 +25,9 @@ import subprocess
 import sys
 import time
 
-from ...parallel.devices import MEMBER_NAME_FORM, check_member_name, parse_device
-from ...parallel.dist_config import DEFAULT_PORT, dist_timeout, parse_addr
-from ...parallel.dist_connect import (
+from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name, parse_device
+from ...parallel.distributed.config import DEFAULT_PORT, dist_timeout, parse_addr
+from ...parallel.distributed.connect import (
     HostUnreachable,
     HostUnresolved,
     resolve_host,
@@ -130,7 +130,7 @@ def run(args) -> int:
 def start_one(args, host: str, port: int, device: str) -> int:
     """Serve one device: make it this process's CUDA device first (``bind_device``), then import
     ComfyUI (which makes its CUDA context on the current device) and serve."""
-    from ...parallel.dist_worker import bind_device
+    from ...parallel.distributed.worker import bind_device
 
     bind_device(device)
     try:
@@ -144,8 +144,8 @@ def start_one(args, host: str, port: int, device: str) -> int:
 def _check_host(host: str, port: int, name: str, devices: list[str]) -> None:
     """The host's lobby accepts this worker's secret and protocol, checked once before ComfyUI's
     slow import and before any child starts (``WorkerRefused``, a ValueError: exit 2)."""
-    from ...parallel.dist_lobby import require_secret
-    from ...parallel.dist_worker import check_lobby, connect
+    from ...parallel.distributed.lobby import require_secret
+    from ...parallel.distributed.worker import check_lobby, connect
 
     store = connect(host, port, dist_timeout(), wait_s=10.0, say=lambda m: print(m, flush=True))
     check_lobby(store, require_secret(), f"{name}/{','.join(devices)}", f"the host at {host}:{port}")
@@ -159,7 +159,7 @@ def _hint(host: str, port: int) -> str:
 def _serve_one(host: str, port: int, name: str, device: str, wait_s: float = math.inf) -> int:
     import torch.distributed as dist
 
-    from ...parallel.dist_worker import WorkerRefused, serve
+    from ...parallel.distributed.worker import WorkerRefused, serve
     from ..comfy.worker_blocks import register_comfy
 
     register_comfy()  # this worker builds ComfyUI's own blocks from the host's description

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 
-from ...parallel.cost_baselines import CoreSetup
-from ...parallel.cost_inputs import shape_from_config
+from ...parallel.cost.baselines import CoreSetup
+from ...parallel.cost.inputs import shape_from_config
 from ...parallel.model_geometry import family_of, geometry_of
-from ...parallel.parallel_mode import ModeDecision, decide_auto_for_latent
+from ...parallel.cost.mode import ModeDecision, decide_auto_for_latent
 from .core_features import (
     core_cfg_split_available,
     dynamic_vram_available,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from ...parallel.sharding import BlockProxy, get_block_list
+from ...parallel.blocks.sharding import BlockProxy, get_block_list
 from .shard_hooks import routing_scope_wrapper
 
 __all__ = ["check_no_block_object_patches", "guarded_routing_scope"]

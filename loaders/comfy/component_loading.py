@@ -14,7 +14,7 @@ import comfy.sd
 import comfy.utils
 import folder_paths
 
-from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
+from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .checks import check_model_file
 from .model_loading import check_component_device, check_file_name
 from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component

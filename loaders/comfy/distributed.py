@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import logging
 
-from ...parallel.dist_config import (
+from ...parallel.distributed.config import (
     ADDR_ENV,
     WEIGHTS_ENV,
     dist_addr,
     dist_timeout,
     dist_weights,
 )
-from ...parallel.dist_host import Lobby, choose_worker_weights, member_key
-from ...parallel.dist_ranks import attach_remote_ranks
-from ...parallel.distributed.lobby import choose_backend, gpu_uuid
+from ...parallel.distributed.host import Lobby, choose_worker_weights, member_key
+from ...parallel.distributed.ranks import attach_remote_ranks
+from ...parallel.distributed.entries import choose_backend, gpu_uuid
 
 __all__ = ["PatchVersion", "attach_workers", "auto_members", "check_workers", "decide_worker_weights",
            "describe_workers", "get_lobby", "patch_versions", "resolve_auto_devices", "start_lobby_if_configured"]

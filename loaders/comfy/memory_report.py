@@ -26,16 +26,16 @@ import math
 import comfy.model_management as mm
 import torch
 
-from ...parallel.cost_inputs import shape_from_config
-from ...parallel.cost_memory import (
+from ...parallel.cost.inputs import shape_from_config
+from ...parallel.cost.memory import (
     RankMemory,
     activation_variant,
     format_shortfalls,
     plan_sequence_memory,
 )
-from ...parallel.inventory import GiB
+from ...parallel.placement.inventory import GiB
 from ...parallel.model_geometry import family_of, geometry_of
-from ...parallel.parallel_mode import decide_parallel
+from ...parallel.cost.mode import decide_parallel
 from .placement import current_inventory
 from .shard_hooks import get_shard_patchers, get_shard_state
 

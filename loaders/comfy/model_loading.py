@@ -7,9 +7,9 @@ import torch
 import comfy.sd
 import folder_paths
 
-from ...parallel.devices import check_devices_exist, parse_component_device, parse_devices, split_worker_devices
-from ...parallel.inventory import read_inventory
-from ...parallel.parallel_mode import check_parallel
+from ...parallel.placement.devices import check_devices_exist, parse_component_device, parse_devices, split_worker_devices
+from ...parallel.placement.inventory import read_inventory
+from ...parallel.cost.mode import check_parallel
 from .checks import check_diffusion_model_file
 from .distributed import check_workers
 from .sharded_model import shard_model

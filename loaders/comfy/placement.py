@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 import comfy.model_management as mm
 
-from ...parallel.inventory import Inventory, read_inventory
-from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
-from ...parallel.planner import Footprint, PlacementRequest, plan_placement
+from ...parallel.placement.inventory import Inventory, read_inventory
+from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
+from ...parallel.placement.planner import Footprint, PlacementRequest, plan_placement
 
 log = logging.getLogger("sharddit")
 

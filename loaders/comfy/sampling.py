@@ -1,8 +1,8 @@
 """Sampling glue: shard when needed, then run core's own KSampler code path unchanged."""
 import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on sys.path)
 
-from ...parallel.parallel_mode import DEFAULT_PARALLEL
-from ...parallel.plan_types import DEFAULT_RESERVE_VRAM_GB
+from ...parallel.cost.mode import DEFAULT_PARALLEL
+from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .checks import check_latent
 from .core_multigpu import check_home_device
 from .distributed import auto_members

@@ -12,10 +12,10 @@ from typing import NamedTuple
 
 import torch
 
-from ...parallel.parallel_mode import ModeDecision
-from ...parallel.plan_types import Plan
-from ...parallel.routing import BlockLayout, BlockRouter
-from ...parallel.sharding import needs_home_every_block
+from ...parallel.cost.mode import ModeDecision
+from ...parallel.placement.plan_types import Plan
+from ...parallel.blocks.routing import BlockLayout, BlockRouter
+from ...parallel.blocks.sharding import needs_home_every_block
 from .core_multigpu import check_home_device, check_no_core_copies
 from .placement import read_loaded
 

@@ -36,14 +36,14 @@ import torch
 import comfy.model_management as mm
 from comfy.patcher_extension import CallbacksMP, WrappersMP
 
-from ...parallel.devices import split_worker_devices, with_worker_shares
-from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
-from ...parallel.planner import Footprint, PlacementRequest, plan_placement
-from ...parallel.parallel_mode import DEFAULT_PARALLEL, ModeDecision, check_parallel, decide_parallel
-from ...parallel.routing import BlockRouter
-from ...parallel.seq_engine import attach_sequence_engine
-from ...parallel.sharding import build_block_proxies, get_block_list
-from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
+from ...parallel.placement.devices import split_worker_devices, with_worker_shares
+from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
+from ...parallel.placement.planner import Footprint, PlacementRequest, plan_placement
+from ...parallel.cost.mode import DEFAULT_PARALLEL, ModeDecision, check_parallel, decide_parallel
+from ...parallel.blocks.routing import BlockRouter
+from ...parallel.sequence.engine import attach_sequence_engine
+from ...parallel.blocks.sharding import build_block_proxies, get_block_list
+from ...parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes
 from .auto_mode import AutoMode
 from .compile_guard import check_no_block_object_patches, guarded_routing_scope
 from .core_multigpu import check_no_core_copies, note_incoming_device, original_patcher_init, refuse_full_copies
@@ -255,7 +255,7 @@ def _build_state(base, devices, reserve_vram_gb, inventory, request_key) -> Shar
     if token_specs is not None:
         ranks = [r.device for r in plan.block_ranges]  # a worker rank's host side is a proxy (its share: cpu)
         # The RAM-held share (a `cpu` entry) stays in ComfyUI's pageable tensors: GPU ranks stream it
-        # through the ring's pinned bounce buffers (parallel/seq_stream.py says why not pin it once:
+        # through the ring's pinned bounce buffers (parallel/sequence/stream.py says why not pin it once:
         # ComfyUI's weight patches replace those tensors; pinning tens of GiB starves the host).
         engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], token_specs, ranks)
         engine.should_stop = mm.throw_exception_if_processing_interrupted

@@ -3,7 +3,7 @@
 One small ``ArchSpec`` per family maps ComfyUI 0.3.64 classes (matched by exact class name, so a
 subclass with different inter-block code is never guessed) to a ``BlockLayout``. The stream
 arguments are the block-to-block hidden state(s); every other tensor argument is routed as a
-per-forward constant by the engine (``parallel/routing.py``). ``return_home_after`` lists the
+per-forward constant by the engine (``parallel/blocks/routing.py``). ``return_home_after`` lists the
 blocks after which the model runs code on its home device:
 
 - Wan VACE: after block i in ``vace_layers_mapping`` (``x += vace_block(...)``).
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...parallel.seq_split import TokenSpec
-from ...parallel.sharding import BlockLayout
+from ...parallel.sequence.split import TokenSpec
+from ...parallel.blocks.sharding import BlockLayout
 from .token_order import TEXT_FIRST, read_text_order
 
 __all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures"]

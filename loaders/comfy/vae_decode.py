@@ -31,9 +31,9 @@ import comfy.model_management as mm
 import comfy.model_patcher
 import comfy.utils
 
-from ...parallel.decoder_devices import check_decode_device_count, select_decoder_devices
-from ...parallel.devices import DEVICES_FORM, check_devices_exist, parse_devices
-from ...parallel.inventory import read_inventory
+from ...parallel.tiling.devices import check_decode_device_count, select_decoder_devices
+from ...parallel.placement.devices import DEVICES_FORM, check_devices_exist, parse_devices
+from ...parallel.placement.inventory import read_inventory
 from .placement import current_inventory
 from ...parallel.tiling import TilePlan, TileSpec, plan_decode, run_tiled
 

@@ -2,7 +2,7 @@
 simulated plan for the chosen preset, as one text and as a picture (``plan_picture``)."""
 from __future__ import annotations
 
-from ...parallel.inventory import read_inventory
+from ...parallel.placement.inventory import read_inventory
 from ..comfy.distributed import describe_workers
 from ..comfy.placement import read_loaded
 from ..comfy.shard_hooks import get_shard_state
@@ -32,8 +32,8 @@ def check_batch(batch) -> None:
 
 def check_strategy_inputs(parallel, cfg, gpu, link_gbps) -> None:
     """ValueError naming the bad value and the fix (``gpu`` '' and ``link_gbps`` 0 mean the defaults)."""
-    from ...parallel.cost_inputs import parse_link_gbps
-    from ...parallel.parallel_mode import check_parallel
+    from ...parallel.cost.inputs import parse_link_gbps
+    from ...parallel.cost.mode import check_parallel
     from .simulator_strategies import check_cfg
 
     check_parallel(parallel)
@@ -45,7 +45,7 @@ def check_strategy_inputs(parallel, cfg, gpu, link_gbps) -> None:
 
 def check_gpu(gpu) -> None:
     """The Plan node's ``gpu``: '' (the devices' own names) or a name in the throughput table."""
-    from ...parallel.cost_inputs import normalize_gpu_name
+    from ...parallel.cost.inputs import normalize_gpu_name
 
     if str(gpu or "").strip():
         normalize_gpu_name(gpu)

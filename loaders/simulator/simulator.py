@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...parallel.cost_inputs import link_bandwidth, normalize_gpu_name
-from ...parallel.devices import with_worker_shares
-from ...parallel.inventory import GiB, Inventory, inventory_from_spec, read_inventory
-from ...parallel.parallel_mode import check_parallel
-from ...parallel.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB, block_devices_of
-from ...parallel.planner import Footprint, PlacementError, PlacementRequest, plan_placement
+from ...parallel.cost.inputs import link_bandwidth, normalize_gpu_name
+from ...parallel.placement.devices import with_worker_shares
+from ...parallel.placement.inventory import GiB, Inventory, inventory_from_spec, read_inventory
+from ...parallel.cost.mode import check_parallel
+from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB, block_devices_of
+from ...parallel.placement.planner import Footprint, PlacementError, PlacementRequest, plan_placement
 from . import presets
 from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
 from .simulator_run import SimContext, first_blocks_only, run_fake_forward
@@ -165,7 +165,7 @@ def _resolve(model):
 
 def _build_context(spec, width: int, height: int, frames: int, dtype: str | None) -> SimContext:
     """The meta DiT, its layout and sizes, and the run settings shared by every fake forward."""
-    from ...parallel.sizing import compute_block_bytes, compute_non_block_bytes
+    from ...parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes
     from ..comfy.specs import get_arch_spec
 
     dtype = dtype or spec.file_dtype or "bf16"

@@ -7,8 +7,8 @@ sample's peak activations (the run's peak over its batch: activations grow with 
 """
 from __future__ import annotations
 
-from ...parallel.cost_baselines import CoreSetup, core_baselines
-from ...parallel.cost_model import Workload, hardware_from_options
+from ...parallel.cost.baselines import CoreSetup, core_baselines
+from ...parallel.cost.model import Workload, hardware_from_options
 from ..comfy.core_features import (
     NONE_HERE,
     core_cfg_split_available,

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...parallel.plan_ranges import compute_block_ranges
-from ...parallel.plan_types import BlockRange
+from ...parallel.placement.plan_ranges import compute_block_ranges
+from ...parallel.placement.plan_types import BlockRange
 
 __all__ = ["DeviceReport", "SimulationReport", "fallback_block_ranges", "format_gib"]
 

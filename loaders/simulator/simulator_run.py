@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ...parallel.inventory import Inventory
-from ...parallel.plan_types import PlacementRequest
-from ...parallel.routing import BlockLayout
-from ...parallel.sharding import attach_block_sharding, get_block_list
-from ...parallel.sizing import get_blocks
+from ...parallel.placement.inventory import Inventory
+from ...parallel.placement.plan_types import PlacementRequest
+from ...parallel.blocks.routing import BlockLayout
+from ...parallel.blocks.sharding import attach_block_sharding, get_block_list
+from ...parallel.placement.sizing import get_blocks
 from ...parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
 
 __all__ = ["SimContext", "run_fake_forward", "first_blocks_only"]

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ...parallel.seq_engine import attach_sequence_engine
-from ...parallel.sharding import attach_block_sharding
+from ...parallel.sequence.engine import attach_sequence_engine
+from ...parallel.blocks.sharding import attach_block_sharding
 from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
-from ...parallel.sizing import get_blocks
+from ...parallel.placement.sizing import get_blocks
 from .simulator_run import SimContext, _forward, _to_meta
 
 __all__ = ["SequencePeak", "plan_sequence_peaks", "run_fake_sequence_forward"]
@@ -89,9 +89,9 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
 def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
     """The plan's bytes per rank (``cost_memory.plan_sequence_memory``) for the forward
     ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
-    from ...parallel.cost_inputs import shape_from_spec
-    from ...parallel.cost_memory import activation_variant, plan_sequence_memory
-    from ...parallel.sharding import get_block_list
+    from ...parallel.cost.inputs import shape_from_spec
+    from ...parallel.cost.memory import activation_variant, plan_sequence_memory
+    from ...parallel.blocks.sharding import get_block_list
 
     shape = shape_from_spec(ctx.spec)
     kinds, start = [], 0

@@ -17,14 +17,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 
-from ...parallel.cost_baselines import compare_with_core
-from ...parallel.cost_inputs import (
+from ...parallel.cost.baselines import compare_with_core
+from ...parallel.cost.inputs import (
     DEFAULT_GPU,
     normalize_gpu_name,
     shape_from_spec,
     table_gpu_name,
 )
-from ...parallel.cost_model import (
+from ...parallel.cost.model import (
     STRATEGIES,
     Workload,
     estimate_blocks,
@@ -32,8 +32,8 @@ from ...parallel.cost_model import (
     estimate_sequence,
     hardware_from_options,
 )
-from ...parallel.cost_report import DevicePeak, choose_strategy, format_strategy_rows
-from ...parallel.parallel_mode import check_parallel, prefetch_bytes
+from ...parallel.cost.report import DevicePeak, choose_strategy, format_strategy_rows
+from ...parallel.cost.mode import check_parallel, prefetch_bytes
 from .simulator_baselines import absent_note, baseline_rows
 from .simulator_report import DeviceReport, format_gib, format_table
 

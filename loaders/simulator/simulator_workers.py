@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...parallel.cost_inputs import DEFAULT_GPU, gpu_flops, shape_from_spec, table_gpu_name
-from ...parallel.cost_model import Workload
-from ...parallel.dist_config import WEIGHTS_ENV
-from ...parallel.dist_plan import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs
-from ...parallel.parallel_mode import prefetch_bytes
-from ...parallel.plan_ranges import compute_block_ranges
+from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, shape_from_spec, table_gpu_name
+from ...parallel.cost.model import Workload
+from ...parallel.distributed.config import WEIGHTS_ENV
+from ...parallel.cost.workers import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs
+from ...parallel.cost.mode import prefetch_bytes
+from ...parallel.placement.plan_ranges import compute_block_ranges
 from .simulator_report import format_gib, format_table
 
 __all__ = ["WorkerReport", "compute_worker_report"]

@@ -1,4 +1,5 @@
-"""What members of a distributed session share to trust each other: the secret and its signatures
-(``secret``), the control messages and their checks (``protocol``), and the block descriptions a
-worker builds its blocks from (``block_specs``). The rest of distributed ``sequence`` mode still
-lives in ``parallel/dist_*.py``."""
+"""``sequence`` mode over ``torch.distributed``: the shared secret (``secret``), the lobby entries
+(``entries``) and the host's lobby (``lobby``), a worker's join (``join``) and serving loop
+(``worker``), the host's session (``host``) and its remote ranks (``ranks``), the signed control
+channel (``wire``, messages in ``protocol``), block descriptions (``block_specs``), weight
+broadcasts (``weights``), activation exchange (``exchange``), settings (``config``, ``connect``)."""

@@ -1,250 +1,279 @@
-"""What the host and its workers write to the lobby store, and how each entry is read (pure).
+"""The host's lobby: where workers register and are invited (pure PyTorch).
 
-The lobby is a ``torch.distributed.TCPStore``: anyone who reaches ``SHARDDIT_DIST_ADDR`` can read,
-write and delete any key (PyTorch's SECURITY.md: c10d has no authorization). So every entry is
-signed with the shared secret (``secret.sign``), every read is bounded and never blocks, and an
-entry that does not verify or parse is skipped, not waited on:
+A ``torch.distributed.TCPStore`` served on the one address the user chose (``SHARDDIT_DIST_ADDR``;
+the listening socket is bound here, so nothing listens on other interfaces). It opens only with
+the shared secret (``distributed/secret.py``). The store has no authorization, so the host
+trusts nothing in it that it did not write or that does not verify (``distributed/lobby.py``):
 
-- ``lobby`` (host): ``{"protocol", "versions"}`` signed under the lobby id, a random id per host
-  process. A worker checks it before it registers: a wrong secret or protocol is refused there,
-  with a message saying so, before the worker joins anything.
-- ``reg/0`` .. ``reg/{MAX_MEMBERS - 1}`` (workers): one slot per serving process, claimed with
-  ``compare_set`` (a worker never takes a slot holding another member's valid offer); the value is
-  the signed offer (``OFFER_FIELDS``). The host reads exactly these slots: no counter.
-- ``invite/NAME/DEVICE`` (host): the session a member joins, signed under the session id and the
-  nonce of that member's offer, so an invite from an earlier session or registration is stale.
-
-Entries are JSON ``{"kind", "session", "nonce", "body", "mac"}`` with
-``mac = sign(secret, kind, session, nonce, canonical(body))``. Session ids are ``LOBBYID.N``,
-counted by the host alone. Versions: ``PROTOCOL`` changes with any change of these entries or of
-the control messages; a different protocol is refused naming both sides.
+- it reads only the ``MAX_MEMBERS`` registration slots, each with one non-blocking call; an entry
+  that is missing, too long, unsigned, signed with another secret, of another protocol or of a bad
+  member name is skipped and logged once, never waited on;
+- it never ``add``s to a key: session ids are its own count, so a stranger's ``set("sessions",
+  b"abc")`` or a counter raised by millions changes nothing here;
+- its reads go through its own store client, rebuilt once when its connection drops (torch
+  closes a client's connection after a bad request).
 """
 from __future__ import annotations
 
+import datetime
 import json
-import os
-import re
-import secrets as _random
-import sys
+import logging
+import socket
 
-import torch
+import torch.distributed as dist
 
-from ..devices import MEMBER_NAME_FORM as NAME_FORM
-from ..devices import MEMBER_NAME_RE as NAME_RE
-from .protocol import PROTOCOL  # one version for the lobby entries and the control messages
-from .secret import sign, verify
+from .connect import join_address
+from .entries import (
+    LOBBY_KEY,
+    MAX_MEMBERS,
+    MEMBER_FORM,
+    PROTOCOL,
+    BadEntry,
+    check_member,
+    check_offer,
+    invite_key,
+    local_versions,
+    make_entry,
+    new_id,
+    open_entry,
+    read_key,
+    slot_key,
+)
+from .secret import HOW_TO_MAKE, dist_secret
 
-__all__ = ["LOBBY_KEY", "MAX_ENTRY_BYTES", "MAX_FREE_BYTES", "MAX_MEMBERS", "MEMBER_FORM", "PROTOCOL", "BadEntry",
-           "check_invite", "check_member", "check_offer", "choose_backend", "gpu_uuid", "invite_key", "local_versions",
-           "make_entry", "make_offer", "new_id", "open_entry", "read_key", "slot_key"]
+__all__ = ["MEMBER_FORM", "READ_TIMEOUT_S", "Lobby", "describe_workers", "lobby_id", "member_key", "read_workers",
+           "require_secret", "split_member"]
 
-MAX_MEMBERS = 64
-"""Registration slots the host reads: at most this many worker processes (devices) per lobby."""
-MAX_ENTRY_BYTES = 8192
-"""An entry longer than this is skipped unparsed (a real offer is a few hundred bytes)."""
-MAX_FREE_BYTES = 2**50
-"""Free memory an offer may state (1 PiB); more is refused as a lie that would skew the plan."""
-MAX_CUDA_INDEX = 1023
-MAX_TIMEOUT_S = 3600.0
-"""Longest timeout an invitation may ask for (``dist_config.TIMEOUT_RANGE_S``)."""
-LOBBY_KEY = "lobby"
-MEMBER_FORM = f"NAME/DEVICE (NAME: {NAME_FORM}; DEVICE: cpu or cuda:N)"
-_DEVICE_RE = re.compile(r"cpu|cuda:(0|[1-9][0-9]{0,3})")
-_ABSENT = "\x00sharddit-absent"
-_TEXT_MAX = 128
+log = logging.getLogger("sharddit")
 
-OFFER_FIELDS = ("protocol", "member", "name", "device", "host", "pid", "free", "gpu_uuid", "versions")
-INVITE_FIELDS = ("member", "rank", "world", "groups", "backend", "timeout_s")
-
-
-class BadEntry(ValueError):
-    """An entry that is not what it claims; the message says why (logged once by the reader)."""
+READ_TIMEOUT_S = 5.0
+"""Timeout of the host's own store client (its reads never wait for a key; this bounds a stuck
+connection)."""
 
 
-def slot_key(i: int) -> str:
-    return f"reg/{i}"
+def require_secret(key: bytes | None = None, what: str = "the host's lobby") -> bytes:
+    """``key``, or the secret from the environment; ValueError saying how to make one when there is none."""
+    key = key if key is not None else dist_secret()
+    if not key:
+        raise ValueError(f"[ShardDiT] {what} needs a shared secret, and none is set: {HOW_TO_MAKE}. Without it "
+                         "anyone who reaches the address could join as a worker")
+    return key
 
 
-def invite_key(member: str) -> str:
-    return f"invite/{member}"
+def member_key(name: str, device: str) -> str:
+    """The lobby key of one serving process: ``NAME/DEVICE`` (``box2/cuda:1``), as devices strings name it."""
+    return f"{name}/{device}"
 
 
-def new_id() -> str:
-    """A random id (lobby ids, offer nonces): 16 hex digits."""
-    return _random.token_hex(8)
+def split_member(member: str) -> tuple[str, str]:
+    """``"box2/cuda:1"`` -> (``"box2"``, ``"cuda:1"``)."""
+    name, _, device = member.partition("/")
+    return name, device
 
 
-def check_member(member) -> str:
-    """``member`` if it is exactly ``NAME/DEVICE`` (``MEMBER_FORM``), else BadEntry naming it: the
-    one rule wherever a member name is read (the host's lobby, the nodes' ``devices``)."""
-    if isinstance(member, str) and len(member) <= 48:
-        name, slash, device = member.partition("/")
-        if slash and NAME_RE.fullmatch(name) and _DEVICE_RE.fullmatch(device) and (
-                not device.startswith("cuda") or int(device[5:]) <= MAX_CUDA_INDEX):
-            return member
-    raise BadEntry(f"{str(member)[:64]!r} is not {MEMBER_FORM}")
+_LOGGED: set[str] = set()
+"""Reasons already logged for skipped entries (once each per process)."""
+MAX_LOGGED = 100
+"""Distinct skipped entries logged per process; a stranger writing ever new ones cannot flood the log."""
 
 
-def read_key(store, key: str) -> bytes | None:
-    """The value of ``key`` without ever waiting: ``compare_set`` with an expected value no entry
-    holds sets nothing and answers the current value, or that expected value when the key is
-    absent (``get`` would block for the store's timeout on a key a stranger just deleted)."""
-    value = store.compare_set(key, _ABSENT, _ABSENT)
-    return None if value == _ABSENT.encode() else value
+def _skip_once(slot: int, reason: str) -> None:
+    if reason in _LOGGED or len(_LOGGED) > MAX_LOGGED:
+        return
+    _LOGGED.add(reason)
+    if len(_LOGGED) > MAX_LOGGED:
+        log.warning("[ShardDiT] more than %d bad worker registrations: further ones are ignored without a log line "
+                    "(is a stranger writing to the lobby? keep SHARDDIT_DIST_ADDR on a private network)", MAX_LOGGED)
+        return
+    log.warning("[ShardDiT] a worker registration (slot %d) was ignored, not enrolled: %s", slot, reason)
 
 
-def canonical(body: dict) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+def lobby_id(store, key: bytes) -> str:
+    """The id of the lobby behind ``store`` from its signed entry; BadEntry saying why not."""
+    entry = open_entry(key, read_key(store, LOBBY_KEY), "lobby")
+    if entry["body"].get("protocol") != PROTOCOL:
+        raise BadEntry(f"the host speaks ShardDiT protocol {entry['body'].get('protocol')}, this side {PROTOCOL}")
+    return entry["session"]
 
 
-def make_entry(key: bytes, kind: str, session: str, nonce: str, body: dict) -> bytes:
-    """A signed entry (see the module docstring), as the bytes to store."""
-    mac = sign(key, kind, session, nonce, canonical(body))
-    return json.dumps({"kind": kind, "session": session, "nonce": nonce, "body": body, "mac": mac}).encode()
+def read_workers(store, key: bytes | None = None, lobby: str | None = None) -> dict[str, dict]:
+    """Verified offers in a lobby store: member ``NAME/DEVICE`` -> offer (``lobby.OFFER_FIELDS``
+    plus ``nonce`` and ``slot``). Reads the ``MAX_MEMBERS`` slots only, without waiting; a bad
+    entry is skipped and logged once (see the module docstring). Two slots of one member: the
+    lower one counts (a worker re-registers in its own slot)."""
+    key = require_secret(key, "reading the lobby")
+    lobby = lobby if lobby is not None else lobby_id(store, key)
+    out: dict[str, dict] = {}
+    for i in range(MAX_MEMBERS):
+        raw = read_key(store, slot_key(i))
+        if not raw:
+            continue
+        try:
+            entry = open_entry(key, raw, "offer", session=lobby)
+            offer = check_offer(entry["body"])
+        except BadEntry as e:
+            _skip_once(i, f"{_who(raw)}{e}")
+            continue
+        out.setdefault(offer["member"], {**offer, "nonce": entry["nonce"], "slot": i})
+    return dict(sorted(out.items()))
 
 
-def parse_entry(raw, kind: str) -> dict:
-    """The entry's fields, checked for shape only (not the signature); BadEntry otherwise."""
-    if raw is None:
-        raise BadEntry("it is missing")
-    if len(raw) > MAX_ENTRY_BYTES:
-        raise BadEntry(f"it holds {len(raw)} bytes, more than {MAX_ENTRY_BYTES}")
+def _who(raw: bytes) -> str:
+    """The member an entry claims to be, for the log (from the body when it parses)."""
     try:
-        entry = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadEntry("it is not a signed ShardDiT entry (an older ShardDiT, protocol 1, or not ShardDiT)") from None
-    if not isinstance(entry, dict) or entry.get("kind") != kind or not isinstance(entry.get("body"), dict):
-        raise BadEntry(f"it is not a signed {kind} (an older ShardDiT, protocol 1, or not ShardDiT)")
-    if not all(isinstance(entry.get(k), str) and len(entry[k]) <= _TEXT_MAX for k in ("session", "nonce", "mac")):
-        raise BadEntry("its session, nonce or signature is not a short string")
-    return entry
-
-
-def open_entry(key: bytes, raw, kind: str, session: str | None = None) -> dict:
-    """The verified entry ``{"session", "nonce", "body"}`` (signed with ``key``, of ``kind``, and of
-    ``session`` when given); BadEntry saying why not."""
-    entry = parse_entry(raw, kind)
-    if session is not None and entry["session"] != session:
-        raise BadEntry(f"it belongs to another lobby or session ({entry['session']!r}, not {session!r})")
-    if not verify(key, entry["mac"], kind, entry["session"], entry["nonce"], canonical(entry["body"])):
-        raise BadEntry("its signature does not verify: it was made with another secret, or altered")
-    return entry
-
-
-def _text(value, what: str, limit: int = _TEXT_MAX) -> str:
-    if not isinstance(value, str) or len(value) > limit or not value.isprintable():
-        raise BadEntry(f"its {what} is not a short printable text")
-    return value
-
-
-def _count(value, what: str, low: int, high: int) -> int:
-    if type(value) is not int or not low <= value <= high:
-        raise BadEntry(f"its {what} {str(value)[:32]} is not a whole number from {low} to {high}")
-    return value
-
-
-def check_offer(body: dict) -> dict:
-    """A worker's offer checked field by field (bounded); BadEntry naming the field. A different
-    protocol is named with both sides' numbers."""
-    if body.get("protocol") != PROTOCOL:
-        raise BadEntry(f"it speaks ShardDiT protocol {str(body.get('protocol'))[:16]}, this host {PROTOCOL}: "
-                       "run the same ShardDiT version on the host and the workers")
-    member = check_member(body.get("member"))
-    if member != f"{body.get('name')}/{body.get('device')}":
-        raise BadEntry(f"its member {member!r} does not match its name and device")
-    _text(body.get("host"), "host name", 255)
-    _count(body.get("pid"), "pid", 0, 2**31)
-    _count(body.get("free"), "free memory (bytes)", 0, MAX_FREE_BYTES)
-    _text(body.get("gpu_uuid"), "GPU UUID", 64)
-    versions = body.get("versions")
-    if not isinstance(versions, dict) or set(versions) != {"sharddit", "torch", "comfyui"}:
-        raise BadEntry("its versions are not {sharddit, torch, comfyui}")
-    for k, v in versions.items():
-        _text(v, f"{k} version", 64)
-    return {k: body[k] for k in OFFER_FIELDS}
-
-
-def check_invite(entry: dict, lobby: str, nonce: str, member: str) -> dict:
-    """A verified invitation's fields for ``member`` (registered with offer ``nonce`` in ``lobby``),
-    checked field by field; BadEntry naming what is wrong. Adds ``id`` (the session id) and ``n``
-    (the host's session count, which only grows)."""
-    head, dot, count = entry["session"].rpartition(".")
-    if head != lobby or not dot or not count.isascii() or not count.isdigit() or len(count) > 12:
-        raise BadEntry(f"it is for another lobby or session ({entry['session']!r}; this lobby: {lobby!r})")
-    if entry["nonce"] != nonce:
-        raise BadEntry("it answers an earlier registration of this member")
-    body = entry["body"]
-    if body.get("member") != member:
-        raise BadEntry(f"it invites {str(body.get('member'))[:64]!r}, not {member!r}")
-    world = _count(body.get("world"), "world size", 2, MAX_MEMBERS + 1)
-    rank = _count(body.get("rank"), "rank", 1, world - 1)
-    groups = body.get("groups")
-    if not isinstance(groups, list) or len(groups) > MAX_MEMBERS or not all(
-            isinstance(g, list) and 0 < len(g) <= world and all(type(r) is int and 0 <= r < world for r in g)
-            for g in groups):
-        raise BadEntry(f"its groups are not lists of ranks below {world}")
-    if body.get("backend") not in ("gloo", "nccl"):
-        raise BadEntry(f"its backend {str(body.get('backend'))[:16]!r} is not gloo or nccl")
-    timeout = body.get("timeout_s")
-    if not isinstance(timeout, (int, float)) or not 1 <= timeout <= MAX_TIMEOUT_S:
-        raise BadEntry(f"its timeout {str(timeout)[:16]} is not 1 to {MAX_TIMEOUT_S:g} s")
-    return {"id": entry["session"], "sid": int(count), "n": int(count), "rank": rank, "world": world,
-            "groups": groups, "backend": body["backend"], "timeout_s": float(timeout)}
-
-
-def local_versions(comfyui: str = "") -> dict[str, str]:
-    """This process's versions for offers and the lobby entry: ShardDiT (the pack's ``__version__``,
-    read from its already imported root package), torch, and ``comfyui`` as the caller knows it
-    (``parallel`` imports no ComfyUI; '' outside one)."""
-    root = sys.modules.get(__name__.rsplit(".parallel.", 1)[0])
-    return {"sharddit": str(getattr(root, "__version__", "unknown")), "torch": str(torch.__version__),
-            "comfyui": comfyui or ""}
-
-
-def gpu_uuid(device: str) -> str:
-    """The physical GPU behind ``device`` (``cuda:N``) as torch reports it, lower case without
-    NVML's ``GPU-`` prefix, so NVML's and torch's forms compare equal; '' for cpu or unknown."""
-    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        member = json.loads(raw)["body"]["member"]
+        return f"{check_member(member)!r}: "
+    except Exception:  # noqa: BLE001 - only for the log line
         return ""
+
+
+def describe_workers(store, host: str, port: int, key: bytes | None = None, lobby: str | None = None) -> str:
+    """Lines for the Plan node and ``plan --workers``: the joined workers, each device with its free memory."""
+    by_name: dict[str, list[tuple[str, dict]]] = {}
+    for member, offer in read_workers(store, key, lobby).items():
+        by_name.setdefault(split_member(member)[0], []).append((member, offer))
+    head = f"Workers at {host}:{port} (devices NAME/DEVICE, parallel=sequence):"
+    if not by_name:
+        return head + " none joined yet"
+    lines = [head]
+    for name, members in sorted(by_name.items()):
+        devs = ", ".join(f"{m} {o['free'] / 2**30:.1f} GiB free" for m, o in sorted(members))
+        hosts = sorted({o["host"] for _, o in members})
+        lines.append(f"  {name} on {', '.join(hosts)}: {devs}")
+    return "\n".join(lines)
+
+
+class Lobby:
+    """Where workers join (one per ComfyUI process, made on first use)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float, key: bytes | None = None, comfyui: str = ""):
+        self.key = require_secret(key)
+        self.host, self.port, self.timeout_s = host, port, float(timeout_s)
+        self.id = new_id()
+        """This lobby's id: offers and session ids are bound to it (a restarted host is a new lobby)."""
+        self.versions = local_versions(comfyui)
+        self._server = _listen(host, port, self.timeout_s)
+        self._client = None
+        self._count = 0
+        self.session = None
+        self._entry = make_entry(self.key, "lobby", self.id, self.id, {"protocol": PROTOCOL, "versions": self.versions})
+        self.store.set(LOBBY_KEY, self._entry)
+        self.join = join_address(host, port)
+        """What workers pass to ``--join`` (this machine's address when ``host`` is a wildcard)."""
+        where = f"{host}:{port}" if self.join == f"{host}:{port}" else (
+            f"{host}:{port} (every interface; from other machines join this machine's reachable address, "
+            f"not {host})")
+        log.info("[ShardDiT] workers can join at %s (python <pack-dir> worker --join %s --name NAME "
+                 "--devices DEV[,DEV...], with the same SHARDDIT_DIST_SECRET)", where, self.join)
+
+    @property
+    def store(self):
+        """The host's own client of its lobby store (made again after its connection dropped)."""
+        if self._client is None:
+            local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+            self._client = dist.TCPStore(local, self.port, None, False, datetime.timedelta(seconds=READ_TIMEOUT_S),
+                                         use_libuv=False)
+        return self._client
+
+    def _call(self, fn):
+        """``fn(store)``, once more on a fresh client when the connection failed (a stranger's bad
+        request makes torch close it)."""
+        try:
+            return fn(self.store)
+        except (BadEntry, ValueError):
+            raise
+        except Exception as e:  # noqa: BLE001 - DistNetworkError, RuntimeError: the connection is gone
+            log.warning("[ShardDiT] the lobby's store connection failed (%s: %s); reconnecting", type(e).__name__,
+                        (str(e).splitlines() or [""])[0])
+            self._client = None
+            return fn(self.store)
+
+    def workers(self) -> dict[str, dict]:
+        """Verified offers of the joined members (``NAME/DEVICE`` -> offer). Writes the lobby entry
+        again first if someone changed it (workers check it before they register)."""
+        def read(store):
+            if read_key(store, LOBBY_KEY) != self._entry:
+                log.warning("[ShardDiT] the lobby's own entry was changed by another client; written again")
+                store.set(LOBBY_KEY, self._entry)
+            return read_workers(store, self.key, self.id)
+
+        return self._call(read)
+
+    def describe(self) -> str:
+        return self._call(lambda store: describe_workers(store, self.host, self.port, self.key, self.id))
+
+    def next_session(self) -> tuple[int, str]:
+        """(n, id) of the next session: the host's own count (never a store counter)."""
+        self._count += 1
+        return self._count, f"{self.id}.{self._count}"
+
+    def invite(self, member: str, offer: dict, sid: str, body: dict) -> None:
+        """Write the signed invite of ``member`` (bound to ``sid`` and its offer's nonce)."""
+        entry = make_entry(self.key, "invite", sid, offer["nonce"], {"member": member, **body})
+        self._call(lambda store: store.set(invite_key(member), entry))
+
+    def session_store(self, timeout_s: float):
+        """A fresh client for one session's process group (its own connection and timeout)."""
+        local = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.host, self.host)
+        return dist.TCPStore(local, self.port, None, False, datetime.timedelta(seconds=timeout_s), use_libuv=False)
+
+    def check_names(self, members) -> dict[str, dict]:
+        """Every member (``NAME/DEVICE``) has joined: their offers; ValueError naming the joined ones
+        and the command that starts the missing one."""
+        joined = self.workers()
+        for member in members:
+            if member in joined:
+                continue
+            name, device = split_member(member)
+            have = ", ".join(sorted(joined)) or "none yet"
+            same = sorted(m for m in joined if split_member(m)[0] == name)
+            start = f"python <pack-dir> worker --join {self.join} --name {name} --devices"
+            if same:
+                devs = ",".join([split_member(m)[1] for m in same] + [device])
+                raise ValueError(f"[ShardDiT] worker {name!r} has joined {self.host}:{self.port} without device "
+                                 f"{device!r} (it serves {', '.join(same)}; joined: {have}); restart it with: "
+                                 f"{start} {devs}")
+            raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {self.host}:{self.port} with "
+                             f"{member!r} (joined: {have}); start it with: {start} {device} (and this host's "
+                             "SHARDDIT_DIST_SECRET)")
+        return {m: joined[m] for m in members}
+
+    def session_for(self, names: tuple[str, ...], groups: tuple[tuple[int, ...], ...], backend: str,
+                    devices: dict[str, str]):
+        """The open session with exactly these workers and groups, or a fresh one."""
+        from .host import HostSession
+
+        s = self.session
+        if s is not None and (s.broken or s.idle() or s.names != names or s.group_keys != groups
+                              or s.backend != backend):
+            self.close_session()
+        if self.session is None:
+            offers = self.check_names(names)
+            self.session = HostSession(self, names, groups, backend, devices, offers)
+        return self.session
+
+    def close_session(self) -> None:
+        s, self.session = self.session, None
+        if s is not None:
+            s.close()
+
+    def close(self) -> None:
+        self.close_session()
+
+
+def _listen(host: str, port: int, timeout_s: float):
+    """The store's server on a socket bound to ``host:port`` only."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        uuid = str(torch.cuda.get_device_properties(torch.device(device)).uuid)
-    except Exception:  # noqa: BLE001 - older torch has no uuid: the duplicate-GPU rule then cannot apply
-        return ""
-    return normal_uuid(uuid)
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise OSError(f"[ShardDiT] cannot listen for workers on {host}:{port} ({e}); choose another "
+                      f"SHARDDIT_DIST_ADDR") from e
+    sock.listen(128)
+    fd = sock.detach()  # the store's daemon owns the socket from now on
+    return dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                         master_listen_fd=fd, use_libuv=False)
 
-
-def normal_uuid(uuid: str) -> str:
-    uuid = (uuid or "").strip().lower()
-    return uuid.removeprefix("gpu-")
-
-
-def this_host() -> str:
-    import socket
-    return socket.gethostname()[:255] or "unknown"
-
-
-def make_offer(name: str, device: str, free: int, comfyui: str = "") -> dict:
-    """The body of one serving process's offer (``OFFER_FIELDS``)."""
-    return {"protocol": PROTOCOL, "member": f"{name}/{device}", "name": name, "device": str(device),
-            "host": this_host(), "pid": os.getpid(), "free": int(min(max(free, 0), MAX_FREE_BYTES)),
-            "gpu_uuid": gpu_uuid(device), "versions": local_versions(comfyui)}
-
-
-def choose_backend(local: dict[str, str], offers: dict[str, dict]) -> tuple[str, str]:
-    """(backend, why) of a session: ``nccl`` when every rank is a CUDA device, each on its own
-    physical GPU; else ``gloo``. ``local``: the host's devices -> GPU UUID ('' unknown);
-    ``offers``: member -> offer (its ``device`` and ``gpu_uuid``). NCCL refuses two ranks on one
-    GPU ("Duplicate GPU detected"), as when a worker serves the host's own GPU: that session runs
-    on gloo (its tensors go through host memory), and ``why`` names the pair."""
-    ranks = [(f"this machine's {d}", d, normal_uuid(u)) for d, u in local.items()]
-    ranks += [(m, o.get("device", ""), normal_uuid(o.get("gpu_uuid", ""))) for m, o in sorted(offers.items())]
-    if not all(str(d).startswith("cuda") for _, d, _ in ranks):
-        return "gloo", "a rank is not a CUDA device"
-    seen: dict[str, str] = {}
-    for who, _, uuid in ranks:
-        if uuid and uuid in seen:
-            return "gloo", (f"{seen[uuid]} and {who} are the same physical GPU ({uuid}); NCCL refuses two ranks on "
-                            "one GPU, so this session uses gloo (slower: tensors pass through host memory); give "
-                            "the worker another GPU for NCCL")
-        seen.setdefault(uuid, who)
-    return "nccl", "every rank is a CUDA device of its own"

@@ -16,10 +16,10 @@ from harness.pack import import_pack
 
 import_pack()
 
-from sharddit.parallel.dist_exchange import DistExchange
-from sharddit.parallel.seq_split import plan_groups, rank_slices
-from sharddit.parallel.seq_ulysses import ulysses_attention
-from sharddit.parallel.seq_workers import WorkerPool
+from sharddit.parallel.distributed.exchange import DistExchange
+from sharddit.parallel.sequence.split import plan_groups, rank_slices
+from sharddit.parallel.sequence.ulysses import ulysses_attention
+from sharddit.parallel.sequence.threads import WorkerPool
 
 
 def peer_labels(group_ranks):

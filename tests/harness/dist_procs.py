@@ -15,9 +15,9 @@ from harness.pack import import_pack
 
 import_pack()
 
-from sharddit.parallel.dist_exchange import DistExchange
-from sharddit.parallel.seq_split import plan_groups, rank_slices
-from sharddit.parallel.seq_ulysses import ulysses_attention
+from sharddit.parallel.distributed.exchange import DistExchange
+from sharddit.parallel.sequence.split import plan_groups, rank_slices
+from sharddit.parallel.sequence.ulysses import ulysses_attention
 
 from harness import dist_toys  # noqa: F401 - the toys' blocks can run on workers
 
@@ -60,7 +60,7 @@ def ulysses_rank(rank, world, port, tokens, heads, head_dim, out_path):
 
 def run_worker(port, name, timeout_s):
     """A worker process serving the lobby at 127.0.0.1:port as member ``name/cpu`` (until killed)."""
-    from sharddit.parallel.dist_worker import serve
+    from sharddit.parallel.distributed.worker import serve
     serve("127.0.0.1", port, name, "cpu", timeout_s)
 
 
@@ -88,7 +88,7 @@ def wait_joined(lobby, member, proc, timeout_s=60.0):
 def ulysses_threads(world, tokens, heads, head_dim):
     """The same Ulysses attention in one process over ``ThreadExchange`` (the reference the
     cross-process runs must equal): outputs per rank and bytes each rank received."""
-    from sharddit.parallel.seq_workers import ThreadExchange, WorkerPool
+    from sharddit.parallel.sequence.threads import ThreadExchange, WorkerPool
 
     q, k, v = attention_inputs(1, tokens, heads, head_dim)
     pool = WorkerPool(["cpu"] * world, timeout_s=30)
@@ -108,7 +108,7 @@ def lobby_with_workers(timeout_s: float, names=()):
     added to ``lobby.procs``. Every worker is killed and the lobby closed afterwards."""
     import contextlib
 
-    from sharddit.parallel.dist_host import Lobby
+    from sharddit.parallel.distributed.host import Lobby
 
     @contextlib.contextmanager
     def scope():

@@ -26,7 +26,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from .distributed.protocol import (
+from .protocol import (
     MAX_HEADER_BYTES,
     ProtocolError,
     SecretMismatch,
@@ -37,10 +37,10 @@ from .distributed.protocol import (
     parse_header,
     tensors_from_bytes,
 )
-from .distributed.protocol import (
+from .protocol import (
     PROTOCOL as PROTOCOL_VERSION,
 )
-from .distributed.secret import HOW_TO_MAKE, sign, verify
+from .secret import HOW_TO_MAKE, sign, verify
 
 __all__ = [
     "HEADER",

@@ -18,11 +18,11 @@ import time
 
 import torch.distributed as dist
 
-from .dist_lobby import Lobby, describe_workers, member_key, read_workers, split_member
-from .dist_plan import compute_worker_needs
-from .dist_wire import Channel, host_handshake
-from .distributed.lobby import check_member as lobby_check_member
-from .distributed.protocol import ProtocolError
+from .lobby import Lobby, describe_workers, member_key, read_workers, split_member
+from ..cost.workers import compute_worker_needs
+from .wire import Channel, host_handshake
+from .entries import check_member as lobby_check_member
+from .protocol import ProtocolError
 
 __all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member",
            "check_worker_room", "choose_worker_weights", "describe_workers", "end_process_group", "member_key",

@@ -40,17 +40,17 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from .devices import check_member_name
-from .dist_blocks import WeightLayout, WeightRing, bind_flat, materialize
-from .dist_exchange import DistExchange
-from .dist_host import IDLE_TIMEOUT_S, end_process_group, reset_after_failed_init, weight_groups
-from .dist_join import LobbyMember, WorkerRefused, bind_device, check_lobby, connect, device_free_bytes, make_offer
-from .dist_lobby import require_secret
-from .dist_wire import Channel, worker_handshake
-from .distributed.block_specs import build_block
-from .distributed.protocol import ProtocolError, SecretMismatch
-from .seq_split import Group, RankSlice
-from .seq_ulysses import ulysses_attention
+from ..placement.devices import check_member_name
+from .weights import WeightLayout, WeightRing, bind_flat, materialize
+from .exchange import DistExchange
+from .host import IDLE_TIMEOUT_S, end_process_group, reset_after_failed_init, weight_groups
+from .join import LobbyMember, WorkerRefused, bind_device, check_lobby, connect, device_free_bytes, make_offer
+from .lobby import require_secret
+from .wire import Channel, worker_handshake
+from .block_specs import build_block
+from .protocol import ProtocolError, SecretMismatch
+from ..sequence.split import Group, RankSlice
+from ..sequence.ulysses import ulysses_attention
 
 __all__ = ["Worker", "WorkerRefused", "bind_device", "check_lobby", "connect", "device_free_bytes", "make_offer",
            "serve"]

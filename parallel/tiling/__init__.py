@@ -1,13 +1,14 @@
 """Tiled VAE decoding engine: one import for the geometry and the batched multi-device runner.
 
-- ``tile_geometry``: core-identical tile layout (``plan_tiles``, ``feather_mask``, ``TileSpec``),
+- ``geometry``: core-identical tile layout (``plan_tiles``, ``feather_mask``, ``TileSpec``),
   grouping of equal-shaped tiles and batching (``group_tiles``, ``make_batches``);
-- ``tile_runner``: ``plan_decode`` + ``run_tiled`` (stacked decoder calls, one thread per replica,
-  fixed-order blending, progress and interrupt callbacks).
+- ``runner``: ``plan_decode`` + ``run_tiled`` (stacked decoder calls, one thread per replica,
+  fixed-order blending, progress and interrupt callbacks);
+- ``devices``: which devices decode (the decoder's replicas).
 
-Pure PyTorch: nothing here imports ComfyUI; ``loaders/vae_decode.py`` adapts ComfyUI's VAE.
+Pure PyTorch: nothing here imports ComfyUI; ``loaders/comfy/vae_decode.py`` adapts ComfyUI's VAE.
 """
-from .tile_geometry import (  # noqa: F401
+from .geometry import (  # noqa: F401
     Scale,
     Tile,
     TileSpec,
@@ -19,7 +20,7 @@ from .tile_geometry import (  # noqa: F401
     make_batches,
     plan_tiles,
 )
-from .tile_runner import TilePlan, plan_decode, run_tiled  # noqa: F401
+from .runner import TilePlan, plan_decode, run_tiled  # noqa: F401
 
 __all__ = [
     "Scale", "Tile", "TilePlan", "TileSpec", "check_coverage", "check_tiling", "dim_tiles", "feather_mask",

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from .cost_model import (
+from .model import (
     TRANSFER_LATENCY_S,
     Hardware,
     StrategyCost,
@@ -31,7 +31,7 @@ from .cost_model import (
     estimate_one_gpu,
     estimate_sequence,
 )
-from .cost_report import DevicePeak
+from .report import DevicePeak
 
 __all__ = [
     "ACTIVATION_HIDDEN_STATES",

@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .cost_model import BASELINES, STRATEGIES, StrategyCost
+from .model import BASELINES, STRATEGIES, StrategyCost
 
 __all__ = ["DevicePeak", "choose_strategy", "format_strategy_rows"]
 

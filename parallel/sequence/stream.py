@@ -44,7 +44,7 @@ import copy
 
 import torch
 
-from .seq_ops import TorchOps
+from .ops import TorchOps
 
 __all__ = ["ORDER_WAITS", "BlockStream", "begin_forward", "end_forward", "without_wait"]
 

@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from .seq_ops import real_cuda
+from ..sequence.ops import real_cuda
 
 __all__ = ["WeightLayout", "WeightRing", "bind_flat", "block_tensors", "materialize", "pack_block", "same_version",
            "skeleton", "unpack_into", "weights_version"]

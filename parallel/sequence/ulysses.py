@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .seq_split import RankSlice, even_ranges
+from .split import RankSlice, even_ranges
 
 __all__ = ["ulysses_attention"]
 

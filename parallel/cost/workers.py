@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost_inputs import positive_number
-from .cost_model import Hardware, Workload, estimate_sequence
-from .devices import split_worker_devices
-from .inventory import parse_bytes
+from .inputs import positive_number
+from .model import Hardware, Workload, estimate_sequence
+from ..placement.devices import split_worker_devices
+from ..placement.inventory import parse_bytes
 
 __all__ = ["DEFAULT_NET_GBPS", "NetworkStep", "WorkerNeed", "compute_network_step", "compute_worker_needs",
            "parse_net_gbps", "split_worker_spec"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .sharding import BlockLayout, BlockProxy, get_block_list
+from ..blocks.sharding import BlockLayout, BlockProxy, get_block_list
 
 __all__ = [
     "compute_block_bytes",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tile_geometry import Tile, TileSpec, feather_mask, group_tiles, make_batches, plan_tiles
+from .geometry import Tile, TileSpec, feather_mask, group_tiles, make_batches, plan_tiles
 
 __all__ = ["TilePlan", "plan_decode", "run_tiled"]
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .seq_split import even_ranges, plan_groups, rank_slices
+from ..sequence.split import even_ranges, plan_groups, rank_slices
 
 __all__ = [
     "ACTIVATION_FACTORS",

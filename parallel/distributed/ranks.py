@@ -30,11 +30,11 @@ import uuid
 
 import torch
 
-from .dist_blocks import WeightLayout, pack_block, same_version, weights_version
-from .dist_exchange import DistExchange
-from .dist_host import DistWorkerError, Lobby
-from .distributed.block_specs import describe_block
-from .seq_split import even_ranges, plan_groups
+from .weights import WeightLayout, pack_block, same_version, weights_version
+from .exchange import DistExchange
+from .host import DistWorkerError, Lobby
+from .block_specs import describe_block
+from ..sequence.split import even_ranges, plan_groups
 
 __all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "even_owners", "transfer_group"]
 

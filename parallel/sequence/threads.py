@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from .seq_ops import real_cuda
+from .ops import real_cuda
 
 __all__ = ["PoolAborted", "ThreadExchange", "WorkerError", "WorkerPool"]
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .cost_baselines import compare_with_core, core_baselines, estimate_activation_bytes
-from .cost_inputs import DEFAULT_GPU, ModelShape, table_gpu_name
-from .cost_memory import compute_prefetch_bytes, format_bytes
-from .cost_model import Workload, estimate_costs, hardware_from_options
-from .cost_report import choose_strategy
+from .baselines import compare_with_core, core_baselines, estimate_activation_bytes
+from .inputs import DEFAULT_GPU, ModelShape, table_gpu_name
+from .memory import compute_prefetch_bytes, format_bytes
+from .model import Workload, estimate_costs, hardware_from_options
+from .report import choose_strategy
 
 __all__ = [
     "DEFAULT_PARALLEL",

@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .seq_split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
-from .seq_stream import BlockStream, begin_forward, end_forward
-from .seq_workers import ThreadExchange, WorkerError, WorkerPool
+from .split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
+from .stream import BlockStream, begin_forward, end_forward
+from .threads import ThreadExchange, WorkerError, WorkerPool
 
 __all__ = ["SequenceEngine", "SequenceStats", "SequenceUnsupported", "attach_sequence_engine"]
 
@@ -427,7 +427,7 @@ class SequenceEngine:
         group = rank.slice.group
         if call != 0 or len(group.ranks) == 1:
             return attend(*args, **kwargs)
-        from .seq_ulysses import ulysses_attention
+        from .ulysses import ulysses_attention
         return ulysses_attention(fwd.exchanges[group.index], rank.slice, fwd.main, attend, args, kwargs,
                                  fwd.text_first)
 

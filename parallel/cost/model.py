@@ -30,7 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .cost_inputs import (
+from .inputs import (
     DEFAULT_HOST_LINK_GBPS,
     EFFICIENCY,
     GPU_PEAK_TFLOPS,

@@ -30,7 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from .dist_wire import (
+from .wire import (
     HEADER,
     expect_sizes,
     pack_parts,
@@ -39,7 +39,7 @@ from .dist_wire import (
     unpack_expected,
     unpack_parts,
 )
-from .seq_workers import PoolAborted
+from ..sequence.threads import PoolAborted
 
 __all__ = ["DistExchange", "DistPeerError"]
 
