@@ -45,8 +45,7 @@ class _Block(torch.nn.Module):
 
 
 def seq_stream_module():
-    from sharddit.parallel import seq_stream
-
+    from sharddit.parallel.sequence import stream as seq_stream
     return seq_stream
 
 

@@ -29,7 +29,7 @@ WAN_TOKEN_DIMS = {"x": 1, "e": 1, "freqs": 1}
 def pack():
     """The engine's modules (the pack is imported by path first, as ``sharddit``)."""
     from harness.toy_seq import SeqToyDiT
-    from sharddit.parallel import seq_stream
+    from sharddit.parallel.sequence import stream as seq_stream
     from sharddit.parallel.sequence.engine import attach_sequence_engine
     from sharddit.parallel.sequence.split import TokenSpec
     from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding

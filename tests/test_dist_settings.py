@@ -84,8 +84,7 @@ def test_the_lobby_skips_a_bad_registration_and_logs_it_once(caplog):
     """A registration signed with the right secret but with a bad member name (a foreign tool, or a
     secret-holder's typo) is not enrolled: ``devices=auto`` would otherwise fail for every user of
     the host, or take devices the name smuggles in."""
-    from sharddit.parallel.distributed import lobby as entries
-
+    from sharddit.parallel.distributed import entries
     lobby = Lobby("127.0.0.1", dist_procs.free_port(), 5.0)
     try:
         for i, member in enumerate(("a b/cpu", "good/cpu", "w/gpu")):

@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from sharddit.parallel import inventory as inv
+from sharddit.parallel.placement import inventory as inv
 from sharddit.parallel.placement.inventory import SPEC_FORM, DeviceInfo, Inventory, inventory_from_spec, parse_bytes
 from sharddit.parallel.placement.visible import (
     PhysicalGpu,

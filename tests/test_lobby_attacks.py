@@ -21,8 +21,7 @@ from harness.numerics import assert_split_close
 from sharddit.parallel.distributed.host import IDLE_CLOSE_S, IDLE_TIMEOUT_S, Lobby
 from sharddit.parallel.distributed.lobby import read_workers
 from sharddit.parallel.distributed.worker import Worker, WorkerRefused, check_lobby
-from sharddit.parallel.distributed import lobby as entries
-
+from sharddit.parallel.distributed import entries
 STRANGER_KEY = b"a-guess-at-the-secret-" + b"0" * 26
 
 
@@ -270,8 +269,7 @@ def test_a_real_session_works_after_every_attack():
 
 def test_a_stranger_cannot_flood_the_log(lobby, caplog, monkeypatch):
     """Forged entries under ever new names are logged once each, up to ``MAX_LOGGED`` in all."""
-    from sharddit.parallel import dist_lobby
-
+    from sharddit.parallel.distributed import lobby as dist_lobby
     monkeypatch.setattr(dist_lobby, "_LOGGED", set())
     stranger = _client(lobby)
     with caplog.at_level(logging.WARNING, logger="sharddit"):

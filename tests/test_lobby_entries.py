@@ -8,7 +8,7 @@ import re
 
 import pytest
 from sharddit.parallel.distributed.config import check_listen_address, dist_addr
-from sharddit.parallel.distributed import lobby as entries
+from sharddit.parallel.distributed import entries
 from sharddit.parallel.distributed.entries import BadEntry
 
 KEY = b"k" * 40

@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_specs_fake_gpu import CASES, HOME, _forward, _model, _plan, comfy, models  # noqa: F401
 
-from sharddit.parallel import seq_workers
+from sharddit.parallel.sequence import threads as seq_workers
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.threads import WorkerError
 from sharddit.parallel.blocks.sharding import attach_block_sharding

@@ -13,7 +13,7 @@ import pytest
 import torch
 from harness.toy_seq import MMDouble, MMSingle, SeqToyMMDiT
 
-from sharddit.parallel import seq_stream
+from sharddit.parallel.sequence import stream as seq_stream
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.record import RecordingOps
 from sharddit.parallel.sequence.split import TokenSpec

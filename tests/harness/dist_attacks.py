@@ -58,8 +58,7 @@ def run_attacker(port: int, name: str, attack: str, marker: str, log: str) -> No
     from harness.pack import import_pack
 
     import_pack()
-    from sharddit.parallel import dist_worker
-
+    from sharddit.parallel.distributed import worker as dist_worker
     dist_worker.worker_handshake = _attack(attack, marker, dist_worker.worker_handshake)
     out = pathlib.Path(log)
 
