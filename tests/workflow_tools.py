@@ -265,7 +265,7 @@ def sharddit_schemas(nodes_dir: Path = NODES_DIR) -> dict:
                 helpers[fn.name] = fn
     consts = {}
     # shared defaults (DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB) that nodes/common_inputs.py imports
-    consts.update(_module_consts(ast.parse((nodes_dir.parent / "parallel" / "plan_types.py").read_text())))
+    consts.update(_module_consts(ast.parse((nodes_dir.parent / "parallel" / "placement" / "plan_types.py").read_text())))
     for mod in sorted((nodes_dir.parent / "loaders").rglob("*.py")):
         try:
             consts.update(_module_consts(ast.parse(mod.read_text()), prefix=f"{mod.stem}."))

@@ -19,7 +19,7 @@ import torch
 from ..placement.devices import check_member_name
 from .connect import connect_store
 from .lobby import MAX_LOGGED, lobby_id, member_key, require_secret
-from ..distributed import lobby as lobby_entries
+from . import entries as lobby_entries
 from .entries import check_invite
 
 __all__ = ["LOBBY_WAIT_S", "SLOT_CHECK_S", "LobbyMember", "WorkerRefused", "bind_device", "check_lobby", "connect",
