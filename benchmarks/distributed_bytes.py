@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     os.environ.setdefault(SECRET_ENV, new_secret())  # this host and its one local worker share it
     from harness import dist_procs
     from harness.toy_seq import SeqToyDiT
-    from sharddit.parallel.distributed.host import Lobby
+    from sharddit.parallel.distributed.lobby import Lobby
     from sharddit.parallel.distributed.ranks import attach_remote_ranks
     from sharddit.parallel.sequence.engine import attach_sequence_engine
     from sharddit.parallel.sequence.split import TokenSpec

@@ -15,7 +15,7 @@ import torch
 from conftest import REPO
 from harness import dist_procs
 from harness.numerics import assert_split_close
-from sharddit.parallel.distributed.host import member_key, split_member
+from sharddit.parallel.distributed.entries import member_key, split_member
 from sharddit.parallel.distributed.ranks import attach_remote_ranks
 from test_dist_sequence import _copies, _engine, _inputs, _run
 

@@ -16,7 +16,7 @@ from harness import dist_procs
 from harness.numerics import assert_same_shapes_equal, assert_split_close
 from harness.toy_seq import SeqToyDiT
 from sharddit.parallel.distributed.weights import WeightLayout
-from sharddit.parallel.distributed.host import describe_workers
+from sharddit.parallel.distributed.lobby import describe_workers
 from sharddit.parallel.distributed.ranks import attach_remote_ranks
 from sharddit.parallel.distributed.worker import Worker, connect
 from sharddit.parallel.sequence.engine import attach_sequence_engine

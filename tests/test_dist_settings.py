@@ -18,7 +18,8 @@ from sharddit.parallel.placement.devices import (
 )
 from sharddit.parallel.distributed.config import dist_addr, dist_timeout, parse_addr
 from sharddit.parallel.distributed.connect import join_address, this_machine_addresses
-from sharddit.parallel.distributed.host import Lobby, check_member
+from sharddit.parallel.distributed.host import check_member
+from sharddit.parallel.distributed.lobby import Lobby
 
 BAD_ADDRS = ["127.0.0.1:notaport", "127.0.0.1:99999", ":29555", "127.0.0.1:0", "127.0.0.1:", "my host:29555",
              "127.0.0.1:٣٣"]

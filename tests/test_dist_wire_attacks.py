@@ -7,7 +7,8 @@ import time
 
 import pytest
 from harness import dist_attacks, dist_procs
-from sharddit.parallel.distributed.host import DistWorkerError, Lobby
+from sharddit.parallel.distributed.host import DistWorkerError
+from sharddit.parallel.distributed.lobby import Lobby
 
 TIMEOUT_S = 8.0
 ATTACKS = ("pickle", "huge", "wrong_secret")

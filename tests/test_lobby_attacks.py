@@ -18,7 +18,8 @@ import torch.distributed as dist
 from conftest import REPO
 from harness import dist_procs
 from harness.numerics import assert_split_close
-from sharddit.parallel.distributed.host import IDLE_CLOSE_S, IDLE_TIMEOUT_S, Lobby
+from sharddit.parallel.distributed.host import IDLE_CLOSE_S, IDLE_TIMEOUT_S
+from sharddit.parallel.distributed.lobby import Lobby
 from sharddit.parallel.distributed.lobby import read_workers
 from sharddit.parallel.distributed.worker import Worker, WorkerRefused, check_lobby
 from sharddit.parallel.distributed import entries

@@ -84,7 +84,7 @@ def test_free_memory_from_the_workers_joined_offers():
     """A lobby here and two offers registered by the worker's own code (``dist_worker.Worker``):
     the members ``box2/cuda:0`` and ``box3/cuda:1``."""
     from harness.dist_procs import free_port
-    from sharddit.parallel.distributed.host import Lobby
+    from sharddit.parallel.distributed.lobby import Lobby
     from sharddit.parallel.distributed.worker import Worker, connect
 
     lobby = Lobby("127.0.0.1", free_port(), 10.0)

@@ -96,7 +96,7 @@ def _read_offers(host: str, port: int, deadline: float, peers: set) -> tuple[dic
     that accepts but never answers, torch 2.14.1's client waits past its own timeout (seen here:
     still waiting after 300 s with a 5 s timeout): its connection is then shut down (``_unstick``)
     so that the thread ends with an error here, not later in the middle of the process's exit."""
-    from ...parallel.distributed.host import describe_workers, read_workers
+    from ...parallel.distributed.lobby import describe_workers, read_workers
     from ...parallel.distributed.worker import connect
 
     box: dict = {}

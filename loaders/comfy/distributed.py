@@ -22,7 +22,9 @@ from ...parallel.distributed.config import (
     dist_timeout,
     dist_weights,
 )
-from ...parallel.distributed.host import Lobby, choose_worker_weights, member_key
+from ...parallel.distributed.entries import member_key
+from ...parallel.distributed.host import choose_worker_weights
+from ...parallel.distributed.lobby import Lobby
 from ...parallel.distributed.ranks import attach_remote_ranks
 from ...parallel.distributed.entries import choose_backend, gpu_uuid
 

@@ -36,7 +36,7 @@ from .secret import sign, verify
 
 __all__ = ["LOBBY_KEY", "MAX_ENTRY_BYTES", "MAX_FREE_BYTES", "MAX_MEMBERS", "MEMBER_FORM", "PROTOCOL", "BadEntry",
            "check_invite", "check_member", "check_offer", "choose_backend", "gpu_uuid", "invite_key", "local_versions",
-           "make_entry", "make_offer", "new_id", "open_entry", "read_key", "slot_key"]
+           "make_entry", "make_offer", "member_key", "new_id", "open_entry", "read_key", "slot_key", "split_member"]
 
 MAX_MEMBERS = 64
 """Registration slots the host reads: at most this many worker processes (devices) per lobby."""
@@ -248,3 +248,14 @@ def choose_backend(local: dict[str, str], offers: dict[str, dict]) -> tuple[str,
                             "the worker another GPU for NCCL")
         seen.setdefault(uuid, who)
     return "nccl", "every rank is a CUDA device of its own"
+
+
+def member_key(name: str, device: str) -> str:
+    """The lobby key of one serving process: ``NAME/DEVICE`` (``box2/cuda:1``), as devices strings name it."""
+    return f"{name}/{device}"
+
+
+def split_member(member: str) -> tuple[str, str]:
+    """``"box2/cuda:1"`` -> (``"box2"``, ``"cuda:1"``)."""
+    name, _, device = member.partition("/")
+    return name, device

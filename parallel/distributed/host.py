@@ -1,7 +1,6 @@
-"""The host side of distributed `sequence` mode: the lobby workers join, and sessions (pure PyTorch).
+"""The host side of distributed `sequence` mode: its sessions with the workers (pure PyTorch).
+The lobby that invites workers into them is ``distributed/lobby.py`` (``Lobby.session_for``).
 
-- ``Lobby`` (``dist_lobby``, re-exported here): where workers register their signed offers under
-  their member key ``NAME/DEVICE`` and wait for a signed invitation (``distributed/lobby.py``).
 - ``HostSession``: a process group over the host (rank 0) and the invited workers, made with
   ``init_process_group(store=PrefixStore(session id, a fresh lobby client))``: one gloo pair group per worker
   for commands (``dist_wire`` messages), and one group per batch group that mixes host and
@@ -15,18 +14,21 @@ from __future__ import annotations
 import datetime
 import logging
 import time
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from .lobby import Lobby, describe_workers, member_key, read_workers, split_member
 from ..cost.workers import compute_worker_needs
-from .wire import Channel, host_handshake
 from .entries import check_member as lobby_check_member
+from .entries import split_member
 from .protocol import ProtocolError
+from .wire import Channel, host_handshake
 
-__all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member",
-           "check_worker_room", "choose_worker_weights", "describe_workers", "end_process_group", "member_key",
-           "offer_free", "read_workers", "reset_after_failed_init", "split_member", "weight_groups"]
+if TYPE_CHECKING:  # the lobby makes sessions; a session only reads it
+    from .lobby import Lobby
+
+__all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "check_member", "check_worker_room",
+           "choose_worker_weights", "end_process_group", "offer_free", "reset_after_failed_init", "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
@@ -130,7 +132,7 @@ def check_member(member: str) -> str:
 class HostSession:
     """One process group: the host is rank 0, member ``names[i]`` (``NAME/DEVICE``) is rank ``i + 1``."""
 
-    def __init__(self, lobby: Lobby, names, groups, backend: str, devices: dict[str, str],
+    def __init__(self, lobby: "Lobby", names, groups, backend: str, devices: dict[str, str],
                  offers: dict[str, dict] | None = None):
         self.lobby, self.names, self.group_keys, self.backend = lobby, tuple(names), tuple(groups), backend
         self.timeout_s = lobby.timeout_s

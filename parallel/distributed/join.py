@@ -18,7 +18,8 @@ import torch
 
 from ..placement.devices import check_member_name
 from .connect import connect_store
-from .lobby import MAX_LOGGED, lobby_id, member_key, require_secret
+from .entries import member_key
+from .lobby import MAX_LOGGED, lobby_id, require_secret
 from . import entries as lobby_entries
 from .entries import check_invite
 

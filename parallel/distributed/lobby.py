@@ -34,15 +34,18 @@ from .entries import (
     invite_key,
     local_versions,
     make_entry,
+    member_key,
     new_id,
     open_entry,
     read_key,
     slot_key,
+    split_member,
 )
+from .host import HostSession
 from .secret import HOW_TO_MAKE, dist_secret
 
-__all__ = ["MEMBER_FORM", "READ_TIMEOUT_S", "Lobby", "describe_workers", "lobby_id", "member_key", "read_workers",
-           "require_secret", "split_member"]
+__all__ = ["MEMBER_FORM", "READ_TIMEOUT_S", "Lobby", "describe_workers", "lobby_id", "read_workers",
+           "require_secret"]
 
 log = logging.getLogger("sharddit")
 
@@ -58,17 +61,6 @@ def require_secret(key: bytes | None = None, what: str = "the host's lobby") -> 
         raise ValueError(f"[ShardDiT] {what} needs a shared secret, and none is set: {HOW_TO_MAKE}. Without it "
                          "anyone who reaches the address could join as a worker")
     return key
-
-
-def member_key(name: str, device: str) -> str:
-    """The lobby key of one serving process: ``NAME/DEVICE`` (``box2/cuda:1``), as devices strings name it."""
-    return f"{name}/{device}"
-
-
-def split_member(member: str) -> tuple[str, str]:
-    """``"box2/cuda:1"`` -> (``"box2"``, ``"cuda:1"``)."""
-    name, _, device = member.partition("/")
-    return name, device
 
 
 _LOGGED: set[str] = set()
@@ -241,7 +233,6 @@ class Lobby:
     def session_for(self, names: tuple[str, ...], groups: tuple[tuple[int, ...], ...], backend: str,
                     devices: dict[str, str]):
         """The open session with exactly these workers and groups, or a fresh one."""
-        from .host import HostSession
 
         s = self.session
         if s is not None and (s.broken or s.idle() or s.names != names or s.group_keys != groups

@@ -32,7 +32,8 @@ import torch
 
 from .weights import WeightLayout, pack_block, same_version, weights_version
 from .exchange import DistExchange
-from .host import DistWorkerError, Lobby
+from .host import DistWorkerError
+from .lobby import Lobby
 from .block_specs import describe_block
 from ..sequence.split import even_ranges, plan_groups
 

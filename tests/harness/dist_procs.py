@@ -108,7 +108,7 @@ def lobby_with_workers(timeout_s: float, names=()):
     added to ``lobby.procs``. Every worker is killed and the lobby closed afterwards."""
     import contextlib
 
-    from sharddit.parallel.distributed.host import Lobby
+    from sharddit.parallel.distributed.lobby import Lobby
 
     @contextlib.contextmanager
     def scope():
