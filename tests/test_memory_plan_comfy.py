@@ -13,6 +13,20 @@ pytestmark = pytest.mark.comfy
 MiB = 1 << 20
 
 
+@pytest.fixture(autouse=True)
+def _placement_restored(env):
+    """Sharding records where the DiT went, for later ``auto`` text encoder / VAE placement; a DiT
+    recorded on these fake GPUs must not steer the next test's components onto them."""
+    from harness.comfy_env import pack_module
+
+    placement = pack_module(env, "loaders.comfy.placement")
+    saved = placement.placed()
+    yield
+    with placement._LOCK:
+        placement._PLACED.clear()
+        placement._PLACED.update(saved)
+
+
 def _modules(env):
     from harness.comfy_env import pack_module
 
