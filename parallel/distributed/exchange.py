@@ -30,6 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..tensor_map import rebuild
 from .wire import (
     HEADER,
     expect_sizes,
@@ -302,7 +303,7 @@ def _restore(template, items: tuple):
         return items[0]
     if template is None:
         return None
-    return type(template)(items) if not hasattr(template, "_fields") else type(template)(*items)
+    return rebuild(template, items)
 
 
 def _spec(s):

@@ -30,6 +30,7 @@ import uuid
 
 import torch
 
+from ..tensor_map import map_tensors, tensors_in
 from .weights import WeightLayout, pack_block, same_version, weights_version
 from .exchange import DistExchange
 from .host import DistWorkerError, Lobby
@@ -347,17 +348,12 @@ def _slice_data(rs) -> dict:
 def _compact(v):
     """``v`` with every tensor view copied to its own storage (the wire sends a tensor's own
     bytes; the copy keeps a rank's token range apart from the storage it looks into)."""
-    if isinstance(v, torch.Tensor):
-        whole = v.untyped_storage().nbytes()
-        return v.clone() if whole > v.numel() * v.element_size() else v
-    if isinstance(v, (tuple, list)):
-        items = [_compact(x) for x in v]
-        return type(v)(items) if not hasattr(v, "_fields") else type(v)(*items)
-    return v
+    return map_tensors(lambda t: t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t,
+                       v, dicts=False)
 
 
 def _has_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and any(_has_tensor(x) for x in v))
+    return next(tensors_in(v, dicts=False), None) is not None
 
 
 def _plain(v, depth: int = 2) -> bool:

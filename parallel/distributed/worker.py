@@ -40,6 +40,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from ..tensor_map import map_tensors
 from ..placement.devices import check_member_name
 from .weights import WeightLayout, WeightRing, bind_flat, materialize
 from .exchange import DistExchange
@@ -256,21 +257,10 @@ class _ForwardState:
             return self.streams[item[1]]
         if kind == "ref":
             return self.consts[item[1]]
-        value = _to(item[-1], device)
+        value = map_tensors(lambda t: t.to(device), item[-1])
         if kind == "def":
             self.consts[item[1]] = value
         return value
-
-
-def _to(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, (tuple, list)):
-        items = [_to(v, device) for v in obj]
-        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
 
 
 def _attention(exchange, rs, main, calls, text_first, func, *args, **kwargs):

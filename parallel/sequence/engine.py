@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..tensor_map import map_tensors, tensors_in
 from .split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
 from .stream import BlockStream, begin_forward, end_forward
 from .threads import ThreadExchange, WorkerError, WorkerPool
@@ -246,20 +247,12 @@ class SequenceEngine:
         return out[0] if len(out) == 1 else out
 
     def materialize(self, obj, depth: int = 2):
-        """``obj`` with every placeholder replaced by the gathered tensor (tensor/tuple/list/dict)."""
+        """``obj`` with every placeholder replaced by the gathered tensor (tensor/tuple/list/dict,
+        ``depth`` container levels deep)."""
         fwd = self._fwd
         if fwd is None:
             return obj
-        if isinstance(obj, torch.Tensor):
-            return self._gather(fwd, obj) if id(obj) in fwd.placeholders else obj
-        if depth <= 0:
-            return obj
-        if isinstance(obj, dict):
-            return {k: self.materialize(v, depth - 1) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            items = [self.materialize(v, depth - 1) for v in obj]
-            return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
-        return obj
+        return map_tensors(lambda t: self._gather(fwd, t) if id(t) in fwd.placeholders else t, obj, depth)
 
     def _prepare(self, spec: TokenSpec, names, args, kwargs) -> _Forward:
         """The forward's split (made at its first block); checks this call can be split."""
@@ -443,13 +436,12 @@ def _check_every_rank_has_tokens(batch: int, main: int, n_ranks: int) -> None:
                                   f"A latent of {per_group} tokens or more splits (or use fewer devices)")
 
 
-def _check_tokens(v, dim: int, main: int, tail: int, name: str) -> None:
-    if isinstance(v, (tuple, list)):
-        for t in v:
-            _check_tokens(t, dim, main, tail, name)
-        return
-    if not isinstance(v, torch.Tensor):
-        return
+def _check_tokens(value, dim: int, main: int, tail: int, name: str) -> None:
+    for v in tensors_in(value, dicts=False):
+        _check_token_dim(v, dim, main, tail, name)
+
+
+def _check_token_dim(v: torch.Tensor, dim: int, main: int, tail: int, name: str) -> None:
     d = dim if dim >= 0 else v.dim() + dim
     if d >= v.dim():
         raise SequenceUnsupported(f"argument {name!r} has {v.dim()} dims, token dim {dim}")
@@ -462,14 +454,11 @@ def _check_tokens(v, dim: int, main: int, tail: int, name: str) -> None:
 def _to_rank(obj, device, fresh: bool):
     """``obj`` on ``device``; stream tensors always as a fresh copy (blocks may update them in
     place, e.g. LTXV's ``x += ...``, which must not write into the caller's tensor)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.device != device:
-            return obj.to(device, non_blocking=device.type == "cuda")
-        return obj.clone() if fresh else obj
-    if isinstance(obj, (tuple, list)):
-        items = [_to_rank(v, device, fresh) for v in obj]
-        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
-    return obj
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if t.device != device:
+            return t.to(device, non_blocking=device.type == "cuda")
+        return t.clone() if fresh else t
+    return map_tensors(move, obj, dicts=False)
 
 
 def attach_sequence_engine(router, proxies, token_specs, devices, timeout_s: float = 600.0,

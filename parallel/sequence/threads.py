@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..tensor_map import map_tensors, tensors_in
 from .ops import real_cuda
 
 __all__ = ["PoolAborted", "ThreadExchange", "WorkerError", "WorkerPool"]
@@ -247,16 +248,9 @@ def _check_streams(devices, streams, pos: int) -> None:
 
 
 def _to(obj, dev):
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.device == dev else obj.to(dev, non_blocking=dev.type == "cuda")
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(v, dev) for v in obj)
-    return obj
+    return map_tensors(lambda t: t if t.device == dev else t.to(dev, non_blocking=dev.type == "cuda"), obj,
+                       dicts=False)
 
 
 def _nbytes(obj) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (tuple, list)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj, dicts=False))
