@@ -2,7 +2,6 @@
 from collections import namedtuple
 
 import torch
-
 from sharddit.parallel.tensor_map import map_tensors, rebuild, tensors_in
 
 Pe = namedtuple("Pe", "cos sin")
@@ -14,7 +13,7 @@ def _nested():
 
 
 def test_map_reaches_every_tensor_and_keeps_every_container_type_and_leaf():
-    obj, (a, b, c, d) = _nested()
+    obj, (a, _, c, d) = _nested()
     out = map_tensors(lambda t: t + 10, obj)
     assert type(out) is dict and type(out["pe"]) is Pe and type(out["list"]) is list and type(out["deep"]) is tuple
     assert torch.equal(out["x"], a + 10) and torch.equal(out["pe"].sin, c + 10)
@@ -42,7 +41,7 @@ def test_depth_and_dicts_limit_the_walk():
 
 
 def test_tensors_in_and_rebuild():
-    obj, (a, b, c, d) = _nested()
+    obj, (a, b, _, _) = _nested()
     assert [t.item() for t in (x[0] for x in tensors_in(obj))] == [0.0, 1.0, 2.0, 3.0, 0.0]
     assert list(tensors_in(obj, dicts=False)) == [] and list(tensors_in(None)) == []
     assert rebuild(Pe(1, 2), [a, b]) == Pe(a, b) and rebuild((1,), [5]) == (5,) and rebuild([1], (5,)) == [5]

@@ -18,7 +18,7 @@ failure marks the exchange broken (later calls fail at once) and names the peers
 A failure (a peer died, or did not answer within the group's timeout) raises ``DistPeerError``
 naming every remote peer of the group in every local position's thread, so the user learns which
 worker to look at. A local thread that does not arrive within the timeout, or an aborted worker
-pool, stops the others waiting for it (``TimeoutError`` / ``seq_workers.PoolAborted``).
+pool, stops the others waiting for it (``TimeoutError`` / ``sequence.threads.RanksAborted``).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from .wire import (
     unpack_expected,
     unpack_parts,
 )
-from ..sequence.threads import PoolAborted
+from ..sequence.threads import RanksAborted
 
 __all__ = ["DistExchange", "DistPeerError"]
 
@@ -66,13 +66,14 @@ class _Round:
 
 
 class DistExchange:
-    """All-to-all between the positions of one batch group spread over processes.
+    """All-to-all between the positions of one batch group spread over processes: an ``Exchange``
+    (``sequence.interfaces``).
 
     ``group``: the torch.distributed group of the group's processes; ``group_ranks[p]``: the global
     rank of the process holding position ``p`` (repeats when a process holds several);
     ``device``: this process's one position's device, or ``{position: device}`` for every position
     of this process (each has its own thread calling ``all_to_all``); ``peers[p]``: a label for
-    position ``p`` in errors (``"worker w1 (rank 1, cpu)"``); ``pool``: the ``WorkerPool`` whose
+    position ``p`` in errors (``"worker w1 (rank 1, cpu)"``); ``pool``: the ``sequence.threads.RankThreads`` whose
     threads call (its abort stops a wait at once), or None.
 
     Counters per position: ``bytes_received`` (bytes of the parts every other position sent it,
@@ -166,7 +167,7 @@ class DistExchange:
 
     def _check(self, call: int) -> None:
         if self.pool is not None and self.pool.aborted:
-            raise PoolAborted()
+            raise RanksAborted()
         if self._broken is not None:
             raise DistPeerError(f"[ShardDiT] attention exchange {call} not started: an earlier one failed "
                                 f"({self._broken})")

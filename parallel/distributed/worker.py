@@ -32,7 +32,6 @@ the weights' bytes. No model file is read.
 from __future__ import annotations
 
 import datetime
-import functools
 import logging
 import math
 import traceback
@@ -51,13 +50,12 @@ from .wire import Channel, worker_handshake
 from .block_specs import build_block
 from .protocol import ProtocolError, SecretMismatch
 from ..sequence.split import Group, RankSlice
-from ..sequence.ulysses import ulysses_attention
+from ..sequence.rank_block import BlockAttention, run_rank_block, with_attention
 
 __all__ = ["Worker", "WorkerRefused", "bind_device", "check_lobby", "connect", "device_free_bytes", "make_offer",
            "serve"]
 
 log = logging.getLogger("sharddit")
-_OVERRIDE = "optimized_attention_override"
 MAX_COMMAND_BYTES = 1 << 40
 """Largest command (block weights inside) a worker accepts; commands are signed by the host."""
 
@@ -207,18 +205,14 @@ class Worker(LobbyMember):
         kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"]}
         d = msg["slice"]
         rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
+        attentions = []
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
             ex = DistExchange(groups[tuple(sorted(set(msg["group"])))], msg["group"], self.device, msg["peers"],
                               timeout_s, backend)
-            calls = [0]
-            kwargs["transformer_options"] = {**kwargs["transformer_options"],
-                                             _OVERRIDE: functools.partial(_attention, ex, rs, main, calls,
-                                                                          msg.get("text_first", False))}
+            attentions.append(BlockAttention(ex, rs, main, msg.get("text_first", False)))
+            kwargs["transformer_options"] = with_attention(kwargs["transformer_options"], attentions[0])
         with torch.inference_mode(msg["inference"]), torch.set_grad_enabled(msg["grad"]):
-            out = module(*args, **kwargs)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for name, t in zip(msg["streams"], outs, strict=True):
-            state.streams[name] = t
+            state.streams.update(run_rank_block(module, args, kwargs, attentions, msg["streams"], msg["index"]))
 
 
 def _tell_host(message: dict, ch, timeout_s: float) -> None:
@@ -261,14 +255,6 @@ class _ForwardState:
         if kind == "def":
             self.consts[item[1]] = value
         return value
-
-
-def _attention(exchange, rs, main, calls, text_first, func, *args, **kwargs):
-    """The first attention call of a block is its self-attention (as in ``seq_engine``)."""
-    calls[0] += 1
-    if calls[0] != 1:
-        return func(*args, **kwargs)
-    return ulysses_attention(exchange, rs, main, func, args, kwargs, text_first)
 
 
 def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=print,
