@@ -23,6 +23,7 @@ from ..cost.workers import compute_worker_needs
 from .wire import Channel, host_handshake
 from .entries import check_member as lobby_check_member
 from .protocol import ProtocolError
+from ..units import format_gib
 
 __all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "Lobby", "check_member",
            "check_worker_room", "choose_worker_weights", "describe_workers", "end_process_group", "member_key",
@@ -99,8 +100,8 @@ def check_worker_room(needs: dict[str, tuple[int, str]], offers: dict[str, dict]
     for name, (need, what) in needs.items():
         free = offer_free(offers.get(name, {}), devices[name])
         if free and free < need:
-            short.append(f"{name} ({devices[name]}): needs {need / 2**30:.2f} GiB ({what}), has "
-                         f"{free / 2**30:.2f} GiB free: {(need - free) / 2**30:.2f} GiB missing")
+            short.append(f"{name} ({devices[name]}): needs {format_gib(need, 2)} GiB ({what}), has "
+                         f"{format_gib(free, 2)} GiB free: {format_gib(need - free, 2)} GiB missing")
     if short:
         raise ValueError("[ShardDiT] not enough memory on worker devices: " + "; ".join(short)
                          + ". Add worker devices (each takes an equal share), free memory there, or use fewer "

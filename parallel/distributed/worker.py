@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ..tensor_map import map_tensors
+from ..units import MiB, format_gib
 from ..placement.devices import check_member_name
 from .weights import WeightLayout, WeightRing, bind_flat, materialize
 from .exchange import DistExchange
@@ -167,7 +168,7 @@ class Worker(LobbyMember):
             self.owned[k] = (module, flat, self.layouts[k])
         if msg["owned"]:
             mine = sorted(i for kk, i in self.owned if kk == key)
-            size = sum(f.numel() for _, f, _ in self.owned.values()) / 2**20
+            size = sum(f.numel() for _, f, _ in self.owned.values()) / MiB
             got = sorted(i for i, _ in msg["owned"])
             self.say(f"[ShardDiT] worker {self.name!r}: received blocks {got}; holds blocks {mine} "
                      f"of model {key} ({size:.1f} MiB owned in all); the others arrive from their owners")
@@ -269,7 +270,7 @@ def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=pr
     worker = Worker(store, name, device, None, say, key, f"the host at {host}:{port}", comfyui)
     offer = worker.offer
     say(f"[ShardDiT] worker {worker.member!r} (pid {offer['pid']}) joined {host}:{port}, offering {offer['device']} "
-        f"({offer['free'] / 2**30:.1f} GiB free)")
+        f"({format_gib(offer['free'])} GiB free)")
     done = 0
     try:
         while sessions is None or done < sessions:
