@@ -30,7 +30,7 @@ import torch
 
 from ..tensor_map import map_tensors, tensors_in
 
-__all__ = ["BlockLayout", "BlockRouter", "RouterStats", "normalize_device"]
+__all__ = ["BlockLayout", "BlockRouter", "BlockSlot", "RouterStats", "normalize_device"]
 
 _NEST = 3  # how deep constants are searched inside dict/list/tuple arguments
 
@@ -88,7 +88,7 @@ class RouterStats:
     blocks_run: int = 0
 
 
-class _Slot:
+class BlockSlot:
     """What the router knows about one block: index, device, list, stream positions/names."""
 
     __slots__ = ("index", "device", "list_index", "stream_pos", "stream_names")
@@ -105,7 +105,7 @@ class BlockRouter:
         self.layout = layout
         self.home = normalize_device(home, "home device")
         self.stats = RouterStats()
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, BlockSlot] = {}
         self._home_after: frozenset[int] = frozenset()
         self._first = self._last = -1
         self._cache: dict = {}
@@ -118,7 +118,7 @@ class BlockRouter:
         self._sequence = False
 
     # ---- registration (build_block_proxies) -------------------------------------------------
-    def register(self, slot: _Slot) -> None:
+    def register(self, slot: BlockSlot) -> None:
         self._slots[slot.index] = slot
         last_of_list = {}
         for s in self._slots.values():
@@ -183,14 +183,14 @@ class BlockRouter:
         self._home_all = return_home_all
 
     # ---- hot path ----------------------------------------------------------------------------
-    def run_block(self, slot: _Slot, block, args: tuple, kwargs: dict):
+    def run_block(self, slot: BlockSlot, block, args: tuple, kwargs: dict):
         if self._sequence:
             home_after = self._home_all or slot.index in self._home_after
             return self.engine.run_block(slot, block, args, kwargs, home_after,
                                          lambda a, k: self._run_here(slot, block, a, k))
         return self._run_here(slot, block, args, kwargs)
 
-    def _run_here(self, slot: _Slot, block, args: tuple, kwargs: dict):
+    def _run_here(self, slot: BlockSlot, block, args: tuple, kwargs: dict):
         """`blocks` mode: the block computes on its own device."""
         g = slot.index
         if not self._scoped and g == self._first:
@@ -226,7 +226,7 @@ class BlockRouter:
                 self._count_hop(global_index, "patch", self.home)
         return out
 
-    def _route_inputs(self, slot: _Slot, dev, args, kwargs):
+    def _route_inputs(self, slot: BlockSlot, dev, args, kwargs):
         """(args, kwargs, device a stream came from or None). On the home device no constant can
         move (only home tensors move), so only the stream arguments are looked at."""
         scan = dev != self.home

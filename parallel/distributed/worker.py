@@ -42,7 +42,7 @@ import torch.distributed as dist
 from ..tensor_map import map_tensors
 from ..units import MiB, format_gib
 from ..placement.devices import check_member_name
-from .weights import WeightLayout, WeightRing, bind_flat, materialize
+from .weights import WeightLayout, WeightRing, bind_flat, empty_block
 from .exchange import DistExchange
 from .host import IDLE_TIMEOUT_S, end_process_group, reset_after_failed_init, weight_groups
 from .join import LobbyMember, WorkerRefused, bind_device, check_lobby, connect, device_free_bytes, make_offer
@@ -162,7 +162,7 @@ class Worker(LobbyMember):
                     or flat.dtype != torch.uint8 or flat.numel() != self.layouts[(key, idx)].nbytes:
                 raise ProtocolError(f"block {idx}: its weights do not match its layout")
             k = (key, idx)
-            module = materialize(self.skeletons[k], self.device)
+            module = empty_block(self.skeletons[k], self.device)
             flat = flat.to(self.device)
             bind_flat(module, flat, self.layouts[k])
             self.owned[k] = (module, flat, self.layouts[k])
