@@ -1,11 +1,11 @@
-"""``DistExchange``: the all-to-all of ``seq_workers.ThreadExchange`` across processes (pure PyTorch).
+"""``DistExchange``: the all-to-all of ``sequence.threads.ThreadExchange`` across processes (pure PyTorch).
 
 Same call as the in-process exchange, ``all_to_all(pos, parts) -> list`` (what every position
 sent this one, in position order, on that position's device), but the positions of a batch group
 live in several processes, one or more per process (the host may hold two GPUs of a group whose
 other positions are workers). The threads of this process's positions meet; parts between two of
 them are handed over in memory; the last to arrive sends every part bound for another process
-in one ``all_to_all_single`` of the raw bytes (``dist_wire``), bundled per destination process,
+in one ``all_to_all_single`` of the raw bytes (``wire``), bundled per destination process,
 on the group's own process group (gloo on CPU, NCCL between GPUs). Bytes are sent as they are,
 so a split forward stays bit-identical to the local one. The receive sizes follow from ``expect`` (what each position sends this one: dtypes and
 shapes, which Ulysses attention knows from the token and head ranges both sides share), so no

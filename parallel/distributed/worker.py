@@ -10,7 +10,7 @@ the registration is written again if a stranger overwrote it), join the session'
 run the host's commands until it says ``leave``, the session breaks or the host stays silent for
 ``IDLE_TIMEOUT_S``, back to waiting. Entry formats: ``distributed/lobby.py``.
 Before anything else the host and the worker prove to each other that they hold the shared
-secret (``dist_wire.worker_handshake``); a worker with another secret is refused and told so.
+secret (``wire.worker_handshake``); a worker with another secret is refused and told so.
 Commands (``distributed.protocol`` messages on the worker's command channel, one reply each;
 signed, numbered, schema-checked, never unpickled):
 

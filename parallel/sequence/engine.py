@@ -4,7 +4,7 @@ The DiT's own forward runs unchanged on the main thread. Its block calls reach `
 the block proxies and ``BlockRouter``), which:
 
 1. *scatters* a stream argument that arrives whole (first block of a list, or after inter-block
-   code): each rank takes its batch group and token range (``seq_split``);
+   code): each rank takes its batch group and token range (``split``);
 2. queues the block on every rank's worker thread and returns at once with *placeholders* (meta
    tensors of the whole output's shape), so the main thread runs ahead and the workers never wait
    for it; a placeholder passed to the next block means "each rank's own rows", nothing moves;
@@ -19,8 +19,8 @@ first attention call is its self-attention, run as Ulysses attention over the gr
 (``rank_block.BlockAttention``: the user's attention function, or the override another pack
 installed, on all tokens of the rank's share of the heads); later calls run locally.
 
-A rank that does not own a block streams it (``seq_stream.BlockStream``) and prefetches the next
-once the current block's kernels are queued; the order rules of those copies are in ``seq_stream``.
+A rank that does not own a block streams it (``stream.BlockStream``) and prefetches the next
+once the current block's kernels are queued; the order rules of those copies are in ``stream``.
 """
 from __future__ import annotations
 
