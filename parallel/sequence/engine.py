@@ -5,8 +5,8 @@ the block proxies and ``BlockRouter``), which:
 
 1. *scatters* a stream argument that arrives whole (first block of a list, or after inter-block
    code): each rank takes its batch group and token range (``split``);
-2. queues the block on every rank's worker thread and returns at once with *placeholders* (meta
-   tensors of the whole output's shape), so the main thread runs ahead and the workers never wait
+2. queues the block on every rank's thread (``threads.RankThreads``) and returns at once with *placeholders* (meta
+   tensors of the whole output's shape), so the main thread runs ahead and the rank threads never wait
    for it; a placeholder passed to the next block means "each rank's own rows", nothing moves;
 3. *gathers* the rows into a real tensor on the home device where code outside the blocks reads the
    hidden state: after the last block of each list, after ``return_home_after`` blocks, and before
@@ -116,10 +116,10 @@ class SequenceEngine:
         self.serial_lock = threading.Lock() if serialize else None
         """Dry runs on fake devices: threads take turns (``RankThreads.serial_lock``)."""
         self.should_stop = None
-        """Called before each block, on the main thread and on every worker (ComfyUI: raises if the
+        """Called before each block, on the main thread and on every rank thread (ComfyUI: raises if the
         user interrupted), so an interrupt stops every rank at its next block."""
         self.interrupt_exceptions: tuple[type, ...] = ()
-        """Exception types ``should_stop`` raises: re-raised as they are, not as a worker error."""
+        """Exception types ``should_stop`` raises: re-raised as they are, not as a rank thread error."""
         self.streams = [BlockStream(d) for d in self.devices]
         self.pool: RankThreads | None = None
         self.runner: RankRunner = LocalRanks(self.devices)
@@ -160,7 +160,7 @@ class SequenceEngine:
                     self.serial_lock.release()
 
     def close(self) -> None:
-        """Stop the worker threads and drop the weight buffers (the model is being released)."""
+        """Stop the rank threads and drop the weight buffers (the model is being released)."""
         if self.pool is not None:
             self.pool.close()
             self.pool = None
@@ -185,9 +185,9 @@ class SequenceEngine:
             ok = False
             raise
         finally:
-            if not ok and self.pool is not None:  # stop every worker now, join them, start fresh next time
+            if not ok and self.pool is not None:  # stop every rank thread now, join them, start fresh next time
                 if self.serial_lock is not None:
-                    self.serial_lock.release()  # a worker waiting for its turn must see the abort
+                    self.serial_lock.release()  # a rank thread waiting for its turn must see the abort
                 try:
                     self.pool.close()
                 finally:
@@ -350,7 +350,7 @@ class SequenceEngine:
             self._warned.add(why)
             log.warning("[ShardDiT] sequence mode: a block call runs whole (blocks mode): %s", why)
 
-    # ---- worker threads ----------------------------------------------------------------------
+    # ---- rank threads ------------------------------------------------------------------------
     def _rank_block(self, fwd, rank: _Rank, spec, names, index, block, args, kwargs, stream_names, nxt):
         if self.should_stop is not None:
             self.should_stop()
