@@ -5,9 +5,10 @@ the block proxies and ``BlockRouter``), which:
 
 1. *scatters* a stream argument that arrives whole (first block of a list, or after inter-block
    code): each rank takes its batch group and token range (``split``);
-2. queues the block on every rank's thread (``threads.RankThreads``) and returns at once with *placeholders* (meta
-   tensors of the whole output's shape), so the main thread runs ahead and the rank threads never wait
-   for it; a placeholder passed to the next block means "each rank's own rows", nothing moves;
+2. queues the block on every rank's thread (``threads.RankThreads``) and returns at once with
+   *placeholders* (meta tensors of the whole output's shape), so the main thread runs ahead and the
+   rank threads never wait for it; a placeholder passed to the next block means "each rank's own
+   rows", nothing moves;
 3. *gathers* the rows into a real tensor on the home device where code outside the blocks reads the
    hidden state: after the last block of each list, after ``return_home_after`` blocks, and before
    a block-replacement patch (``materialize``).
