@@ -9,7 +9,8 @@ Pe = namedtuple("Pe", "cos sin")
 
 def _nested():
     a, b, c, d = (torch.full((2,), float(i)) for i in range(4))
-    return {"x": a, "pe": Pe(b, c), "list": [d, None, "s", 3], "none": None, "n": 1.5, "deep": ({"t": a},)}, (a, b, c, d)
+    obj = {"x": a, "pe": Pe(b, c), "list": [d, None, "s", 3], "none": None, "n": 1.5, "deep": ({"t": a},)}
+    return obj, (a, b, c, d)
 
 
 def test_map_reaches_every_tensor_and_keeps_every_container_type_and_leaf():
