@@ -27,8 +27,8 @@ import torch
 
 from ..sequence.ops import real_cuda
 
-__all__ = ["RingSlot", "WeightLayout", "WeightRing", "bind_flat", "block_tensors", "empty_block", "pack_block", "same_version",
-           "skeleton", "unpack_into", "weights_version"]
+__all__ = ["RingSlot", "WeightLayout", "WeightRing", "bind_flat", "block_tensors", "empty_block", "pack_block",
+           "same_version", "skeleton", "unpack_into", "weights_version"]
 
 _ALIGN = 64
 _ON_THE_FLY = ("weight_function", "bias_function")
