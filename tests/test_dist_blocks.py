@@ -4,7 +4,7 @@ import pytest
 import torch
 from harness.toy_seq import SeqToyDiT
 from sharddit.parallel.placement.devices import with_worker_shares
-from sharddit.parallel.distributed.weights import (WeightLayout, WeightRing, bind_flat, block_tensors, materialize,
+from sharddit.parallel.distributed.weights import (WeightLayout, WeightRing, bind_flat, block_tensors, empty_block,
                                            pack_block, same_version, skeleton, unpack_into, weights_version)
 from sharddit.parallel.distributed.host import check_worker_room
 from sharddit.parallel.distributed.ranks import even_owners, transfer_group
@@ -29,7 +29,7 @@ def test_pack_then_bind_or_unpack_gives_the_same_block_bit_for_bit():
     with torch.no_grad():
         want = block(x, e, freqs, ctx)
         for fill in (bind_flat, unpack_into):
-            module = materialize(skel, "cpu")
+            module = empty_block(skel, "cpu")
             if fill is bind_flat:
                 bind_flat(module, flat, layout)
             else:
@@ -44,7 +44,7 @@ def test_on_the_fly_patches_are_applied_when_packing_and_not_copied():
     block = _block()
     block.o.weight_function = [lambda w: w * 2]
     layout = WeightLayout(block)
-    module = materialize(skeleton(block), "cpu")
+    module = empty_block(skeleton(block), "cpu")
     assert "weight_function" not in module.o.__dict__ or module.o.weight_function == []
     unpack_into(pack_block(block, layout), layout, module)
     assert torch.equal(module.o.weight, block.o.weight * 2) and torch.equal(module.qkv.weight, block.qkv.weight)

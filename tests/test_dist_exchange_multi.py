@@ -12,7 +12,7 @@ import torch
 from harness import dist_multi, dist_procs
 from sharddit.parallel.distributed.exchange import DistExchange, DistPeerError
 from sharddit.parallel.sequence.split import even_ranges
-from sharddit.parallel.sequence.threads import WorkerError, WorkerPool
+from sharddit.parallel.sequence.threads import RankThreadError, RankThreads
 
 HEAD_DIM = 8
 F32 = 4
@@ -114,7 +114,7 @@ def _parts():
 
 def test_aborted_pool_stops_a_local_wait_at_once():
     timeout_s = 30.0  # the abort, not this timeout, must end the wait: bounds below are half of it
-    pool = WorkerPool(["cpu", "cpu"], timeout_s=timeout_s)
+    pool = RankThreads(["cpu", "cpu"], timeout_s=timeout_s)
     ex = _local_only(timeout_s, pool)
     waiting = pool.submit(0, lambda: ex.all_to_all(0, _parts()))
     time.sleep(0.2)
@@ -124,11 +124,11 @@ def test_aborted_pool_stops_a_local_wait_at_once():
 
     start = time.monotonic()
     failing = pool.submit(1, fail)
-    with pytest.raises(WorkerError, match="rank 1 broke"):
+    with pytest.raises(RankThreadError, match="rank 1 broke"):
         pool.wait(failing, 1)
     assert waiting.done.wait(timeout_s / 2)
     assert time.monotonic() - start < timeout_s / 2
-    assert waiting.error is None  # PoolAborted, which the pool swallows
+    assert waiting.error is None  # RanksAborted, which the pool swallows
     pool.close()
 
 

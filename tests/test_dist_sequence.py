@@ -21,7 +21,7 @@ from sharddit.parallel.distributed.ranks import attach_remote_ranks
 from sharddit.parallel.distributed.worker import Worker, connect
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.split import TokenSpec
-from sharddit.parallel.sequence.threads import WorkerError
+from sharddit.parallel.sequence.threads import RankThreadError
 from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 WAN = BlockLayout(("blocks",), (("x",),))
@@ -211,7 +211,7 @@ def test_worker_killed_mid_forward_names_it_then_local_runs_and_rejoin_works(lob
         hook = handle.proxies["blocks"][2].real_block.register_forward_pre_hook(
             lambda *_: os.kill(proc.pid, signal.SIGKILL))
         t0 = time.monotonic()
-        with pytest.raises(WorkerError) as info:
+        with pytest.raises(RankThreadError) as info:
             _run(handle, model, *x)
         took = time.monotonic() - t0
         hook.remove()
@@ -253,7 +253,7 @@ def test_hung_worker_fails_the_forward_within_the_timeout(lobby):
         hook = handle.proxies["blocks"][1].real_block.register_forward_pre_hook(
             lambda *_: os.kill(proc.pid, signal.SIGSTOP))  # the worker freezes mid-forward
         t0 = time.monotonic()
-        with pytest.raises(WorkerError, match=r"worker 'w1' \(rank 1, cpu\).*(within|silent for) 8 s"):
+        with pytest.raises(RankThreadError, match=r"worker 'w1' \(rank 1, cpu\).*(within|silent for) 8 s"):
             _run(handle, model, *x)
         took = time.monotonic() - t0
         hook.remove()

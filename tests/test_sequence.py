@@ -16,7 +16,7 @@ from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
 
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.split import TokenSpec, even_ranges, plan_groups
-from sharddit.parallel.sequence.threads import WorkerError
+from sharddit.parallel.sequence.threads import RankThreadError
 from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 WAN = BlockLayout(("blocks",), (("x",),))
@@ -129,7 +129,7 @@ def test_worker_fault_raises_with_device_and_leaves_no_thread():
         return original(*a, **k)
 
     real.forward = faulty
-    with pytest.raises(WorkerError, match=r"worker 1 on cpu failed during block 2: RuntimeError: injected fault"):
+    with pytest.raises(RankThreadError, match=r"worker 1 on cpu failed during block 2: RuntimeError: injected fault"):
         _run(handle, lambda: model(x, t, ctx))
     assert engine.pool is None and calls["n"] == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("sharddit-seq")]  # workers joined

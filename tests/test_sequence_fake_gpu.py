@@ -14,7 +14,7 @@ from test_specs_fake_gpu import CASES, HOME, _forward, _model, _plan, comfy, mod
 
 from sharddit.parallel.sequence import threads as seq_workers
 from sharddit.parallel.sequence.engine import attach_sequence_engine
-from sharddit.parallel.sequence.threads import WorkerError
+from sharddit.parallel.sequence.threads import RankThreadError
 from sharddit.parallel.blocks.sharding import attach_block_sharding
 from sharddit.parallel.simulate import fake_device_mode, materialize_planned
 from sharddit.parallel.placement.sizing import get_blocks
@@ -70,6 +70,6 @@ def test_broken_exchange_is_caught(comfy, models, monkeypatch):  # noqa: F811
     devices, _ = _plan(dit, layout, 4)
     monkeypatch.setattr(seq_workers, "_to", lambda obj, dev: obj)
     with fake_device_mode() as mode:
-        with pytest.raises(WorkerError) as err:
+        with pytest.raises(RankThreadError) as err:
             _run_sequence(dit, layout, devices, "wan", mode)
     assert "cuda:" in str(err.value) and "device" in str(err.value.__cause__)

@@ -18,7 +18,7 @@ from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.record import RecordingOps
 from sharddit.parallel.sequence.split import TokenSpec
 from sharddit.parallel.sequence.stream import ORDER_WAITS, BlockStream, without_wait
-from sharddit.parallel.sequence.threads import WorkerPool
+from sharddit.parallel.sequence.threads import RankThreads
 from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
 MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
@@ -150,7 +150,7 @@ def test_a_copy_from_pageable_memory_is_flagged():
 def test_worker_threads_run_under_the_main_threads_autocast():
     """Autocast is per thread: a block queued under ComfyUI's ``torch.autocast`` must compute in its
     dtype on the worker too, and a block queued outside it must not."""
-    pool = WorkerPool(["cpu"], timeout_s=10)
+    pool = RankThreads(["cpu"], timeout_s=10)
     lin = torch.nn.Linear(4, 4)
 
     def probe():

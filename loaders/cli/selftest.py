@@ -40,7 +40,8 @@ import torch
 import comfy.model_management as mm
 import comfy.sample
 
-from ...parallel.placement.inventory import GiB, read_inventory
+from ...parallel.placement.inventory import read_inventory
+from ...parallel.units import GiB
 from ...parallel.tiling import TileSpec, plan_tiles
 from ..comfyui_import import dynamic_vram_status
 from .selftest_dynamic import check_dynamic_vram

@@ -33,7 +33,7 @@ from ...parallel.cost.memory import (
     format_shortfalls,
     plan_sequence_memory,
 )
-from ...parallel.placement.inventory import GiB
+from ...parallel.units import GiB
 from ...parallel.model_geometry import family_of, geometry_of
 from ...parallel.cost.mode import decide_parallel
 from .placement import current_inventory

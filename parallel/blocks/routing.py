@@ -28,7 +28,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["BlockLayout", "BlockRouter", "RouterStats", "normalize_device"]
+from ..tensor_map import map_tensors, tensors_in
+
+__all__ = ["BlockLayout", "BlockRouter", "BlockSlot", "RouterStats", "normalize_device"]
 
 _NEST = 3  # how deep constants are searched inside dict/list/tuple arguments
 
@@ -86,7 +88,7 @@ class RouterStats:
     blocks_run: int = 0
 
 
-class _Slot:
+class BlockSlot:
     """What the router knows about one block: index, device, list, stream positions/names."""
 
     __slots__ = ("index", "device", "list_index", "stream_pos", "stream_names")
@@ -103,7 +105,7 @@ class BlockRouter:
         self.layout = layout
         self.home = normalize_device(home, "home device")
         self.stats = RouterStats()
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, BlockSlot] = {}
         self._home_after: frozenset[int] = frozenset()
         self._first = self._last = -1
         self._cache: dict = {}
@@ -112,11 +114,11 @@ class BlockRouter:
         # Kernels that launch on the *current* CUDA device (Triton/Sage attention) need it set.
         self.set_current_device = torch.cuda.is_available()
         self.engine = None
-        """A ``SequenceEngine`` (``seq_engine``) for `sequence` scopes; None: `blocks` only."""
+        """A ``SequenceEngine`` (``sequence.engine``) for `sequence` scopes; None: `blocks` only."""
         self._sequence = False
 
     # ---- registration (build_block_proxies) -------------------------------------------------
-    def register(self, slot: _Slot) -> None:
+    def register(self, slot: BlockSlot) -> None:
         self._slots[slot.index] = slot
         last_of_list = {}
         for s in self._slots.values():
@@ -149,7 +151,7 @@ class BlockRouter:
 
         Nested scopes join the outer one. ``return_home_all``: every block output comes home
         (inter-block code such as a ControlNet runs this forward). ``sequence``: blocks run split
-        over the engine's ranks (``seq_engine``); needs ``engine``.
+        over the engine's ranks (``sequence.engine``); needs ``engine``.
         """
         if self._scoped:
             yield self
@@ -181,14 +183,14 @@ class BlockRouter:
         self._home_all = return_home_all
 
     # ---- hot path ----------------------------------------------------------------------------
-    def run_block(self, slot: _Slot, block, args: tuple, kwargs: dict):
+    def run_block(self, slot: BlockSlot, block, args: tuple, kwargs: dict):
         if self._sequence:
             home_after = self._home_all or slot.index in self._home_after
             return self.engine.run_block(slot, block, args, kwargs, home_after,
                                          lambda a, k: self._run_here(slot, block, a, k))
         return self._run_here(slot, block, args, kwargs)
 
-    def _run_here(self, slot: _Slot, block, args: tuple, kwargs: dict):
+    def _run_here(self, slot: BlockSlot, block, args: tuple, kwargs: dict):
         """`blocks` mode: the block computes on its own device."""
         g = slot.index
         if not self._scoped and g == self._first:
@@ -224,7 +226,7 @@ class BlockRouter:
                 self._count_hop(global_index, "patch", self.home)
         return out
 
-    def _route_inputs(self, slot: _Slot, dev, args, kwargs):
+    def _route_inputs(self, slot: BlockSlot, dev, args, kwargs):
         """(args, kwargs, device a stream came from or None). On the home device no constant can
         move (only home tensors move), so only the stream arguments are looked at."""
         scan = dev != self.home
@@ -246,27 +248,10 @@ class BlockRouter:
         return new_args, new_kwargs, moved_from
 
     def _constant(self, obj, dev, depth):
-        """``obj`` with every home-device tensor inside replaced by its cached copy on ``dev``."""
-        if isinstance(obj, torch.Tensor):
-            if obj.device == dev or obj.device != self.home:
-                return obj
-            return self._cached_copy(obj, dev)
-        if depth <= 0:
-            return obj
-        if isinstance(obj, dict):
-            new = None
-            for k, v in obj.items():
-                r = self._constant(v, dev, depth - 1)
-                if r is not v:
-                    new = dict(obj) if new is None else new
-                    new[k] = r
-            return obj if new is None else new
-        if isinstance(obj, (list, tuple)):
-            items = [self._constant(v, dev, depth - 1) for v in obj]
-            if all(a is b for a, b in zip(items, obj)):
-                return obj
-            return _rebuild(obj, items)
-        return obj
+        """``obj`` with every home-device tensor inside replaced by its cached copy on ``dev``
+        (``obj`` itself when none is there)."""
+        return map_tensors(lambda t: t if t.device == dev or t.device != self.home else self._cached_copy(t, dev),
+                           obj, depth)
 
     def _cached_copy(self, t: torch.Tensor, dev) -> torch.Tensor:
         key = (id(t), dev)
@@ -290,14 +275,6 @@ class BlockRouter:
         self.stats.hop_log.append((g, str(src), str(dst)))
 
 
-def _rebuild(obj, items):
-    if isinstance(obj, list):
-        return items
-    if hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*items)
-    return type(obj)(items)
-
-
 def _move_stream(obj, dev):
     """(obj on ``dev``, the device it came from or None when nothing moved)."""
     if isinstance(obj, torch.Tensor):
@@ -307,25 +284,10 @@ def _move_stream(obj, dev):
     moved, changed = _move(obj, dev, 1)
     if not changed:
         return obj, None
-    items = obj.values() if isinstance(obj, dict) else obj
-    src = next(t.device for t in items if isinstance(t, torch.Tensor) and t.device != dev)
-    return moved, src
+    return moved, next(t.device for t in tensors_in(obj, 1) if t.device != dev)
 
 
 def _move(obj, dev, depth):
-    """Move tensors in ``obj`` (a tensor, or one level of tuple/list/dict) to ``dev``."""
-    if isinstance(obj, torch.Tensor):
-        return (obj, False) if obj.device == dev else (obj.to(dev), True)
-    if depth <= 0:
-        return obj, False
-    if isinstance(obj, dict):
-        moved = {k: _move(v, dev, depth - 1) for k, v in obj.items()}
-        if not any(c for _, c in moved.values()):
-            return obj, False
-        return {k: v for k, (v, _) in moved.items()}, True
-    if isinstance(obj, (list, tuple)):
-        moved = [_move(v, dev, depth - 1) for v in obj]
-        if not any(c for _, c in moved):
-            return obj, False
-        return _rebuild(obj, [v for v, _ in moved]), True
-    return obj, False
+    """(``obj`` with its tensors on ``dev``, ``depth`` container levels deep; whether any moved)."""
+    moved = map_tensors(lambda t: t if t.device == dev else t.to(dev), obj, depth)
+    return moved, moved is not obj

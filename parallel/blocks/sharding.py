@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .routing import BlockLayout, BlockRouter, RouterStats, _Slot, normalize_device
+from .routing import BlockLayout, BlockRouter, BlockSlot, RouterStats, normalize_device
 
 __all__ = [
     "BlockLayout",
@@ -44,7 +44,7 @@ _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_O
 class BlockProxy(torch.nn.Module):
     """Stands in for one block: routes its inputs, calls the real block, routes the output."""
 
-    def __init__(self, block: torch.nn.Module, slot: _Slot, router: BlockRouter):
+    def __init__(self, block: torch.nn.Module, slot: BlockSlot, router: BlockRouter):
         super().__init__()
         # object.__setattr__: keep the block out of _modules (no parameters, not moved by .to()).
         object.__setattr__(self, "_sharddit_block", block)
@@ -118,7 +118,7 @@ def build_block_proxies(blocks: Sequence[torch.nn.Module], devices: Sequence, ho
     proxies = []
     for block, dev, g in zip(blocks, devices, global_indices):
         pos, names = _resolve_stream(block, layout.stream_args[list_index], layout.block_lists[list_index])
-        slot = _Slot(int(g), normalize_device(dev, f"device of block {g}"), list_index, pos, names)
+        slot = BlockSlot(int(g), normalize_device(dev, f"device of block {g}"), list_index, pos, names)
         router.register(slot)
         proxies.append(BlockProxy(block, slot, router))
     return proxies

@@ -32,6 +32,7 @@ from .model import (
     estimate_sequence,
 )
 from .report import DevicePeak
+from ..units import format_gib
 
 __all__ = [
     "ACTIVATION_HIDDEN_STATES",
@@ -46,7 +47,6 @@ __all__ = [
     "estimate_dynamic_vram",
 ]
 
-_GiB = 1 << 30
 AS_FAST = 0.05
 """Core's option counts as "as fast" when its predicted step is at most 5 % slower than ShardDiT's
 pick (the cost model's calibration misses by up to 10 %; closer than 5 % is a tie)."""
@@ -124,7 +124,7 @@ def estimate_dynamic_vram(work: Workload, hw: Hardware, resident_block_bytes: fl
     t = calls * (compute + exposed)
     base = estimate_one_gpu(work, hw).seconds_per_step
     gb = hw.host_link_bytes_per_s / 1e9
-    note = (f"streams {calls * streamed / _GiB:.1f} GiB per step from pinned host RAM at {gb:g} GB/s, "
+    note = (f"streams {format_gib(calls * streamed)} GiB per step from pinned host RAM at {gb:g} GB/s, "
             f"{calls * exposed / t:.0%} of the step waiting for it" if streamed else "whole model resident")
     return StrategyCost("dynamic_vram", t, base / t, calls * compute, 0.0, calls * exposed, 0.0,
                         int(calls * streamed), note)
@@ -140,7 +140,7 @@ def core_baselines(work: Workload, hw: Hardware, setup: CoreSetup, devices: Sequ
         act, full = setup.activation_per_sample, setup.dit_bytes
         fits = all(u is None or full + act <= u for u in setup.usable[:2])
         rows["core_cfg_split"] = BaselineRow(estimate_core_cfg_split(work, hw), DevicePeak(full, act, 0), fits,
-                                             used, f"full copy {full / _GiB:.1f} GiB per GPU")
+                                             used, f"full copy {format_gib(full)} GiB per GPU")
     return rows
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..sequence.split import even_ranges, plan_groups, rank_slices
+from ..units import GiB, MiB, format_gib
 
 __all__ = [
     "ACTIVATION_FACTORS",
@@ -162,7 +163,7 @@ def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks
 
 def format_bytes(n: float) -> str:
     """GiB with one decimal; MiB below 0.1 GiB, so a small model's shortfall never reads 0.0 GiB."""
-    return f"{n / (1 << 30):.1f} GiB" if abs(n) >= (1 << 30) / 10 else f"{n / (1 << 20):.1f} MiB"
+    return f"{format_gib(n)} GiB" if abs(n) >= GiB / 10 else f"{n / MiB:.1f} MiB"
 
 
 def format_shortfalls(rows, usable: dict) -> str:

@@ -5,10 +5,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .model import BASELINES, STRATEGIES, StrategyCost
+from ..units import format_gib
 
 __all__ = ["DevicePeak", "choose_strategy", "format_strategy_rows"]
 
-_GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,6 @@ def _label(name: str) -> str:
     return "1 GPU" if name == "one_gpu" else name
 
 
-def _gib(n: float) -> str:
-    return f"{n / _GiB:.1f}"
-
-
 def format_strategy_rows(costs: Mapping[str, StrategyCost], peaks: Mapping[str, DevicePeak],
                          fits_by_strategy: Mapping[str, bool], baseline_name: str = "GPU",
                          hardware_note: str = "") -> str:
@@ -75,8 +71,8 @@ def format_strategy_rows(costs: Mapping[str, StrategyCost], peaks: Mapping[str, 
         if name not in costs:
             continue
         c, p = costs[name], peaks.get(name)
-        peak = (f"{_gib(p.weights_bytes)} + {_gib(p.activation_bytes)} + {_gib(p.prefetch_bytes)} "
-                f"= {_gib(p.total_bytes)}") if p else "?"
+        peak = (f"{format_gib(p.weights_bytes)} + {format_gib(p.activation_bytes)} + {format_gib(p.prefetch_bytes)} "
+                f"= {format_gib(p.total_bytes)}") if p else "?"
         fits = "yes" if fits_by_strategy.get(name, False) else "no"
         rows.append((name, peak, f"{c.seconds_per_step:.2f}", f"{c.speedup:.2f}×", fits))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

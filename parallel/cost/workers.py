@@ -16,13 +16,13 @@ from .inputs import positive_number
 from .model import Hardware, Workload, estimate_sequence
 from ..placement.devices import split_worker_devices
 from ..placement.inventory import parse_bytes
+from ..units import format_gib
 
 __all__ = ["DEFAULT_NET_GBPS", "NetworkStep", "WorkerNeed", "compute_network_step", "compute_worker_needs",
            "parse_net_gbps", "split_worker_spec"]
 
 DEFAULT_NET_GBPS = 10.0
 """Gbit/s of the network between the machines (a 10 GbE LAN)."""
-_GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -132,10 +132,10 @@ def compute_worker_needs(mode: str, workers, ranges, block_bytes) -> tuple[bool,
     for (name, dev, free), (start, stop) in zip(workers, ranges, strict=True):
         own = sum(block_bytes[start:stop])
         if keep_all:
-            need, what = every, f"every block {total / _GiB:.2f} + activations {2 * biggest / _GiB:.2f} GiB"
+            need, what = every, f"every block {format_gib(total, 2)} + activations {format_gib(2 * biggest, 2)} GiB"
         else:
-            need, what = own + 4 * biggest, (f"share {own / _GiB:.2f} + receive ring and activations "
-                                             f"{4 * biggest / _GiB:.2f} GiB")
+            need, what = own + 4 * biggest, (f"share {format_gib(own, 2)} + receive ring and activations "
+                                             f"{format_gib(4 * biggest, 2)} GiB")
         needs.append(WorkerNeed(name, dev, start, stop, own, need, what, free))
     head = f"auto -> {chosen}" if mode == "auto" else chosen
     tail = ("every worker keeps every block (sent once); nothing streams per step" if keep_all

@@ -1,11 +1,11 @@
-"""``DistExchange``: the all-to-all of ``seq_workers.ThreadExchange`` across processes (pure PyTorch).
+"""``DistExchange``: the all-to-all of ``sequence.threads.ThreadExchange`` across processes (pure PyTorch).
 
 Same call as the in-process exchange, ``all_to_all(pos, parts) -> list`` (what every position
 sent this one, in position order, on that position's device), but the positions of a batch group
 live in several processes, one or more per process (the host may hold two GPUs of a group whose
 other positions are workers). The threads of this process's positions meet; parts between two of
 them are handed over in memory; the last to arrive sends every part bound for another process
-in one ``all_to_all_single`` of the raw bytes (``dist_wire``), bundled per destination process,
+in one ``all_to_all_single`` of the raw bytes (``wire``), bundled per destination process,
 on the group's own process group (gloo on CPU, NCCL between GPUs). Bytes are sent as they are,
 so a split forward stays bit-identical to the local one. The receive sizes follow from ``expect`` (what each position sends this one: dtypes and
 shapes, which Ulysses attention knows from the token and head ranges both sides share), so no
@@ -18,7 +18,7 @@ failure marks the exchange broken (later calls fail at once) and names the peers
 A failure (a peer died, or did not answer within the group's timeout) raises ``DistPeerError``
 naming every remote peer of the group in every local position's thread, so the user learns which
 worker to look at. A local thread that does not arrive within the timeout, or an aborted worker
-pool, stops the others waiting for it (``TimeoutError`` / ``seq_workers.PoolAborted``).
+pool, stops the others waiting for it (``TimeoutError`` / ``sequence.threads.RanksAborted``).
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..tensor_map import rebuild
 from .wire import (
     HEADER,
     expect_sizes,
@@ -39,7 +40,7 @@ from .wire import (
     unpack_expected,
     unpack_parts,
 )
-from ..sequence.threads import PoolAborted
+from ..sequence.threads import RanksAborted
 
 __all__ = ["DistExchange", "DistPeerError"]
 
@@ -65,13 +66,14 @@ class _Round:
 
 
 class DistExchange:
-    """All-to-all between the positions of one batch group spread over processes.
+    """All-to-all between the positions of one batch group spread over processes: an ``Exchange``
+    (``sequence.interfaces``).
 
     ``group``: the torch.distributed group of the group's processes; ``group_ranks[p]``: the global
     rank of the process holding position ``p`` (repeats when a process holds several);
     ``device``: this process's one position's device, or ``{position: device}`` for every position
     of this process (each has its own thread calling ``all_to_all``); ``peers[p]``: a label for
-    position ``p`` in errors (``"worker w1 (rank 1, cpu)"``); ``pool``: the ``WorkerPool`` whose
+    position ``p`` in errors (``"worker w1 (rank 1, cpu)"``); ``pool``: the ``sequence.threads.RankThreads`` whose
     threads call (its abort stops a wait at once), or None.
 
     Counters per position: ``bytes_received`` (bytes of the parts every other position sent it,
@@ -165,7 +167,7 @@ class DistExchange:
 
     def _check(self, call: int) -> None:
         if self.pool is not None and self.pool.aborted:
-            raise PoolAborted()
+            raise RanksAborted()
         if self._broken is not None:
             raise DistPeerError(f"[ShardDiT] attention exchange {call} not started: an earlier one failed "
                                 f"({self._broken})")
@@ -302,7 +304,7 @@ def _restore(template, items: tuple):
         return items[0]
     if template is None:
         return None
-    return type(template)(items) if not hasattr(template, "_fields") else type(template)(*items)
+    return rebuild(template, items)
 
 
 def _spec(s):

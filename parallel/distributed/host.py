@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from ..cost.workers import compute_worker_needs
+from ..units import format_gib
 from .entries import check_member as lobby_check_member
 from .entries import split_member
 from .protocol import ProtocolError
@@ -101,8 +102,8 @@ def check_worker_room(needs: dict[str, tuple[int, str]], offers: dict[str, dict]
     for name, (need, what) in needs.items():
         free = offer_free(offers.get(name, {}), devices[name])
         if free and free < need:
-            short.append(f"{name} ({devices[name]}): needs {need / 2**30:.2f} GiB ({what}), has "
-                         f"{free / 2**30:.2f} GiB free: {(need - free) / 2**30:.2f} GiB missing")
+            short.append(f"{name} ({devices[name]}): needs {format_gib(need, 2)} GiB ({what}), has "
+                         f"{format_gib(free, 2)} GiB free: {format_gib(need - free, 2)} GiB missing")
     if short:
         raise ValueError("[ShardDiT] not enough memory on worker devices: " + "; ".join(short)
                          + ". Add worker devices (each takes an equal share), free memory there, or use fewer "

@@ -43,6 +43,7 @@ from .entries import (
 )
 from .host import HostSession
 from .secret import HOW_TO_MAKE, dist_secret
+from ..units import format_gib
 
 __all__ = ["MEMBER_FORM", "READ_TIMEOUT_S", "Lobby", "describe_workers", "lobby_id", "read_workers",
            "require_secret"]
@@ -129,7 +130,7 @@ def describe_workers(store, host: str, port: int, key: bytes | None = None, lobb
         return head + " none joined yet"
     lines = [head]
     for name, members in sorted(by_name.items()):
-        devs = ", ".join(f"{m} {o['free'] / 2**30:.1f} GiB free" for m, o in sorted(members))
+        devs = ", ".join(f"{m} {format_gib(o['free'])} GiB free" for m, o in sorted(members))
         hosts = sorted({o["host"] for _, o in members})
         lines.append(f"  {name} on {', '.join(hosts)}: {devs}")
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """Engine ranks that live in worker processes (host side of distributed `sequence` mode; pure).
 
 ``attach_remote_ranks(engine, lobby, {engine_rank: worker}, devices, owners=...)`` makes those ranks
-of a ``SequenceEngine`` remote. Their pool thread on the host becomes a proxy: for each block it
+of a ``SequenceEngine`` remote: ``DistRanks`` becomes the engine's ``RankRunner``
+(``sequence.interfaces``) and runs the other ranks through ``sequence.local.LocalRanks``. A remote
+rank's thread on the host is a proxy: for each block it
 sends the worker a command with the rank's share of the arguments (constants once per forward,
 later by reference; the hidden state stays on the worker between blocks) and waits for "done".
 
@@ -9,7 +11,7 @@ later by reference; the hidden state stays on the worker between blocks) and wai
 by default contiguous, equal shares). A worker keeps only the blocks its rank owns: the host sends
 them (after ComfyUI's patching: LoRA, casts) the first time and again only when their version
 changes (``version_of``: ComfyUI's patch state per block from ``loaders/comfy``; by default the
-tensors and their in-place counters, ``dist_blocks.weights_version``). Every other block reaches
+tensors and their in-place counters, ``weights.weights_version``). Every other block reaches
 the worker once per forward from its *owner*, with one ``broadcast`` per block over
 torch.distributed: from the host (group of all processes) when a host device owns it, from the
 owning worker (group of the workers) otherwise; the block after the current one is posted early,
@@ -30,19 +32,21 @@ import uuid
 
 import torch
 
+from ..tensor_map import map_tensors, tensors_in
 from .weights import WeightLayout, pack_block, same_version, weights_version
 from .exchange import DistExchange
 from .host import DistWorkerError
 from .lobby import Lobby
 from .block_specs import describe_block
+from ..sequence.local import LocalRanks
+from ..sequence.rank_block import ATTENTION_OVERRIDE
 from ..sequence.split import even_ranges, plan_groups
 
 __all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "even_owners", "transfer_group"]
 
 log = logging.getLogger("sharddit")
 
-_OVERRIDE = "optimized_attention_override"
-_NOT_SENT = ("patches", "patches_replace", "wrappers", "callbacks", _OVERRIDE)
+_NOT_SENT = ("patches", "patches_replace", "wrappers", "callbacks", ATTENTION_OVERRIDE)
 _FORWARDS = itertools.count(1)
 """Forward ids, unique in this process: two models (Wan 2.2's two experts) share one session."""
 FETCH_LIMIT = 1 << 36
@@ -79,11 +83,14 @@ def transfer_group(owner_proc: int, n_workers: int):
 
 
 class DistRanks:
-    """The remote ranks of one engine and the session they run in."""
+    """The remote ranks of one engine and the session they run in: the engine's ``RankRunner``
+    (its other ranks run through ``self.local``)."""
 
     def __init__(self, engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str], backend: str = "gloo",
                  owners: dict[int, int] | None = None, version_of=None, keep_all: bool = False, describe=None):
         self.engine, self.lobby, self.remote = engine, lobby, dict(remote)
+        self.local = LocalRanks(engine.devices)
+        """Runs the engine's ranks that are threads of this process."""
         self.devices, self.backend = devices, backend
         if len(set(self.remote.values())) != len(self.remote):
             raise ValueError("[ShardDiT] one worker serves one device for now: list each worker once")
@@ -99,7 +106,7 @@ class DistRanks:
         self.keep_all = keep_all
         """Every worker keeps every block (sent once; nothing streams per step)."""
         self.version_of = version_of or (lambda index, block: weights_version(block))
-        """``(block index, block) -> version``: compared with ``dist_blocks.same_version``."""
+        """``(block index, block) -> version``: compared with ``weights.same_version``."""
         self.describe = describe
         """``(block index, block) -> (family, config)`` the worker builds the block from
         (``distributed.block_specs``); None: the describer registered for the block's class."""
@@ -178,13 +185,17 @@ class DistRanks:
                 self.lobby.close_session()
             self.session = None
 
-    def exchange(self, group, devices: dict, pool=None):
-        """The host's exchange for a batch group that includes worker ranks (shared by the host
-        ranks of the group: ``devices`` = {position: device} of those); None otherwise."""
-        if not any(r in self.remote for r in group.ranks):
+    def exchange(self, group, pool=None):
+        """The exchange the host's threads of ``group`` share: in-process when every rank is local,
+        a ``DistExchange`` when some are workers, None when none is local (nothing to share)."""
+        local = [r for r in group.ranks if r not in self.remote]
+        if not local:
             return None
+        if len(local) == len(group.ranks):
+            return self.local.exchange(group, pool)
         key = tuple(sorted({self.dist_rank[r] for r in group.ranks}))
         peers = [self._label(r) for r in group.ranks]
+        devices = {group.ranks.index(r): self.engine.devices[r] for r in local}
         return DistExchange(self.session.groups[key], [self.dist_rank[r] for r in group.ranks], devices, peers,
                             self.session.timeout_s, self.backend, pool)
 
@@ -192,8 +203,21 @@ class DistRanks:
         name = self.remote.get(rank)
         return self.session.label(name) if name else f"the host (rank 0, {self.engine.devices[rank]})"
 
-    # ---- the proxy thread of a remote rank -------------------------------------------------------
-    def run_block(self, fwd, rank, index: int, block, values: list, kwvalues: dict, stream_names, nxt=None) -> None:
+    # ---- a rank's thread ------------------------------------------------------------------------
+    def run_block(self, fwd, rank, index: int, block, args: list, kwargs: dict, stream_names, nxt=None) -> None:
+        """A local rank computes here; a remote rank's thread sends its worker the block command."""
+        if rank.slice.rank in self.remote:
+            self._run_remote(fwd, rank, index, block, args, kwargs, stream_names, nxt)
+        else:
+            self.local.run_block(fwd, rank, index, block, args, kwargs, stream_names, nxt)
+
+    def rows(self, fwd, rank: int, name: str, pool) -> torch.Tensor:
+        """A local rank's rows, or a worker's fetched over its thread (``fetch``)."""
+        if rank not in self.remote:
+            return self.local.rows(fwd, rank, name, pool)
+        return pool.wait(pool.submit(rank, lambda: self.fetch(rank, name), f"returning {name!r}"), rank)
+
+    def _run_remote(self, fwd, rank, index: int, block, values: list, kwvalues: dict, stream_names, nxt) -> None:
         name = self.remote[rank.slice.rank]
         s = self.session
         blocks = [(index, block)] + ([tuple(nxt)] if nxt is not None else [])
@@ -321,7 +345,7 @@ class DistRanks:
         if isinstance(value, RemoteStream):
             return ("stream", value.name)
         if isinstance(value, dict):  # transformer_options: plain entries only, the worker adds its hook
-            if value.get(_OVERRIDE) is not None and getattr(value[_OVERRIDE], "args", (None,) * 3)[2] is not None:
+            if getattr(value.get(ATTENTION_OVERRIDE), "prev", None) is not None:
                 raise ValueError("[ShardDiT] another attention override is installed; it cannot run on workers "
                                  "(use host devices only, or remove the other override)")
             return ("val", {k: v for k, v in value.items() if k not in _NOT_SENT and _plain(v)})
@@ -348,17 +372,12 @@ def _slice_data(rs) -> dict:
 def _compact(v):
     """``v`` with every tensor view copied to its own storage (the wire sends a tensor's own
     bytes; the copy keeps a rank's token range apart from the storage it looks into)."""
-    if isinstance(v, torch.Tensor):
-        whole = v.untyped_storage().nbytes()
-        return v.clone() if whole > v.numel() * v.element_size() else v
-    if isinstance(v, (tuple, list)):
-        items = [_compact(x) for x in v]
-        return type(v)(items) if not hasattr(v, "_fields") else type(v)(*items)
-    return v
+    return map_tensors(lambda t: t.clone() if t.untyped_storage().nbytes() > t.numel() * t.element_size() else t,
+                       v, dicts=False)
 
 
 def _has_tensor(v) -> bool:
-    return isinstance(v, torch.Tensor) or (isinstance(v, (tuple, list)) and any(_has_tensor(x) for x in v))
+    return next(tensors_in(v, dicts=False), None) is not None
 
 
 def _plain(v, depth: int = 2) -> bool:
@@ -377,6 +396,6 @@ def attach_remote_ranks(engine, lobby: Lobby, remote: dict[int, str], devices: d
     """Make ``remote`` (engine rank -> worker name) ranks of ``engine`` run in those workers;
     ``owners``: block index -> the engine rank that owns it (default: equal contiguous shares);
     ``keep_all``: every worker keeps every block instead of its share; ``describe``: see ``DistRanks``."""
-    engine.dist = DistRanks(engine, lobby, remote, devices, backend, owners, version_of, keep_all, describe)
+    engine.runner = DistRanks(engine, lobby, remote, devices, backend, owners, version_of, keep_all, describe)
     engine.timeout_s = max(engine.timeout_s, lobby.timeout_s * 2 + 30)  # the worker's own timeout fires first
-    return engine.dist
+    return engine.runner

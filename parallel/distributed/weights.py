@@ -11,7 +11,7 @@ A block crosses processes in two parts:
   applied while packing, so the receiver computes exactly what the owner's block computes.
 
 ``WeightRing`` is the receiving side: two buffer blocks per block shape on the rank's device (the
-block computing, the next one arriving), like ``seq_stream.BlockStream`` within one process.
+block computing, the next one arriving), like ``sequence.stream.BlockStream`` within one process.
 
 ``weights_version`` tells whether a block's weights changed since they were sent: per tensor the
 object itself (weakly held) and its in-place version counter. Callers that know more (ComfyUI's
@@ -27,8 +27,8 @@ import torch
 
 from ..sequence.ops import real_cuda
 
-__all__ = ["WeightLayout", "WeightRing", "bind_flat", "block_tensors", "materialize", "pack_block", "same_version",
-           "skeleton", "unpack_into", "weights_version"]
+__all__ = ["RingSlot", "WeightLayout", "WeightRing", "bind_flat", "block_tensors", "empty_block", "pack_block",
+           "same_version", "skeleton", "unpack_into", "weights_version"]
 
 _ALIGN = 64
 _ON_THE_FLY = ("weight_function", "bias_function")
@@ -69,8 +69,9 @@ def skeleton(block: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(block, memo)
 
 
-def materialize(skel: torch.nn.Module, device) -> torch.nn.Module:
-    """A copy of a skeleton with fresh (uninitialised) tensors on ``device``."""
+def empty_block(skel: torch.nn.Module, device) -> torch.nn.Module:
+    """A copy of a skeleton with fresh (uninitialised) tensors on ``device`` (its weights are bound
+    or copied in afterwards; not to be confused with the engine's ``materialize``, which gathers rows)."""
     return copy.deepcopy(skel).to_empty(device=torch.device(device)).eval()
 
 
@@ -126,7 +127,9 @@ def bind_flat(module: torch.nn.Module, flat: torch.Tensor, layout: WeightLayout)
             m._buffers[leaf] = view
 
 
-class _Slot:
+class RingSlot:
+    """One receive buffer of a ``WeightRing``: a block module bound to (or unpacked from) ``flat``."""
+
     __slots__ = ("copied", "flat", "index", "module", "work")
 
     def __init__(self, module, flat):
@@ -146,15 +149,15 @@ class WeightRing:
         self._slots: dict = {}
         self.nbytes = 0
 
-    def slot_for(self, index, skel: torch.nn.Module, layout: WeightLayout) -> _Slot:
+    def slot_for(self, index, skel: torch.nn.Module, layout: WeightLayout) -> RingSlot:
         slots = self._slots.setdefault(layout.key, [])
         if len(slots) < self.ring:
-            module = materialize(skel, self.device)
+            module = empty_block(skel, self.device)
             # gloo receives on the host: pinned, so the copy to the GPU does not block the host thread
             flat = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.wire, pin_memory=self._pinned())
             if self.wire == self.device:
                 bind_flat(module, flat, layout)  # received bytes are the weights
-            slot = _Slot(module, flat)
+            slot = RingSlot(module, flat)
             self.nbytes += layout.nbytes * (1 if self.wire == self.device else 2)
         else:
             slot = slots.pop(0)  # the least recently filled
@@ -166,7 +169,7 @@ class WeightRing:
         slot.index, slot.work, slot.copied = index, None, None
         return slot
 
-    def unpack(self, slot: _Slot, layout: WeightLayout) -> None:
+    def unpack(self, slot: RingSlot, layout: WeightLayout) -> None:
         """Copy a received slot's bytes into its module on the device. From pinned memory the copy
         is queued on the current stream (the block's compute follows it in stream order) without
         blocking the host; ``slot_for`` waits for it before the slot receives again."""

@@ -10,7 +10,7 @@ the registration is written again if a stranger overwrote it), join the session'
 run the host's commands until it says ``leave``, the session breaks or the host stays silent for
 ``IDLE_TIMEOUT_S``, back to waiting. Entry formats: ``distributed/lobby.py``.
 Before anything else the host and the worker prove to each other that they hold the shared
-secret (``dist_wire.worker_handshake``); a worker with another secret is refused and told so.
+secret (``wire.worker_handshake``); a worker with another secret is refused and told so.
 Commands (``distributed.protocol`` messages on the worker's command channel, one reply each;
 signed, numbered, schema-checked, never unpickled):
 
@@ -32,7 +32,6 @@ the weights' bytes. No model file is read.
 from __future__ import annotations
 
 import datetime
-import functools
 import logging
 import math
 import traceback
@@ -40,8 +39,10 @@ import traceback
 import torch
 import torch.distributed as dist
 
+from ..tensor_map import map_tensors
+from ..units import MiB, format_gib
 from ..placement.devices import check_member_name
-from .weights import WeightLayout, WeightRing, bind_flat, materialize
+from .weights import WeightLayout, WeightRing, bind_flat, empty_block
 from .exchange import DistExchange
 from .host import IDLE_TIMEOUT_S, end_process_group, reset_after_failed_init, weight_groups
 from .join import LobbyMember, WorkerRefused, bind_device, check_lobby, connect, device_free_bytes, make_offer
@@ -50,13 +51,12 @@ from .wire import Channel, worker_handshake
 from .block_specs import build_block
 from .protocol import ProtocolError, SecretMismatch
 from ..sequence.split import Group, RankSlice
-from ..sequence.ulysses import ulysses_attention
+from ..sequence.rank_block import BlockAttention, run_rank_block, with_attention
 
 __all__ = ["Worker", "WorkerRefused", "bind_device", "check_lobby", "connect", "device_free_bytes", "make_offer",
            "serve"]
 
 log = logging.getLogger("sharddit")
-_OVERRIDE = "optimized_attention_override"
 MAX_COMMAND_BYTES = 1 << 40
 """Largest command (block weights inside) a worker accepts; commands are signed by the host."""
 
@@ -162,13 +162,13 @@ class Worker(LobbyMember):
                     or flat.dtype != torch.uint8 or flat.numel() != self.layouts[(key, idx)].nbytes:
                 raise ProtocolError(f"block {idx}: its weights do not match its layout")
             k = (key, idx)
-            module = materialize(self.skeletons[k], self.device)
+            module = empty_block(self.skeletons[k], self.device)
             flat = flat.to(self.device)
             bind_flat(module, flat, self.layouts[k])
             self.owned[k] = (module, flat, self.layouts[k])
         if msg["owned"]:
             mine = sorted(i for kk, i in self.owned if kk == key)
-            size = sum(f.numel() for _, f, _ in self.owned.values()) / 2**20
+            size = sum(f.numel() for _, f, _ in self.owned.values()) / MiB
             got = sorted(i for i, _ in msg["owned"])
             self.say(f"[ShardDiT] worker {self.name!r}: received blocks {got}; holds blocks {mine} "
                      f"of model {key} ({size:.1f} MiB owned in all); the others arrive from their owners")
@@ -206,18 +206,14 @@ class Worker(LobbyMember):
         kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"]}
         d = msg["slice"]
         rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
+        attentions = []
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
             ex = DistExchange(groups[tuple(sorted(set(msg["group"])))], msg["group"], self.device, msg["peers"],
                               timeout_s, backend)
-            calls = [0]
-            kwargs["transformer_options"] = {**kwargs["transformer_options"],
-                                             _OVERRIDE: functools.partial(_attention, ex, rs, main, calls,
-                                                                          msg.get("text_first", False))}
+            attentions.append(BlockAttention(ex, rs, main, msg.get("text_first", False)))
+            kwargs["transformer_options"] = with_attention(kwargs["transformer_options"], attentions[0])
         with torch.inference_mode(msg["inference"]), torch.set_grad_enabled(msg["grad"]):
-            out = module(*args, **kwargs)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        for name, t in zip(msg["streams"], outs, strict=True):
-            state.streams[name] = t
+            state.streams.update(run_rank_block(module, args, kwargs, attentions, msg["streams"], msg["index"]))
 
 
 def _tell_host(message: dict, ch, timeout_s: float) -> None:
@@ -256,29 +252,10 @@ class _ForwardState:
             return self.streams[item[1]]
         if kind == "ref":
             return self.consts[item[1]]
-        value = _to(item[-1], device)
+        value = map_tensors(lambda t: t.to(device), item[-1])
         if kind == "def":
             self.consts[item[1]] = value
         return value
-
-
-def _to(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, (tuple, list)):
-        items = [_to(v, device) for v in obj]
-        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
-
-
-def _attention(exchange, rs, main, calls, text_first, func, *args, **kwargs):
-    """The first attention call of a block is its self-attention (as in ``seq_engine``)."""
-    calls[0] += 1
-    if calls[0] != 1:
-        return func(*args, **kwargs)
-    return ulysses_attention(exchange, rs, main, func, args, kwargs, text_first)
 
 
 def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=print,
@@ -293,7 +270,7 @@ def serve(host: str, port: int, name: str, device: str, timeout_s: float, say=pr
     worker = Worker(store, name, device, None, say, key, f"the host at {host}:{port}", comfyui)
     offer = worker.offer
     say(f"[ShardDiT] worker {worker.member!r} (pid {offer['pid']}) joined {host}:{port}, offering {offer['device']} "
-        f"({offer['free'] / 2**30:.1f} GiB free)")
+        f"({format_gib(offer['free'])} GiB free)")
     done = 0
     try:
         while sessions is None or done < sessions:

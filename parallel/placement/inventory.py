@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from ..units import GiB, MiB
 from .visible import (
     PhysicalGpu,
     hidden_gpus_note,
@@ -39,12 +40,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("sharddit")
-GiB = 1 << 30
 SPEC_FORM = (
     "'cuda:0=24GiB,cuda:1=12GiB' (free memory per device; optional total as in 'cuda:0=20GiB/24GiB'; "
     "units GiB, GB, MiB, MB or bytes; 'cpu=64GiB' sets system RAM)"
 )
-_UNITS = {"gib": 1 << 30, "gb": 10**9, "mib": 1 << 20, "mb": 10**6, "bytes": 1, "b": 1}
+_UNITS = {"gib": GiB, "gb": 10**9, "mib": MiB, "mb": 10**6, "bytes": 1, "b": 1}
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-z]+)$")
 
 

@@ -5,6 +5,8 @@ context duck-typed (``inventory``, ``footprint``, ``request``, ``capacity()``, `
 """
 from __future__ import annotations
 
+from ..units import format_gib
+
 __all__ = [
     "PlacementError",
     "format_component_note",
@@ -15,7 +17,6 @@ __all__ = [
     "format_weight_error",
 ]
 
-_GiB = 1 << 30
 _FIX = (
     "To fit: fewer frames or a smaller resolution (less activation memory), more devices, "
     "fp8 weights, or a lower reserve_vram_gb (now {reserve:g})."
@@ -24,10 +25,6 @@ _FIX = (
 
 class PlacementError(ValueError):
     """The models do not fit the devices; the message gives GiB needed vs usable and the fix."""
-
-
-def format_gib(n_bytes: float) -> str:
-    return f"{n_bytes / _GiB:.1f}"
 
 
 def _format_usable(ctx, device: str, loads: dict, home: int = 0) -> str:

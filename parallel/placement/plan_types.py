@@ -5,7 +5,8 @@ import math
 from dataclasses import dataclass
 
 from .devices import DeviceList, parse_component_device, parse_devices
-from .inventory import GiB, Inventory
+from ..units import GiB
+from .inventory import Inventory
 from .plan_text import format_plan_table
 
 __all__ = ["BlockRange", "DeviceLoad", "Footprint", "PlacementRequest", "Plan"]

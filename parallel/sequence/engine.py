@@ -4,22 +4,24 @@ The DiT's own forward runs unchanged on the main thread. Its block calls reach `
 the block proxies and ``BlockRouter``), which:
 
 1. *scatters* a stream argument that arrives whole (first block of a list, or after inter-block
-   code): each rank takes its batch group and token range (``seq_split``);
-2. queues the block on every rank's worker thread and returns at once with *placeholders* (meta
-   tensors of the whole output's shape), so the main thread runs ahead and the workers never wait
-   for it; a placeholder passed to the next block means "each rank's own rows", nothing moves;
+   code): each rank takes its batch group and token range (``split``);
+2. queues the block on every rank's thread (``threads.RankThreads``) and returns at once with
+   *placeholders* (meta tensors of the whole output's shape), so the main thread runs ahead and the
+   rank threads never wait for it; a placeholder passed to the next block means "each rank's own
+   rows", nothing moves;
 3. *gathers* the rows into a real tensor on the home device where code outside the blocks reads the
    hidden state: after the last block of each list, after ``return_home_after`` blocks, and before
    a block-replacement patch (``materialize``).
 
-Inside a block, ComfyUI calls ``optimized_attention`` through
-``transformer_options["optimized_attention_override"]``. The first attention call of each block is
-its self-attention: ranks of a group exchange q/k/v so each holds *all* tokens of its share of the
-heads (Ulysses), call the user's attention function (or the override another pack installed) on
-them, and exchange the output back. Later calls (cross-attention to text) run locally.
+Where a rank runs is the ``RankRunner``'s business (``interfaces``): ``local.LocalRanks`` (threads
+of this process, the default) or ``distributed.ranks.DistRanks`` (some ranks in worker processes);
+the engine treats every rank and every batch group's ``Exchange`` the same way. Inside a block the
+first attention call is its self-attention, run as Ulysses attention over the group's exchange
+(``rank_block.BlockAttention``: the user's attention function, or the override another pack
+installed, on all tokens of the rank's share of the heads); later calls run locally.
 
-A rank that does not own a block streams it (``seq_stream.BlockStream``) and prefetches the next
-once the current block's kernels are queued; the order rules of those copies are in ``seq_stream``.
+A rank that does not own a block streams it (``stream.BlockStream``) and prefetches the next
+once the current block's kernels are queued; the order rules of those copies are in ``stream``.
 """
 from __future__ import annotations
 
@@ -32,15 +34,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..tensor_map import map_tensors, tensors_in
+from .interfaces import RankRunner
+from .local import LocalRanks
+from .rank_block import ATTENTION_OVERRIDE, BlockAttention, with_attention
 from .split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
 from .stream import BlockStream, begin_forward, end_forward
-from .threads import ThreadExchange, WorkerError, WorkerPool
+from .threads import RankThreadError, RankThreads
 
 __all__ = ["SequenceEngine", "SequenceStats", "SequenceUnsupported", "attach_sequence_engine"]
 
 log = logging.getLogger("sharddit")
-
-_OVERRIDE = "optimized_attention_override"
 
 
 class SequenceUnsupported(ValueError):
@@ -75,7 +79,8 @@ class _Rank:
         self.slice, self.device, self.stream = rs, device, stream
         self.streams: dict[str, torch.Tensor] = {}
         self.cache: dict[int, tuple] = {}
-        self.attn_calls = 0
+        self.attentions: list[BlockAttention] = []
+        """This rank's attention overrides of this forward (one per ``transformer_options`` dict)."""
         self.blocks_run = 0
 
 
@@ -87,18 +92,12 @@ class _Forward:
         self.groups: list[Group] = plan_groups(batch, n)
         self.ranks = [_Rank(rs, engine.devices[rs.rank], engine.streams[rs.rank])
                       for rs in rank_slices(self.groups, main)]
-        if engine.dist is not None:  # ranks in worker processes (dist_ranks): open or reuse the session
-            engine.dist.begin_forward(self.groups)
+        engine.runner.begin_forward(self.groups)
         self.exchanges = {}
         for g in self.groups:
-            if len(g.ranks) > 1:
-                local = [r for r in g.ranks if engine.dist is None or not engine.dist.is_remote(r)]
-                if engine.dist is None:
-                    self.exchanges[g.index] = ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
-                elif local:  # host ranks with worker ranks: one exchange shared by the host's threads
-                    self.exchanges[g.index] = engine.dist.exchange(
-                        g, {g.ranks.index(r): engine.devices[r] for r in local}, engine.pool) \
-                        or ThreadExchange([engine.devices[r] for r in g.ranks], engine.pool)
+            ex = engine.runner.exchange(g, engine.pool) if len(g.ranks) > 1 else None
+            if ex is not None:
+                self.exchanges[g.index] = ex
         self.placeholders: dict[int, tuple[torch.Tensor, str]] = {}
         self.pending: list = [None] * n
 
@@ -116,16 +115,17 @@ class SequenceEngine:
         self.timeout_s = timeout_s
         self.worker_context = worker_context
         self.serial_lock = threading.Lock() if serialize else None
-        """Dry runs on fake devices: threads take turns (``WorkerPool.serial_lock``)."""
+        """Dry runs on fake devices: threads take turns (``RankThreads.serial_lock``)."""
         self.should_stop = None
-        """Called before each block, on the main thread and on every worker (ComfyUI: raises if the
+        """Called before each block, on the main thread and on every rank thread (ComfyUI: raises if the
         user interrupted), so an interrupt stops every rank at its next block."""
         self.interrupt_exceptions: tuple[type, ...] = ()
-        """Exception types ``should_stop`` raises: re-raised as they are, not as a worker error."""
+        """Exception types ``should_stop`` raises: re-raised as they are, not as a rank thread error."""
         self.streams = [BlockStream(d) for d in self.devices]
-        self.pool: WorkerPool | None = None
-        self.dist = None
-        """``dist_ranks.DistRanks`` when some ranks run in worker processes; None: all local."""
+        self.pool: RankThreads | None = None
+        self.runner: RankRunner = LocalRanks(self.devices)
+        """Where the ranks run: threads here, or (``distributed.ranks.attach_remote_ranks``) some in
+        worker processes."""
         self.stats = SequenceStats()
         self._fwd: _Forward | None = None
         self._scoped = False
@@ -161,22 +161,21 @@ class SequenceEngine:
                     self.serial_lock.release()
 
     def close(self) -> None:
-        """Stop the worker threads and drop the weight buffers (the model is being released)."""
+        """Stop the rank threads and drop the weight buffers (the model is being released)."""
         if self.pool is not None:
             self.pool.close()
             self.pool = None
         for s in self.streams:
             s.release()
-        if self.dist is not None:
-            self.dist.close()
+        self.runner.close()
 
     def _finish(self, ok: bool) -> None:
         fwd, self._fwd, self._scoped = self._fwd, None, False
         try:
             self._finish_ranks(ok, fwd)
         finally:
-            if self.dist is not None and fwd is not None:
-                self.dist.end_forward(ok and self.pool is not None)
+            if fwd is not None:
+                self.runner.end_forward(ok and self.pool is not None)
 
     def _finish_ranks(self, ok: bool, fwd) -> None:
         try:
@@ -187,9 +186,9 @@ class SequenceEngine:
             ok = False
             raise
         finally:
-            if not ok and self.pool is not None:  # stop every worker now, join them, start fresh next time
+            if not ok and self.pool is not None:  # stop every rank thread now, join them, start fresh next time
                 if self.serial_lock is not None:
-                    self.serial_lock.release()  # a worker waiting for its turn must see the abort
+                    self.serial_lock.release()  # a rank thread waiting for its turn must see the abort
                 try:
                     self.pool.close()
                 finally:
@@ -210,7 +209,7 @@ class SequenceEngine:
             for pos, r in enumerate(g.ranks):
                 if ex is not None:
                     st.bytes_exchanged[r], st.exchanges[r] = ex.bytes_received[pos], ex.calls[pos]
-                    st.bytes_sent[r] = ex.bytes_sent[pos] if hasattr(ex, "bytes_sent") else 0
+                    st.bytes_sent[r] = ex.bytes_sent[pos]
         st.bytes_streamed = [s.bytes_copied - b for s, b in zip(self.streams, self._stream_base, strict=True)]
 
     # ---- main thread: block calls ------------------------------------------------------------
@@ -246,20 +245,12 @@ class SequenceEngine:
         return out[0] if len(out) == 1 else out
 
     def materialize(self, obj, depth: int = 2):
-        """``obj`` with every placeholder replaced by the gathered tensor (tensor/tuple/list/dict)."""
+        """``obj`` with every placeholder replaced by the gathered tensor (tensor/tuple/list/dict,
+        ``depth`` container levels deep)."""
         fwd = self._fwd
         if fwd is None:
             return obj
-        if isinstance(obj, torch.Tensor):
-            return self._gather(fwd, obj) if id(obj) in fwd.placeholders else obj
-        if depth <= 0:
-            return obj
-        if isinstance(obj, dict):
-            return {k: self.materialize(v, depth - 1) for k, v in obj.items()}
-        if isinstance(obj, (list, tuple)):
-            items = [self.materialize(v, depth - 1) for v in obj]
-            return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
-        return obj
+        return map_tensors(lambda t: self._gather(fwd, t) if id(t) in fwd.placeholders else t, obj, depth)
 
     def _prepare(self, spec: TokenSpec, names, args, kwargs) -> _Forward:
         """The forward's split (made at its first block); checks this call can be split."""
@@ -278,7 +269,7 @@ class SequenceEngine:
                 raise SequenceUnsupported("no token-carrying hidden state found")
             _check_every_rank_has_tokens(primary.shape[0], primary.shape[1], len(self.devices))
             if self.pool is None:
-                self.pool = WorkerPool(self.devices, self.timeout_s, self.worker_context, self.serial_lock)
+                self.pool = RankThreads(self.devices, self.timeout_s, self.worker_context, self.serial_lock)
             self._stream_base = [s.bytes_copied for s in self.streams]
             fwd = self._fwd = _Forward(self, primary.shape[0], primary.shape[1])
             begin_forward(self.streams)  # the rings wait for what ComfyUI queued on the owners so far
@@ -307,7 +298,7 @@ class SequenceEngine:
         for g in fwd.groups:
             b0, b1 = g.batch
             for pos, r in enumerate(g.ranks):
-                local = self._rank_stream(fwd, r, name)
+                local = self.runner.rows(fwd, r, name, self.pool)
                 replicated = name in self._replicated(fwd)
                 if replicated or len(g.ranks) == 1:
                     if pos == 0:
@@ -326,13 +317,6 @@ class SequenceEngine:
                         full[b0:b1, fwd.main:].copy_(local[:, mine:])
         return full
 
-    def _rank_stream(self, fwd: _Forward, r: int, name: str) -> torch.Tensor:
-        local = fwd.ranks[r].streams[name]
-        if self.dist is None or not self.dist.is_remote(r):
-            return local
-        task = self.pool.submit(r, functools.partial(self.dist.fetch, r, name), f"returning {name!r}")
-        return self.pool.wait(task, r)
-
     def _replicated(self, fwd) -> set[str]:
         return {n for s in self.token_specs for n in s.replicated_streams}
 
@@ -344,7 +328,7 @@ class SequenceEngine:
                 if task is not None:
                     self.pool.wait(task, r)
             self.pool.raise_failure()
-        except WorkerError as e:
+        except RankThreadError as e:
             if isinstance(e.__cause__, self.interrupt_exceptions):
                 raise e.__cause__ from None
             raise
@@ -367,29 +351,14 @@ class SequenceEngine:
             self._warned.add(why)
             log.warning("[ShardDiT] sequence mode: a block call runs whole (blocks mode): %s", why)
 
-    # ---- worker threads ----------------------------------------------------------------------
+    # ---- rank threads ------------------------------------------------------------------------
     def _rank_block(self, fwd, rank: _Rank, spec, names, index, block, args, kwargs, stream_names, nxt):
         if self.should_stop is not None:
             self.should_stop()
         values_args = [self._local(fwd, rank, spec, stream_names, names[i] if i < len(names) else None, a)
                        for i, a in enumerate(args)]
         values_kwargs = {k: self._local(fwd, rank, spec, stream_names, k, v) for k, v in kwargs.items()}
-        if self.dist is not None and self.dist.is_remote(rank.slice.rank):
-            self.dist.run_block(fwd, rank, index, block, values_args, values_kwargs, stream_names, nxt)
-            return
-        module = rank.stream.module_for(index, block)
-        rank.attn_calls = 0
-        out = module(*values_args, **values_kwargs)
-        rank.stream.done_with(module, index)
-        if nxt is not None:  # after block g's kernels are queued: the copy of g+1 overlaps them
-            rank.stream.prefetch(*nxt)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        if len(outs) != len(stream_names):
-            raise RuntimeError(f"[ShardDiT] block {index} returned {len(outs)} tensors for "
-                               f"{len(stream_names)} stream arguments {stream_names}")
-        for name, t in zip(stream_names, outs, strict=True):
-            rank.streams[name] = t
-        rank.blocks_run += 1
+        self.runner.run_block(fwd, rank, index, block, values_args, values_kwargs, stream_names, nxt)
 
     def _local(self, fwd, rank: _Rank, spec: TokenSpec, stream_names, name, value):
         """This rank's version of one block argument (cached per forward for constants)."""
@@ -415,21 +384,13 @@ class SequenceEngine:
         rank.cache[id(value)] = (value, out)
         return out
 
-    def _rank_options(self, fwd, rank: _Rank, options: dict) -> dict:
-        prev = options.get(_OVERRIDE)
-        return {**options, _OVERRIDE: functools.partial(self._attention, fwd, rank, prev)}
-
-    # ---- Ulysses attention -------------------------------------------------------------------
-    def _attention(self, fwd, rank: _Rank, prev, func, *args, **kwargs):
-        call = rank.attn_calls
-        rank.attn_calls += 1
-        attend = functools.partial(prev, func) if prev is not None else func
-        group = rank.slice.group
-        if call != 0 or len(group.ranks) == 1:
-            return attend(*args, **kwargs)
-        from .ulysses import ulysses_attention
-        return ulysses_attention(fwd.exchanges[group.index], rank.slice, fwd.main, attend, args, kwargs,
-                                 fwd.text_first)
+    @staticmethod
+    def _rank_options(fwd, rank: _Rank, options: dict) -> dict:
+        """``transformer_options`` with this rank's attention override (``rank_block``)."""
+        attention = BlockAttention(fwd.exchanges.get(rank.slice.group.index), rank.slice, fwd.main, fwd.text_first,
+                                   options.get(ATTENTION_OVERRIDE))
+        rank.attentions.append(attention)
+        return with_attention(options, attention)
 
 
 def _check_every_rank_has_tokens(batch: int, main: int, n_ranks: int) -> None:
@@ -443,13 +404,12 @@ def _check_every_rank_has_tokens(batch: int, main: int, n_ranks: int) -> None:
                                   f"A latent of {per_group} tokens or more splits (or use fewer devices)")
 
 
-def _check_tokens(v, dim: int, main: int, tail: int, name: str) -> None:
-    if isinstance(v, (tuple, list)):
-        for t in v:
-            _check_tokens(t, dim, main, tail, name)
-        return
-    if not isinstance(v, torch.Tensor):
-        return
+def _check_tokens(value, dim: int, main: int, tail: int, name: str) -> None:
+    for v in tensors_in(value, dicts=False):
+        _check_token_dim(v, dim, main, tail, name)
+
+
+def _check_token_dim(v: torch.Tensor, dim: int, main: int, tail: int, name: str) -> None:
     d = dim if dim >= 0 else v.dim() + dim
     if d >= v.dim():
         raise SequenceUnsupported(f"argument {name!r} has {v.dim()} dims, token dim {dim}")
@@ -462,14 +422,11 @@ def _check_tokens(v, dim: int, main: int, tail: int, name: str) -> None:
 def _to_rank(obj, device, fresh: bool):
     """``obj`` on ``device``; stream tensors always as a fresh copy (blocks may update them in
     place, e.g. LTXV's ``x += ...``, which must not write into the caller's tensor)."""
-    if isinstance(obj, torch.Tensor):
-        if obj.device != device:
-            return obj.to(device, non_blocking=device.type == "cuda")
-        return obj.clone() if fresh else obj
-    if isinstance(obj, (tuple, list)):
-        items = [_to_rank(v, device, fresh) for v in obj]
-        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
-    return obj
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if t.device != device:
+            return t.to(device, non_blocking=device.type == "cuda")
+        return t.clone() if fresh else t
+    return map_tensors(move, obj, dicts=False)
 
 
 def attach_sequence_engine(router, proxies, token_specs, devices, timeout_s: float = 600.0,

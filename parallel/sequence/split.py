@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..tensor_map import map_tensors
+
 __all__ = ["Group", "TokenSpec", "even_ranges", "plan_groups", "RankSlice"]
 
 
@@ -132,15 +134,12 @@ def slice_batch(t: torch.Tensor, batch: int, rs: RankSlice) -> torch.Tensor:
 
 def split_arg(obj, token_dim: int | None, rs: RankSlice, batch: int, main: int, tail: int, what: str,
               text_first: bool = False):
-    """A block argument cut for one rank: batch group first, then tokens (tensors, or one level of
-    tuple/list of tensors); non-tensors are returned as they are."""
-    if isinstance(obj, torch.Tensor):
-        t = slice_batch(obj, batch, rs)
+    """A block argument cut for one rank: batch group first, then tokens (a tensor, or each tensor
+    inside tuples/lists: LTXV's ``pe = (cos, sin)``); everything else is returned as it is."""
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        t = slice_batch(t, batch, rs)
         if token_dim is not None:
             t = slice_tokens(t, token_dim if token_dim >= 0 else t.dim() + token_dim, rs, main, tail, what,
                              text_first)
         return t
-    if isinstance(obj, (tuple, list)) and any(isinstance(v, torch.Tensor) for v in obj):
-        items = [split_arg(v, token_dim, rs, batch, main, tail, what, text_first) for v in obj]
-        return type(obj)(items) if not hasattr(obj, "_fields") else type(obj)(*items)
-    return obj
+    return map_tensors(cut, obj, dicts=False)

@@ -1,4 +1,5 @@
-"""Persistent worker threads for `sequence` mode, and the in-process exchange between them (pure).
+"""Persistent rank threads for `sequence` mode (``RankThreads``), and the in-process exchange
+between them (pure). Not to be confused with worker *processes* (``distributed.worker``).
 
 One thread per rank (device entry), as torch's ``parallel_apply`` uses one per device: it sets its
 CUDA device once, then runs the tasks the main thread queues for it, in order, under the per-thread
@@ -11,8 +12,8 @@ those same streams. Kernels launch asynchronously, so on GPUs
 the devices compute at the same time; on CPU with one intra-op thread per op, two workers use two
 cores (ops release the GIL).
 
-Failure rules: the first exception in any worker *aborts* the pool: every other worker skips its
-queued tasks, every exchange wait raises ``PoolAborted``, and the main thread gets the original
+Failure rules: the first exception in any rank thread *aborts* the pool: every other thread skips its
+queued tasks, every exchange wait raises ``RanksAborted``, and the main thread gets the original
 error with the rank and device named. Every wait has a timeout. After an abort the pool is closed
 (threads joined) and a new one is made for the next forward.
 """
@@ -26,19 +27,20 @@ from collections.abc import Callable
 
 import torch
 
+from ..tensor_map import map_tensors, tensors_in
 from .ops import real_cuda
 
-__all__ = ["PoolAborted", "ThreadExchange", "WorkerError", "WorkerPool"]
+__all__ = ["RankThreadError", "RankThreads", "RanksAborted", "ThreadExchange"]
 
 _STOP = object()
 
 
-class PoolAborted(RuntimeError):
-    """Raised in a worker whose pool was aborted by another worker's failure."""
+class RanksAborted(RuntimeError):
+    """Raised in a rank thread whose pool was aborted by another thread's failure."""
 
 
-class WorkerError(RuntimeError):
-    """A worker task failed; ``rank`` / ``device`` say where, ``__cause__`` is the original error."""
+class RankThreadError(RuntimeError):
+    """A rank thread's task failed; ``rank`` / ``device`` say where, ``__cause__`` is the original error."""
 
     def __init__(self, message: str, rank: int, device: torch.device):
         super().__init__(message)
@@ -71,8 +73,8 @@ class _Task:
         return stack
 
 
-class WorkerPool:
-    """``len(devices)`` persistent threads; ``submit(rank, fn)`` queues ``fn()`` on rank's thread."""
+class RankThreads:
+    """One persistent thread per rank (``len(devices)``); ``submit(rank, fn)`` queues ``fn()`` on rank's thread."""
 
     def __init__(self, devices, timeout_s: float = 600.0, worker_context: Callable | None = None,
                  serial_lock=None):
@@ -86,7 +88,7 @@ class WorkerPool:
         # Intra-op threads are a per-thread setting (OpenMP): workers take the main thread's.
         self.intra_op_threads = torch.get_num_threads()
         self._abort = threading.Event()
-        self._failure: WorkerError | None = None
+        self._failure: RankThreadError | None = None
         self._lock = threading.Lock()
         self.cuda_devices = tuple(dict.fromkeys(d for d in self.devices if real_cuda(d)))
         self._queues = [queue.SimpleQueue() for _ in self.devices]
@@ -106,7 +108,7 @@ class WorkerPool:
         return task
 
     def wait(self, task: _Task, rank: int):
-        """The task's result; re-raises the pool's first failure (as ``WorkerError``)."""
+        """The task's result; re-raises the pool's first failure (as ``RankThreadError``)."""
         deadline = time.monotonic() + self.timeout_s
         while not task.done.wait(0.05):
             if self._failure is not None:
@@ -128,7 +130,7 @@ class WorkerPool:
         with self._lock:
             if self._failure is None:
                 where = f" during {label}" if label else ""
-                err = WorkerError(f"[ShardDiT] sequence worker {rank} on {self.devices[rank]} failed{where}: "
+                err = RankThreadError(f"[ShardDiT] sequence worker {rank} on {self.devices[rank]} failed{where}: "
                                   f"{type(error).__name__}: {error}", rank, self.devices[rank])
                 err.__cause__ = error
                 self._failure = err
@@ -168,7 +170,7 @@ class WorkerPool:
         try:
             with serial, ctx, task.state(self.devices[rank]):
                 task.result = task.fn()
-        except PoolAborted:
+        except RanksAborted:
             pass
         except BaseException as e:  # noqa: BLE001 - every failure must reach the main thread
             self.abort(e, rank, task.label)
@@ -176,7 +178,8 @@ class WorkerPool:
 
 
 class ThreadExchange:
-    """All-to-all between the ranks of one group, all in one process (threads).
+    """All-to-all between the ranks of one group, all in one process (threads): an ``Exchange``
+    (``interfaces``).
 
     ``all_to_all(pos, parts)``: the rank at position ``pos`` posts ``parts[j]`` for position ``j``
     and returns what every position posted for it, in position order, moved to its own device.
@@ -184,7 +187,7 @@ class ThreadExchange:
     freed; each waits only until every position has posted for that call.
     """
 
-    def __init__(self, devices, pool: WorkerPool):
+    def __init__(self, devices, pool: RankThreads):
         self.devices = tuple(torch.device(d) for d in devices)
         self.pool = pool
         self._cond = threading.Condition()
@@ -192,6 +195,8 @@ class ThreadExchange:
         self._reads: dict[int, int] = {}
         self._seq = [0] * len(self.devices)
         self.bytes_received = [0] * len(self.devices)
+        self.bytes_sent = [0] * len(self.devices)
+        """Bytes that left this process: none (``Exchange`` counters; ``DistExchange`` counts some)."""
         self.calls = [0] * len(self.devices)
 
     def all_to_all(self, pos: int, parts: list, expect=None):
@@ -210,7 +215,7 @@ class ThreadExchange:
                 self._cond.notify_all()
                 while any(p is None for p in posts):
                     if self.pool.aborted:
-                        raise PoolAborted()
+                        raise RanksAborted()
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"[ShardDiT] exchange {call}: position {pos} waited "
                                            f"{self.pool.timeout_s:.0f} s for the others")
@@ -237,26 +242,19 @@ def _stream_of(device):
 
 def _check_streams(devices, streams, pos: int) -> None:
     """Parts cross threads with no event: right only while the poster queued them on the stream
-    this thread uses for the poster's device (``WorkerPool`` makes every thread use the main
+    this thread uses for the poster's device (``RankThreads`` makes every thread use the main
     thread's); say so loudly if anything changed that."""
     for device, stream in zip(devices, streams, strict=True):
         if stream is not None and _stream_of(device) != stream:
             raise RuntimeError(f"[ShardDiT] exchange position {pos}: parts from {device} were queued on {stream}, "
                                f"but this thread reads {device} on {_stream_of(device)}; every worker must run on "
-                               "the main thread's current stream (WorkerPool sets it)")
+                               "the main thread's current stream (RankThreads sets it)")
 
 
 def _to(obj, dev):
-    if isinstance(obj, torch.Tensor):
-        return obj if obj.device == dev else obj.to(dev, non_blocking=dev.type == "cuda")
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(v, dev) for v in obj)
-    return obj
+    return map_tensors(lambda t: t if t.device == dev else t.to(dev, non_blocking=dev.type == "cuda"), obj,
+                       dicts=False)
 
 
 def _nbytes(obj) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (tuple, list)):
-        return sum(_nbytes(v) for v in obj)
-    return 0
+    return sum(t.numel() * t.element_size() for t in tensors_in(obj, dicts=False))

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..units import MiB
+
 __all__ = ["MAX_DECODE_DEVICES", "check_decode_device_count", "select_decoder_devices"]
 
 MAX_DECODE_DEVICES = 64
 """More entries than this are refused outright: one decoder per GPU is the useful maximum."""
 
-_MIB = 2**20
 
 
 def check_decode_device_count(n_entries: int) -> None:
@@ -43,7 +44,7 @@ def select_decoder_devices(entries: Sequence[str], costs: Sequence[int], work: i
             continue
         room = left.get(device, 0)
         if kept and cost > room:
-            out.append((device, f"a VAE copy needs {cost / _MIB:.0f} MiB, {max(room, 0) / _MIB:.0f} MiB free"))
+            out.append((device, f"a VAE copy needs {cost / MiB:.0f} MiB, {max(room, 0) / MiB:.0f} MiB free"))
             continue
         left[device] = room - cost
         kept.append(i)

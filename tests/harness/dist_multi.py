@@ -19,7 +19,7 @@ import_pack()
 from sharddit.parallel.distributed.exchange import DistExchange
 from sharddit.parallel.sequence.split import plan_groups, rank_slices
 from sharddit.parallel.sequence.ulysses import ulysses_attention
-from sharddit.parallel.sequence.threads import WorkerPool
+from sharddit.parallel.sequence.threads import RankThreads
 
 
 def peer_labels(group_ranks):
@@ -45,7 +45,7 @@ def multi_rank(rank, group_ranks, port, tokens, heads, head_dim, out_path, timeo
         local = [p for p, r in enumerate(group_ranks) if r == rank]
         q, k, v = dist_procs.attention_inputs(1, tokens, heads, head_dim)
         slices = rank_slices(plan_groups(1, len(group_ranks)), tokens)
-        pool = WorkerPool(["cpu"] * len(local), timeout_s=timeout_s)
+        pool = RankThreads(["cpu"] * len(local), timeout_s=timeout_s)
         ex = DistExchange(group, group_ranks, dict.fromkeys(local, "cpu"), peer_labels(group_ranks), timeout_s,
                           pool=pool)
         outs, errors, elapsed = {}, {}, {}

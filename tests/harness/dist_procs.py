@@ -88,10 +88,10 @@ def wait_joined(lobby, member, proc, timeout_s=60.0):
 def ulysses_threads(world, tokens, heads, head_dim):
     """The same Ulysses attention in one process over ``ThreadExchange`` (the reference the
     cross-process runs must equal): outputs per rank and bytes each rank received."""
-    from sharddit.parallel.sequence.threads import ThreadExchange, WorkerPool
+    from sharddit.parallel.sequence.threads import ThreadExchange, RankThreads
 
     q, k, v = attention_inputs(1, tokens, heads, head_dim)
-    pool = WorkerPool(["cpu"] * world, timeout_s=30)
+    pool = RankThreads(["cpu"] * world, timeout_s=30)
     ex = ThreadExchange(["cpu"] * world, pool)
     tasks = []
     for rs in rank_slices(plan_groups(1, world), tokens):
