@@ -24,7 +24,8 @@ import torch
 
 import comfy.sample
 
-from ..comfy.sharded_model import get_shard_state, shard_model
+from ..comfy.shard_hooks import get_shard_state
+from ..comfy.shard_pipeline import shard_model
 from .selftest_models import WAN_DIT, build_wan_dit
 
 __all__ = ["check_prefetch_overlap", "check_sequence", "sample_tiny", "sequence_devices"]

@@ -41,9 +41,11 @@ from .shard_hooks import get_shard_patchers, get_shard_state
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["MEMORY_KEY", "REQUESTED_KEY", "block_kinds", "latent_plan", "sequence_memory_wrapper", "sequence_refusal"]
+__all__ = ["MEMORY_KEY", "MODE_KEY", "REQUESTED_KEY", "block_kinds", "latent_plan", "sequence_memory_wrapper", "sequence_refusal"]
 
 MEMORY_KEY = "sharddit_memory"
+MODE_KEY = "sharddit_parallel"
+"""Attachment: the ``ModeDecision`` the mode was attached with (``auto_mode.attach_mode``)."""
 REQUESTED_KEY = "sharddit_parallel_requested"
 """Attachment: the ``parallel`` the user asked for (``auto``, ``blocks``, ``sequence``)."""
 
@@ -56,7 +58,7 @@ def block_kinds(blocks) -> tuple:
 def sequence_refusal(plan, footprint, inventory, reserve_bytes: int, kinds) -> str:
     """Why an explicit ``parallel=sequence`` does not fit this plan at load ('' when it does): the
     same room check as ``auto`` (``parallel_mode.decide_parallel``), kept on the shard state so
-    that ``set_parallel_mode`` raises it before any weight moves."""
+    that ``shard_plan.choose_mode`` raises it before any weight moves."""
     try:
         decide_parallel("sequence", plan, footprint, inventory, reserve_bytes, kinds)
     except ValueError as err:
@@ -67,7 +69,7 @@ def sequence_refusal(plan, footprint, inventory, reserve_bytes: int, kinds) -> s
 def sequence_memory_wrapper(executor, model, noise_shape, *args, **kwargs):
     """``PREPARE_SAMPLING`` wrapper (module doc); runs before ShardDiT's own load wrapper."""
     state = get_shard_state(model)
-    decision = model.get_attachment("sharddit_parallel")  # sharded_model.MODE_KEY (it imports this module)
+    decision = model.get_attachment(MODE_KEY)
     sequence = state is not None and decision is not None and decision.mode == "sequence" and not state.remote
     rows = latent_plan(model, state, noise_shape) if sequence else None
     if rows is not None and model.get_attachment(REQUESTED_KEY) == "sequence":
