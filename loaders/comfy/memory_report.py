@@ -45,7 +45,7 @@ __all__ = ["MEMORY_KEY", "MODE_KEY", "REQUESTED_KEY", "block_kinds", "latent_pla
 
 MEMORY_KEY = "sharddit_memory"
 MODE_KEY = "sharddit_parallel"
-"""Attachment: the ``ModeDecision`` the mode was attached with (``auto_mode.attach_mode``)."""
+"""Attachment: the ``ModeDecision`` the mode was attached with (``shard_mode.attach_mode``)."""
 REQUESTED_KEY = "sharddit_parallel_requested"
 """Attachment: the ``parallel`` the user asked for (``auto``, ``blocks``, ``sequence``)."""
 

@@ -4,7 +4,7 @@
 2. decide the mode (``shard_plan.decide_mode``): the shards planned (or found built) and
    ``parallel`` decided against that plan, so a refused mode moves no weight;
 3. get or build the shards (``sharded_model.get_or_build_shards``);
-4. attach the mode (``auto_mode.attach_mode``).
+4. attach the mode (``shard_mode.attach_mode``).
 
 Each step returns one of ``shard_steps``' values and none calls back here. A MODEL already sharded
 only changes its mode: steps 2 and 4 on its shard state (``set_parallel_mode``).
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ...parallel.cost.mode import DEFAULT_PARALLEL, check_parallel
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
-from .auto_mode import attach_mode
+from .shard_mode import attach_mode
 from .shard_devices import resolve_devices
 from .shard_hooks import get_shard_state
 from .shard_plan import decide_for_state, decide_mode

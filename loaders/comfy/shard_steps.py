@@ -1,7 +1,7 @@
 """The values that pass between the four steps of one sharding call (``shard_pipeline``).
 
 resolve devices (``shard_devices``) -> decide the mode (``shard_plan``) -> get or build the shards
-(``sharded_model``) -> attach the mode (``auto_mode``). Each step takes the values of the steps
+(``sharded_model``) -> attach the mode (``shard_mode``). Each step takes the values of the steps
 before it and returns one of these; none calls back into the pipeline or into a later step.
 """
 from __future__ import annotations
