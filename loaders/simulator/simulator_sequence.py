@@ -23,7 +23,7 @@ from ...parallel.sequence.engine import attach_sequence_engine
 from ...parallel.blocks.sharding import attach_block_sharding
 from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
 from ...parallel.placement.sizing import get_blocks
-from .simulator_run import SimContext, _forward, _to_meta
+from .simulator_run import SimContext, back_to_meta, call_dit
 
 __all__ = ["SequencePeak", "plan_sequence_peaks", "run_fake_sequence_forward"]
 
@@ -69,14 +69,14 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
                                             worker_context=worker_context, serialize=True)
             try:
                 with tracker, handle.router.forward_scope(sequence=True):
-                    out = _forward(ctx, dit, batch, torch.device(home))
+                    out = call_dit(ctx, dit, batch, torch.device(home))
                     del out
                 prefetch = [_buffer_bytes(s) for s in engine.streams]
             finally:
                 engine.close()
                 handle.detach()
     finally:
-        _to_meta(dit)
+        back_to_meta(dit)
     measured = tracker.report()
     out = []
     for rank, dev in enumerate(ranks):
