@@ -120,7 +120,7 @@ def is_current_state(model) -> bool:
 
 def release_roots(state: ShardState) -> None:
     """Restore an older shard set's blocks to their original weights on the offload device."""
-    if state.router.engine is not None:  # sequence workers and streamed-weight buffers go too
+    if state.router.engine is not None:  # the engine's rank threads and streamed-weight buffers go too
         state.router.engine.close()
     for entry in state.roots:
         if entry.root.model_loaded_weight_memory > 0 or entry.template.backup:

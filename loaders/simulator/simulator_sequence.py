@@ -3,7 +3,7 @@
 The blocks sit where the plan puts them; ``parallel/seq_engine`` runs every block on every rank
 with its share of the batch (cond / uncond first) and of the tokens (Ulysses exchanges through
 ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its ring
-(two buffers per block shape). Worker threads take turns (``serialize``: fake tensors are not thread-safe) and
+(two buffers per block shape). Rank threads take turns (``serialize``: fake tensors are not thread-safe) and
 each enters the fake mode and a view of the one ``MemoryTracker``, so every storage is counted
 on the device that made it, whichever thread made it. Attention runs as the flash stand-in
 through the override only: the engine's exchange wraps it.
