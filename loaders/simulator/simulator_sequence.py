@@ -1,6 +1,6 @@
 """One `sequence`-mode DiT forward on fake devices: per-device peaks with the real engine.
 
-The blocks sit where the plan puts them; ``parallel/seq_engine`` runs every block on every rank
+The blocks sit where the plan puts them; ``parallel/sequence/engine`` runs every block on every rank
 with its share of the batch (cond / uncond first) and of the tokens (Ulysses exchanges through
 ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its ring
 (two buffers per block shape). Rank threads take turns (``serialize``: fake tensors are not thread-safe) and
@@ -9,7 +9,7 @@ on the device that made it, whichever thread made it. Attention runs as the flas
 through the override only: the engine's exchange wraps it.
 
 Per device: weights (owned blocks, + the DiT's home part on the home device), prefetch (the
-ring buffers the rank filled: ``cost_memory.compute_prefetch_bytes`` of the blocks it streams) and
+ring buffers the rank filled: ``cost/memory.compute_prefetch_bytes`` of the blocks it streams) and
 activations (the measured peak minus those buffers, which live from first use to the end).
 """
 from __future__ import annotations
@@ -87,7 +87,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
 
 
 def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
-    """The plan's bytes per rank (``cost_memory.plan_sequence_memory``) for the forward
+    """The plan's bytes per rank (``cost/memory.plan_sequence_memory``) for the forward
     ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
     from ...parallel.cost.inputs import shape_from_spec
     from ...parallel.cost.memory import activation_variant, plan_sequence_memory

@@ -8,9 +8,9 @@
   (both run the whole batch over all tokens).
 - core's own options where this ComfyUI has them (``simulator_baselines``): one GPU with dynamic
   VRAM, core's MultiGPU CFG Split — shown, never picked; the decision line names them when they are
-  predicted as fast or faster (``cost_baselines.compare_with_core``).
-Speed: ``parallel/cost_model`` (FLOPs / throughput, bytes / link) for the same devices; ``auto``
-picks the fastest of ShardDiT's modes that fits (``cost_report.choose_strategy``).
+  predicted as fast or faster (``cost/baselines.compare_with_core``).
+Speed: ``parallel/cost/model`` (FLOPs / throughput, bytes / link) for the same devices; ``auto``
+picks the fastest of ShardDiT's modes that fits (``cost/report.choose_strategy``).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ The host's own devices are simulated as usual (``simulator.simulate``), planned 
 a distributed run: ``devices.with_worker_shares`` adds one ``cpu`` entry per worker (the host keeps
 the workers' shares in RAM), so the host's GPUs hold their share only. This module plans that as
 the loader does (two blocks of activation room), runs one `sequence` forward on fake devices for
-the host's GPU peaks (the workers' ranks stand in on ``cpu``), and adds the worker rows (``parallel/dist_plan``: share, what it must hold, free, fits) and the network per worker and
+the host's GPU peaks (the workers' ranks stand in on ``cpu``), and adds the worker rows (``parallel/cost/workers``: share, what it must hold, free, fits) and the network per worker and
 step from the cost model, at ``--net-gbps``.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ class WorkerReport:
     keep_all: bool
     why: str
     needs: tuple
-    """``dist_plan.WorkerNeed`` per worker device, in rank order."""
+    """``cost/workers.WorkerNeed`` per worker device, in rank order."""
     network: NetworkStep
     host_ranks: list = field(default_factory=list)
     """The host's own DiT devices (ranks 0..), before the workers."""

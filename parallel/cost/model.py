@@ -1,7 +1,7 @@
 """Predicted seconds per sampling step for each way of running a DiT on N GPUs (pure, no torch).
 
 Every formula is written once, here. Units: FLOP, FLOP/s, bytes, bytes/s, seconds.
-Shapes, GPU throughput and link bandwidth come from ``cost_inputs``.
+Shapes, GPU throughput and link bandwidth come from ``cost/inputs``.
 
 Per block, on one device:
 - compute  = FLOPs / device FLOP/s, with FLOPs = linear + attention:
@@ -61,7 +61,7 @@ TRANSFER_LATENCY_S = 50e-6
 """Fixed cost of one transfer (launch, event wait, host staging), seconds."""
 STRATEGIES = ("one_gpu", "blocks", "sequence")
 BASELINES = ("dynamic_vram", "core_cfg_split")
-"""Core ComfyUI's own options on the same GPUs (``cost_baselines``): shown beside ShardDiT's modes,
+"""Core ComfyUI's own options on the same GPUs (``cost/baselines``): shown beside ShardDiT's modes,
 never picked by ``auto``."""
 
 
