@@ -1,9 +1,9 @@
 """Dry-run simulator: will this model fit these GPUs at this size? Answered on a CPU, no weights.
 
 ``simulate`` builds ComfyUI's own model class on ``meta`` (``presets.build_meta_model``), sizes it
-with ``parallel/sizing``, plans with ``parallel/planner``, puts every block on its planned fake
-device with the pack's own engine (``parallel/sharding.attach_block_sharding``), and runs ONE
-forward under ``FakeTensorMode`` + ``no_grad`` (TESTING.md, tier 2). Attention runs as an
+with ``parallel/placement/sizing``, plans with ``parallel/placement/planner``, puts every block on its planned fake
+device with the pack's own engine (``parallel/blocks/sharding.attach_block_sharding``), and runs ONE
+forward under ``FakeTensorMode`` + ``no_grad`` (reference figure: tests/README.md). Attention runs as an
 output-only stand-in (flash / memory-efficient semantics) while simulating (``simulator_run``).
 
 Without ``batch``: cond+uncond in one batch of 2 when that fits, else one after the other (batch

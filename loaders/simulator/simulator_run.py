@@ -1,7 +1,7 @@
 """One DiT forward on fake devices, the way ``simulator`` needs it (ComfyUI classes, pure fakes).
 
 - every block's weights on its planned fake device, the rest on ``home``; the pack's own engine
-  (``parallel/sharding.attach_block_sharding``) routes the forward, then ``detach()``;
+  (``parallel/blocks/sharding.attach_block_sharding``) routes the forward, then ``detach()``;
 - the DiT is called as ComfyUI's sampler calls it, with inputs of the family's shapes;
 - attention is an output-only stand-in (flash / memory-efficient semantics) through ComfyUI's own
   ``transformer_options["optimized_attention_override"]`` hook AND by swapping the module-level

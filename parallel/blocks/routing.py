@@ -112,7 +112,7 @@ class BlockRouter:
         # Kernels that launch on the *current* CUDA device (Triton/Sage attention) need it set.
         self.set_current_device = torch.cuda.is_available()
         self.engine = None
-        """A ``SequenceEngine`` (``seq_engine``) for `sequence` scopes; None: `blocks` only."""
+        """A ``SequenceEngine`` (``sequence/engine``) for `sequence` scopes; None: `blocks` only."""
         self._sequence = False
 
     # ---- registration (build_block_proxies) -------------------------------------------------
@@ -149,7 +149,7 @@ class BlockRouter:
 
         Nested scopes join the outer one. ``return_home_all``: every block output comes home
         (inter-block code such as a ControlNet runs this forward). ``sequence``: blocks run split
-        over the engine's ranks (``seq_engine``); needs ``engine``.
+        over the engine's ranks (``sequence/engine``); needs ``engine``.
         """
         if self._scoped:
             yield self

@@ -1,11 +1,11 @@
-"""``DistExchange``: the all-to-all of ``seq_workers.ThreadExchange`` across processes (pure PyTorch).
+"""``DistExchange``: the all-to-all of ``sequence/threads.ThreadExchange`` across processes (pure PyTorch).
 
 Same call as the in-process exchange, ``all_to_all(pos, parts) -> list`` (what every position
 sent this one, in position order, on that position's device), but the positions of a batch group
 live in several processes, one or more per process (the host may hold two GPUs of a group whose
 other positions are workers). The threads of this process's positions meet; parts between two of
 them are handed over in memory; the last to arrive sends every part bound for another process
-in one ``all_to_all_single`` of the raw bytes (``dist_wire``), bundled per destination process,
+in one ``all_to_all_single`` of the raw bytes (``distributed/wire``), bundled per destination process,
 on the group's own process group (gloo on CPU, NCCL between GPUs). Bytes are sent as they are,
 so a split forward stays bit-identical to the local one. The receive sizes follow from ``expect`` (what each position sends this one: dtypes and
 shapes, which Ulysses attention knows from the token and head ranges both sides share), so no
@@ -18,7 +18,7 @@ failure marks the exchange broken (later calls fail at once) and names the peers
 A failure (a peer died, or did not answer within the group's timeout) raises ``DistPeerError``
 naming every remote peer of the group in every local position's thread, so the user learns which
 worker to look at. A local thread that does not arrive within the timeout, or an aborted worker
-pool, stops the others waiting for it (``TimeoutError`` / ``seq_workers.PoolAborted``).
+pool, stops the others waiting for it (``TimeoutError`` / ``sequence/threads.PoolAborted``).
 """
 from __future__ import annotations
 

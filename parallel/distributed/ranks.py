@@ -9,7 +9,7 @@ later by reference; the hidden state stays on the worker between blocks) and wai
 by default contiguous, equal shares). A worker keeps only the blocks its rank owns: the host sends
 them (after ComfyUI's patching: LoRA, casts) the first time and again only when their version
 changes (``version_of``: ComfyUI's patch state per block from ``loaders/comfy``; by default the
-tensors and their in-place counters, ``dist_blocks.weights_version``). Every other block reaches
+tensors and their in-place counters, ``distributed/weights.weights_version``). Every other block reaches
 the worker once per forward from its *owner*, with one ``broadcast`` per block over
 torch.distributed: from the host (group of all processes) when a host device owns it, from the
 owning worker (group of the workers) otherwise; the block after the current one is posted early,
@@ -98,7 +98,7 @@ class DistRanks:
         self.keep_all = keep_all
         """Every worker keeps every block (sent once; nothing streams per step)."""
         self.version_of = version_of or (lambda index, block: weights_version(block))
-        """``(block index, block) -> version``: compared with ``dist_blocks.same_version``."""
+        """``(block index, block) -> version``: compared with ``distributed/weights.same_version``."""
         self.describe = describe
         """``(block index, block) -> (family, config)`` the worker builds the block from
         (``distributed.block_specs``); None: the describer registered for the block's class."""

@@ -11,7 +11,7 @@ A block crosses processes in two parts:
   applied while packing, so the receiver computes exactly what the owner's block computes.
 
 ``WeightRing`` is the receiving side: two buffer blocks per block shape on the rank's device (the
-block computing, the next one arriving), like ``seq_stream.BlockStream`` within one process.
+block computing, the next one arriving), like ``sequence/stream.BlockStream`` within one process.
 
 ``weights_version`` tells whether a block's weights changed since they were sent: per tensor the
 object itself (weakly held) and its in-place version counter. Callers that know more (ComfyUI's

@@ -8,9 +8,9 @@ its offer as the member ``NAME/DEVICE`` into a registration slot (one process se
 a verified invitation to that member (forged, stale or altered ones are ignored and said once;
 the registration is written again if a stranger overwrote it), join the session's process group,
 run the host's commands until it says ``leave``, the session breaks or the host stays silent for
-``IDLE_TIMEOUT_S``, back to waiting. Entry formats: ``distributed/lobby.py``.
+``IDLE_TIMEOUT_S``, back to waiting. Entry formats: ``distributed/entries.py``.
 Before anything else the host and the worker prove to each other that they hold the shared
-secret (``dist_wire.worker_handshake``); a worker with another secret is refused and told so.
+secret (``distributed/wire.worker_handshake``); a worker with another secret is refused and told so.
 Commands (``distributed.protocol`` messages on the worker's command channel, one reply each;
 signed, numbered, schema-checked, never unpickled):
 
@@ -274,7 +274,7 @@ def _to(obj, device):
 
 
 def _attention(exchange, rs, main, calls, text_first, func, *args, **kwargs):
-    """The first attention call of a block is its self-attention (as in ``seq_engine``)."""
+    """The first attention call of a block is its self-attention (as in ``sequence/engine``)."""
     calls[0] += 1
     if calls[0] != 1:
         return func(*args, **kwargs)

@@ -4,7 +4,7 @@ The DiT's own forward runs unchanged on the main thread. Its block calls reach `
 the block proxies and ``BlockRouter``), which:
 
 1. *scatters* a stream argument that arrives whole (first block of a list, or after inter-block
-   code): each rank takes its batch group and token range (``seq_split``);
+   code): each rank takes its batch group and token range (``sequence/split``);
 2. queues the block on every rank's worker thread and returns at once with *placeholders* (meta
    tensors of the whole output's shape), so the main thread runs ahead and the workers never wait
    for it; a placeholder passed to the next block means "each rank's own rows", nothing moves;
@@ -18,8 +18,8 @@ its self-attention: ranks of a group exchange q/k/v so each holds *all* tokens o
 heads (Ulysses), call the user's attention function (or the override another pack installed) on
 them, and exchange the output back. Later calls (cross-attention to text) run locally.
 
-A rank that does not own a block streams it (``seq_stream.BlockStream``) and prefetches the next
-once the current block's kernels are queued; the order rules of those copies are in ``seq_stream``.
+A rank that does not own a block streams it (``sequence/stream.BlockStream``) and prefetches the next
+once the current block's kernels are queued; the order rules of those copies are in ``sequence/stream``.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ class _Forward:
         self.groups: list[Group] = plan_groups(batch, n)
         self.ranks = [_Rank(rs, engine.devices[rs.rank], engine.streams[rs.rank])
                       for rs in rank_slices(self.groups, main)]
-        if engine.dist is not None:  # ranks in worker processes (dist_ranks): open or reuse the session
+        if engine.dist is not None:  # ranks in worker processes (distributed/ranks): open or reuse the session
             engine.dist.begin_forward(self.groups)
         self.exchanges = {}
         for g in self.groups:
@@ -125,7 +125,7 @@ class SequenceEngine:
         self.streams = [BlockStream(d) for d in self.devices]
         self.pool: WorkerPool | None = None
         self.dist = None
-        """``dist_ranks.DistRanks`` when some ranks run in worker processes; None: all local."""
+        """``distributed/ranks.DistRanks`` when some ranks run in worker processes; None: all local."""
         self.stats = SequenceStats()
         self._fwd: _Forward | None = None
         self._scoped = False

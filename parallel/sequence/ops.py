@@ -1,9 +1,9 @@
-"""The stream, event, copy and pin operations of the block ring (``seq_stream``), behind one small
+"""The stream, event, copy and pin operations of the block ring (``sequence/stream``), behind one small
 interface (pure PyTorch).
 
 ``TorchOps`` is what runs: on a real CUDA device it uses ``torch.cuda`` streams and events; on CPU
 and on fake ``cuda:N`` devices (dry runs) every stream is None, every wait a no-op and every copy
-synchronous, so the ring's code is the same on every device. ``seq_record.RecordingOps`` has the
+synchronous, so the ring's code is the same on every device. ``sequence/record.RecordingOps`` has the
 same methods and records an ordered log on CPU, so tests can check the order rules without a GPU.
 
 A *place* is where a tensor lives for the ring: ``TorchOps`` uses the tensor's device.
