@@ -24,7 +24,7 @@ def resolve_devices(request: ShardRequest) -> Devices:
         raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices: they run parallel=sequence "
                          "only (set parallel to 'sequence' or 'auto')")
     check_workers(devices, remote)
-    return Devices(devices, local, tuple(remote), float(request.reserve_vram_gb))
+    return Devices(str(devices), local, tuple(remote), float(request.reserve_vram_gb))
 
 
 def _blocks_only(model) -> str:
