@@ -9,7 +9,7 @@ Sections (``[gpu_check] NAME: PASS|FAIL|SKIP figures``):
 - ``ring``: the prefetch ring with a remote owner forced on one GPU (pageable, pinned and GPU
   owners) under ``TORCH_CUDA_SANITIZER=1`` in a child process: no race, streamed == resident
   (``gpu_check_ring.py``);
-- ``ring_wait_removed``: each of ``seq_stream.ORDER_WAITS`` removed in turn (``without_wait``), a
+- ``ring_wait_removed``: each of ``sequence/stream.ORDER_WAITS`` removed in turn (``without_wait``), a
   child each: the sanitizer must flag every wait that orders two GPU streams;
 - ``sequence``: ``cuda:0,cuda:0`` (owners, and every block streamed from pinned RAM) and ``cuda:0,cpu``
   against the unsharded forward, fp32 and bf16 (tolerances in ``gpu_check_sections.py``);

@@ -1,4 +1,4 @@
-"""gpu_check section ``ring``: the prefetch ring (``parallel/seq_stream.BlockStream``) with a remote
+"""gpu_check section ``ring``: the prefetch ring (``parallel/sequence/stream.BlockStream``) with a remote
 owner on ONE GPU, driven from the main thread the way the engine drives a rank, under PyTorch's
 CUDA sanitizer (``TORCH_CUDA_SANITIZER=1``, set by the parent in a child process: the sanitizer is
 a dispatch mode entered at import and only sees the thread that entered it, so the ring is driven
@@ -11,8 +11,8 @@ another GPU; the same side stream, events and buffers run, not PyTorch's cross-d
 Before each pass the owner's weights are rewritten on the current stream (``mul_(1)``), as ComfyUI
 patching weights just before a step does, so the ring's wait on the owner's stream is exercised.
 
-Per scenario (no wait removed, or one of ``seq_stream.ORDER_WAITS`` removed with
-``seq_stream.without_wait``): races the sanitizer reported, and the streamed result against the
+Per scenario (no wait removed, or one of ``sequence/stream.ORDER_WAITS`` removed with
+``sequence/stream.without_wait``): races the sanitizer reported, and the streamed result against the
 same blocks all resident (same kernels, same shapes: identical expected).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ def seq_stream_module():
 
 
 def order_api():
-    """``(ORDER_WAITS, without_wait)`` of seq_stream, or None where it has not landed."""
+    """``(ORDER_WAITS, without_wait)`` of sequence/stream, or None where it has not landed."""
     mod = seq_stream_module()
     waits, ctx = getattr(mod, "ORDER_WAITS", None), getattr(mod, "without_wait", None)
     return (tuple(waits), ctx) if waits and ctx is not None else None

@@ -107,8 +107,8 @@ def section_syncs(sz, cuda: bool):
 
 def plan_bytes(sz, ranks, block_bytes, block_devices, home, tokens, batch):
     """(bytes the plan gives the ranks on ``home`` beyond resident weights, which functions).
-    mem-plan's ``parallel/cost_memory.plan_sequence_memory`` where it has landed; else main's
-    ``parallel_mode.prefetch_bytes`` (2 x the largest block per rank) + ``cost_baselines.
+    mem-plan's ``parallel/cost/memory.plan_sequence_memory`` where it has landed; else main's
+    ``cost/mode.prefetch_bytes`` (2 x the largest block per rank) + ``cost/baselines.
     ACTIVATION_HIDDEN_STATES`` hidden states of each rank's tokens."""
     try:
         from sharddit.parallel.cost.memory import plan_sequence_memory

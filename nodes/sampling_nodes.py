@@ -2,7 +2,7 @@
 import comfy.samplers
 from comfy_api.latest import io
 
-from ..loaders.comfy import model_loading, sampling, sharded_model
+from ..loaders.comfy import model_loading, sampling, shard_pipeline
 from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, CheckedCombo, devices_input, parallel_input,
                             reserve_vram_input, validate_one)
 
@@ -36,8 +36,8 @@ class ShardDiTShardModel(io.ComfyNode):
     @classmethod
     def execute(cls, model, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
         model_loading.check_placement(devices, reserve_vram_gb)  # a linked devices, a NaN reserve: unseen until now
-        return io.NodeOutput(sharded_model.shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb,
-                                                       parallel=parallel))
+        return io.NodeOutput(shard_pipeline.shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb,
+                                                        parallel=parallel))
 
 
 class ShardDiTKSampler(io.ComfyNode):

@@ -1,6 +1,7 @@
 """Fake-device helpers for dry runs: weights and peak activation memory per device, no GPU needed.
 
-Pure PyTorch (no ComfyUI). Used by ``loaders/simulator.py`` (TESTING.md, tier 2):
+Pure PyTorch (no ComfyUI). Used by ``loaders/simulator/simulator.py`` (fake multi-GPU runs under
+``FakeTensorMode``; the measured reference figure: tests/README.md):
 
 - ``materialize_module``: gives a ``meta`` module real-looking parameters on a fake device
   (``cuda:1`` on a CPU-only machine) under ``FakeTensorMode``. Random initialisers fail on fake
@@ -9,10 +10,11 @@ Pure PyTorch (no ComfyUI). Used by ``loaders/simulator.py`` (TESTING.md, tier 2)
   device of the tensor that created it, and releases it when the storage is finalised (PyTorch
   keeps one Python object per storage, so a weakref finaliser fires exactly when the storage
   dies). Storages owned by parameters/buffers are skipped, so ``weight.t()`` and other views of
-  weights are not counted as activations (trap 2 in TESTING.md).
+  weights are not counted as activations (counted, the weights would count twice).
 - ``flash_attention_standin``: ComfyUI's attention signature, allocating what flash /
   memory-efficient attention allocates on a GPU (the output, plus a small fp32 log-sum-exp),
-  never the L x L matrix the CPU math path would build (trap 1 in TESTING.md).
+  never the L x L matrix that SDPA's CPU math path builds on fake CUDA tensors (171 GB per
+  block for Wan 14B at 480p, where a GPU's flash kernel allocates only the output).
 
 Not modelled: the CUDA context (~0.5 GiB per GPU), allocator fragmentation and rounding, cuBLAS
 workspaces. Callers plan headroom for them.

@@ -152,7 +152,7 @@ def test_rows_only_where_this_comfyui_has_them(wan14b):
 
 
 def test_activation_estimate_matches_the_simulated_wan_peaks(wan14b):
-    # the simulator's measured Wan 2.1 14B peaks, batch 1 (TESTING.md): 2.9 GiB at 480p×81, 6.6 at 720p×81
+    # the simulator's measured Wan 2.1 14B peaks, batch 1 (tests/README.md): 2.9 GiB at 480p×81, 6.6 at 720p×81
     assert estimate_activation_bytes(Workload(wan14b, 832, 480, 81)) / GiB == pytest.approx(2.9, rel=0.05)
     assert estimate_activation_bytes(Workload(wan14b, 1280, 720, 81)) / GiB == pytest.approx(6.6, rel=0.05)
 

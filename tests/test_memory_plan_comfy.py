@@ -30,7 +30,7 @@ def _placement_restored(env):
 def _modules(env):
     from harness.comfy_env import pack_module
 
-    return (pack_module(env, "loaders.comfy.sharded_model"), pack_module(env, "loaders.comfy.memory_report"),
+    return (pack_module(env, "loaders.comfy.shard_pipeline"), pack_module(env, "loaders.comfy.memory_report"),
             pack_module(env, "parallel.placement.inventory"), pack_module(env, "parallel.cost.mode"))
 
 
@@ -42,11 +42,11 @@ def _tight_inventory(sm, inv_mod, pm, model):
         PlacementRequest,
         plan_placement,
     )
-    from sharddit.parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes
+    from sharddit.loaders.comfy.shard_plan import footprint_of
 
     dit = model.get_model_object("diffusion_model")
     layout = get_arch_spec(dit)
-    fp = sm._footprint(compute_block_bytes(dit, layout), compute_non_block_bytes(dit, layout))
+    fp = footprint_of(dit, layout)
     for mib in range(1, 4096):
         inv = inv_mod.inventory_from_spec(f"cuda:0={mib}MiB,cuda:1={mib}MiB")
         try:
@@ -63,7 +63,7 @@ def _weights(model):
 
 
 def test_explicit_sequence_refused_before_anything_moves(env, tiny):
-    sm, _, inv_mod, pm = _modules(env)
+    sm, mr, inv_mod, pm = _modules(env)
     model = _load(env, tiny.wan21_t2v_state_dict())
     inv, mib = _tight_inventory(sm, inv_mod, pm, model)
     weights = _weights(model)
@@ -74,13 +74,13 @@ def test_explicit_sequence_refused_before_anything_moves(env, tiny):
     assert "MiB missing" in text and "parallel 'auto' or 'blocks'" in text
     assert model.object_patches == {} and model.additional_models == {} and _weights(model) == weights
     # auto on the same GPUs falls back to blocks; blocks is what was asked: both shard
-    assert sm.get_parallel_mode(sm.shard_model(model, "cuda:0,cuda:1", 0.0, inventory=inv)).mode == "blocks"
-    assert sm.get_parallel_mode(sm.shard_model(model, "cuda:0,cuda:1", 0.0, inventory=inv,
-                                               parallel="blocks")).mode == "blocks"
+    assert sm.shard_model(model, "cuda:0,cuda:1", 0.0, inventory=inv).get_attachment(mr.MODE_KEY).mode == "blocks"
+    plain = sm.shard_model(model, "cuda:0,cuda:1", 0.0, inventory=inv, parallel="blocks")
+    assert plain.get_attachment(mr.MODE_KEY).mode == "blocks"
     roomy = inv_mod.inventory_from_spec(f"cuda:0={2 * mib}MiB,cuda:1={2 * mib}MiB")
     fresh = _load(env, tiny.wan21_t2v_state_dict())  # (a shard state is kept per devices and reserve)
     ok = sm.shard_model(fresh, "cuda:0,cuda:1", 0.0, inventory=roomy, parallel="sequence")
-    assert sm.get_parallel_mode(ok).mode == "sequence"
+    assert ok.get_attachment(mr.MODE_KEY).mode == "sequence"
 
 
 def _prepare(sm, mr, model, noise_shape):
@@ -89,7 +89,7 @@ def _prepare(sm, mr, model, noise_shape):
     seen = {}
 
     def executor(m, shape, *args, **kwargs):
-        seen["sizes"] = [(str(s.load_device), s.model_size()) for s in sm.get_shard_patchers(m)]
+        seen["sizes"] = [(str(s.load_device), s.model_size()) for s in mr.get_shard_patchers(m)]
         return "loaded"
 
     assert mr.sequence_memory_wrapper(executor, model, noise_shape, {}, {}) == "loaded"
@@ -103,9 +103,9 @@ def test_ring_counted_in_shard_sizes_per_block_shape(env, tiny):
     model = _load(env, tiny.hunyuan_video_state_dict())
     roomy = inv_mod.inventory_from_spec("cuda:0=4GiB,cuda:1=4GiB")
     seq = sm.shard_model(model, "cuda:0,cuda:1", 0.0, inventory=roomy, parallel="sequence")
-    state = sm.get_shard_state(seq)
-    assert sm.get_parallel_mode(seq).mode == "sequence" and state.plan.block_devices() == ("cuda:0", "cuda:1")
-    blocks = [env.mm.module_size(s.model) for s in sm.get_shard_patchers(seq)]
+    state = mr.get_shard_state(seq)
+    assert seq.get_attachment(mr.MODE_KEY).mode == "sequence" and state.plan.block_devices() == ("cuda:0", "cuda:1")
+    blocks = [env.mm.module_size(s.model) for s in mr.get_shard_patchers(seq)]
     assert blocks[0] != blocks[1]  # two block shapes
     assert _prepare(sm, mr, seq, (1, 16, 2, 8, 8)) == [("cuda:0", blocks[0] + blocks[1]), ("cuda:1", blocks[1] + blocks[0])]
     plain = sm.shard_model(model, "cuda:0,cuda:1", 0.0, inventory=roomy, parallel="blocks")
@@ -120,8 +120,8 @@ def test_sequence_refused_at_sampling_when_the_latent_does_not_fit(env, tiny, mo
     seq = sm.shard_model(model, "cuda:0,cuda:1", 0.0, inventory=inv_mod.inventory_from_spec("cuda:0=4GiB,cuda:1=4GiB"),
                          parallel="sequence")
     small = (1, 16, 3, 10, 10)
-    rows = mr.latent_plan(seq, sm.get_shard_state(seq), small)
-    big = mr.latent_plan(seq, sm.get_shard_state(seq), (1, 16, 21, 60, 104))
+    rows = mr.latent_plan(seq, mr.get_shard_state(seq), small)
+    big = mr.latent_plan(seq, mr.get_shard_state(seq), (1, 16, 21, 60, 104))
     assert all(b.activations > 100 * r.activations for r, b in zip(rows, big, strict=True))  # from tokens
     need = max(r.total for r in big)
     monkeypatch.setattr(mr, "current_inventory",

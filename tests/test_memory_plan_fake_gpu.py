@@ -67,9 +67,11 @@ def _context(sim, contexts, model, res, n, full=False):
     if not full:  # the cut blocks split evenly by count, home on cuda:0
         nb = len(ctx.block_bytes)
         return ctx, [f"cuda:{i * n // nb}" for i in range(nb)], "cuda:0"
-    plan, err = simulator._plan(ctx, 0)
+    from sharddit.loaders.simulator.simulator_plan import plan_blocks, planned_devices
+
+    plan, err = plan_blocks(ctx, 0)
     assert err is None and plan.home_device == "cuda:0"
-    return (ctx, *simulator._block_devices(ctx, plan))
+    return (ctx, *planned_devices(ctx, plan))
 
 
 @pytest.mark.parametrize("cfg", ["cfg1", "cfg6"])

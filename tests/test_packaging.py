@@ -257,3 +257,108 @@ def test_loaders_subpackages_have_no_import_cycle():
                     if order[parts[2]] > rank:
                         offenders.append(f"{path.relative_to(REPO)}:{line}: {name}")
     assert offenders == [], "loaders/ imports must point cli -> simulator -> comfy:\n" + "\n".join(offenders)
+
+
+# ------------------------------------------------------------------ (f) one-way imports inside the pack
+
+PACK_DIRS = ("parallel", "loaders", "nodes")
+
+
+def _module_of(path: Path, repo: Path) -> str:
+    rel = path.relative_to(repo).with_suffix("")
+    parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+    return ".".join(("sharddit", *parts))
+
+
+def _pack_modules(repo: Path) -> dict:
+    """``{module name: path}`` of every pack module under ``PACK_DIRS`` (packages by their name)."""
+    return {_module_of(p, repo): p for d in PACK_DIRS for p in sorted((repo / d).rglob("*.py"))}
+
+
+def _imported_modules(path: Path, modules: dict, repo: Path) -> list:
+    """``[(line, module, name)]``: each pack module ``path`` imports, at module level or inside a
+    function, with the name taken from it ('' when the module itself is imported)."""
+    found = []
+    for line, name in _pack_imports(path, repo):
+        if name in modules:
+            found.append((line, name, ""))
+        elif name.rpartition(".")[0] in modules:
+            found.append((line, name.rpartition(".")[0], name.rpartition(".")[2]))
+    return found
+
+
+def find_import_cycles(repo: Path = REPO) -> list:
+    """Every loop of pack modules that import each other, function-level imports included (each
+    loop once, as ``a -> b -> a``)."""
+    modules = _pack_modules(repo)
+    graph = {m: sorted({t for _, t, _ in _imported_modules(p, modules, repo) if t != m}) for m, p in modules.items()}
+    cycles, state = set(), {}
+
+    def visit(m, stack):
+        state[m] = "open"
+        stack.append(m)
+        for t in graph.get(m, ()):
+            if state.get(t) == "open":
+                loop = stack[stack.index(t):]
+                i = loop.index(min(loop))
+                cycles.add(" -> ".join(loop[i:] + loop[:i] + [loop[i]]))
+            elif t not in state:
+                visit(t, stack)
+        stack.pop()
+        state[m] = "done"
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])
+    return sorted(cycles)
+
+
+def find_private_imports(repo: Path = REPO) -> list:
+    """``from .x import _name`` across pack modules: a private name belongs to its own module."""
+    modules = _pack_modules(repo)
+    return [f"{path.relative_to(repo)}:{line}: {target}.{name}"
+            for path in modules.values() for line, target, name in _imported_modules(path, modules, repo)
+            if name.startswith("_") and not name.startswith("__")]
+
+
+def _fake_pack(tmp_path, files: dict) -> Path:
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for d in PACK_DIRS:
+        (tmp_path / d).mkdir(exist_ok=True)
+    return tmp_path
+
+
+def test_import_cycle_checker_catches_function_level_loops(tmp_path):
+    repo = _fake_pack(tmp_path, {
+        "loaders/sim/__init__.py": "", "loaders/sim/a.py": "from .b import plan\n",
+        "loaders/sim/b.py": "def plan():\n    from .a import helper\n",
+        "loaders/sim/c.py": "from .b import plan\n"})
+    assert find_import_cycles(repo) == ["sharddit.loaders.sim.a -> sharddit.loaders.sim.b -> sharddit.loaders.sim.a"]
+
+
+def test_private_import_checker_catches(tmp_path):
+    repo = _fake_pack(tmp_path, {
+        "loaders/sim/__init__.py": "", "loaders/sim/a.py": "def f():\n    from .b import _plan, shown, __doc__\n",
+        "loaders/sim/b.py": "def _plan(): pass\n", "parallel/_util.py": "", "parallel/x.py": "from . import _util\n"})
+    assert find_private_imports(repo) == ["loaders/sim/a.py:2: sharddit.loaders.sim.b._plan"]
+
+
+# Left to the engine's half of issue 22 (it owns parallel/distributed/ and parallel/blocks/routing.py):
+# the lobby builds a HostSession; routing's block slot is taken by sharding. Empty this when it lands.
+ENGINE_PENDING = {
+    "sharddit.parallel.distributed.host -> sharddit.parallel.distributed.lobby -> sharddit.parallel.distributed.host",
+    "parallel/blocks/sharding.py:27: sharddit.parallel.blocks.routing._Slot",
+}
+
+
+def test_pack_has_no_import_cycle_even_inside_functions():
+    cycles = [c for c in find_import_cycles() if c not in ENGINE_PENDING]
+    assert cycles == [], "pack modules must import one way (function-level imports too):\n" + "\n".join(cycles)
+
+
+def test_no_module_imports_a_private_name_from_another():
+    offenders = [o for o in find_private_imports() if o not in ENGINE_PENDING]
+    assert offenders == [], "a private (_name) stays in its module; make it public where it is shared:\n" + \
+        "\n".join(offenders)

@@ -1,4 +1,4 @@
-"""`sequence` mode on ComfyUI's real-size video DiTs over fake GPUs (TESTING.md tier 2).
+"""`sequence` mode on ComfyUI's real-size video DiTs over fake GPUs (FakeTensorMode).
 
 Wan 2.1 14B, LTX-Video 13B and HunyuanVideo 13B (ComfyUI 0.3.64 classes on ``meta``), blocks
 planned over fake ``cuda:0..N-1`` (N = 2, 4, 8), one forward at 480p x 81 frames with cond+uncond

@@ -86,7 +86,7 @@ def test_ksampler_and_shard_node_plan_auto_identically(env, tiny):
     base = _load(env, tiny.wan21_t2v_state_dict())
     state = sm.get_shard_state(shard_node.execute(base, devices, _default(shard_node, "reserve_vram_gb")).result[0])
     _ours(env, base, torch.zeros(1, 16, 2, 8, 8), {}, devices)  # the KSampler shards `base` itself
-    states = list(base.model.__dict__[sm._CACHE_ATTR].values())
+    states = list(base.model.__dict__[pack_module(env, "loaders.comfy.shard_hooks").STATES_ATTR].values())
     assert len(states) == 1 and states[0] is state, (
         f"KSampler planned {[s.request_key for s in states]}, ShardModel {state.request_key}")
     env.mm.unload_all_models()
@@ -146,12 +146,12 @@ def test_ksampler_on_unsharded_model_twice_does_not_reload(env, tiny):
     from comfy.patcher_extension import CallbacksMP
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.sharded_model")
+    hooks = pack_module(env, "loaders.comfy.shard_hooks")
     base = _load(env, tiny.wan21_t2v_state_dict())
     latent = torch.zeros(1, 16, 2, 8, 8)
     first = _ours(env, base, latent, {}, "cpu,cpu")
     gc.collect()
-    (state,) = base.model.__dict__[sm._CACHE_ATTR].values()
+    (state,) = base.model.__dict__[hooks.STATES_ATTR].values()
     assert all(e.root.model_loaded_weight_memory > 0 for e in state.roots)
     loads = []
     for entry in state.roots:

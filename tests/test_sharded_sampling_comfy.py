@@ -100,13 +100,13 @@ def _unknown_arch_model():
 def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory, match):
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.sharded_model")
+    sp = pack_module(env, "loaders.comfy.shard_pipeline")
     inv_mod = pack_module(env, "parallel.placement.inventory")
     model = _unknown_arch_model() if case == "unknown architecture" else _load(env, tiny.wan21_t2v_state_dict())
     weights = {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()}
     inv = inv_mod.inventory_from_spec(inventory) if inventory else None
     with pytest.raises(ValueError, match=match):
-        sm.shard_model(model, devices, 0.0, inventory=inv)
+        sp.shard_model(model, devices, 0.0, inventory=inv)
     assert model.object_patches == {} and model.additional_models == {}
     assert {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()} == weights
 
@@ -136,14 +136,14 @@ def test_skip_patch_on_last_block_comes_home(env, tiny):
     from comfy.patcher_extension import WrappersMP
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.sharded_model")
+    sp = pack_module(env, "loaders.comfy.shard_pipeline")
     latent = torch.zeros(1, 16, 2, 8, 8)
     base = _load(env, tiny.wan21_t2v_state_dict())
     skipped = base.clone()
     last = len(base.model.diffusion_model.blocks) - 1
     skipped.set_model_patch_replace(lambda args, extra: {"img": args["img"]}, "dit", "double_block", last)
     ref = _stock(env, skipped, latent, {})
-    sharded = sm.shard_model(skipped, "cpu,cpu", 0.0)
+    sharded = sp.shard_model(skipped, "cpu,cpu", 0.0)
     seen = []
 
     def spy(executor, *args, **kwargs):

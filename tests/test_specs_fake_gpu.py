@@ -1,6 +1,6 @@
 """ComfyUI's own video DiTs at their real sizes, sharded by the pack's engine over fake GPUs.
 
-TESTING.md tier 2: each model is built on ``meta`` from ComfyUI 0.3.64's classes (Wan 2.1 14B,
+Fake multi-GPU (FakeTensorMode): each model is built on ``meta`` from ComfyUI 0.3.64's classes (Wan 2.1 14B,
 LTX-Video 13B, HunyuanVideo 13B), planned by the pack's planner over fake ``cuda:0..N-1``
 (N = 2, 4, 8), sharded with ``attach_block_sharding`` and run for ONE forward at 480p x 81 frames,
 cond+uncond batch 2, inside ``FakeTensorMode`` (shapes and devices only, no data). A block fed a

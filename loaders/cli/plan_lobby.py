@@ -34,9 +34,9 @@ class LobbyView:
     host: str
     port: int
     offers: dict
-    """Member ``NAME/DEVICE`` -> offer, as ``dist_host.read_workers`` gives them."""
+    """Member ``NAME/DEVICE`` -> offer, as ``distributed/host.read_workers`` gives them."""
     text: str
-    """The joined workers as ``dist_host.describe_workers`` lists them."""
+    """The joined workers as ``distributed/host.describe_workers`` lists them."""
 
 
 def resolve_host(host: str, port: int, what: str) -> list:

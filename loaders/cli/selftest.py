@@ -47,7 +47,8 @@ from ..comfyui_import import dynamic_vram_status
 from .selftest_dynamic import check_dynamic_vram
 from .selftest_models import WAN_DIT, build_wan_dit, build_wan_vae
 from .selftest_sequence import check_prefetch_overlap, check_sequence, sequence_devices
-from ..comfy.sharded_model import get_shard_state, shard_model
+from ..comfy.shard_hooks import get_shard_state
+from ..comfy.shard_pipeline import shard_model
 from ..comfy.vae_decode import core_tile_params, decode_tiled
 
 __all__ = ["choose_devices", "run_selftest"]

@@ -21,7 +21,8 @@ import sys
 import torch
 
 from ..comfy.dynamic_vram import is_dynamic
-from ..comfy.sharded_model import get_shard_patchers, shard_model
+from ..comfy.shard_hooks import get_shard_patchers
+from ..comfy.shard_pipeline import shard_model
 from .selftest_models import build_wan_dit
 from .selftest_sequence import sample_tiny
 

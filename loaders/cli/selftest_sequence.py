@@ -10,7 +10,7 @@
   and CPU: on CPU max abs diff <= 1e-4 (measured: 0 to 1.2e-5 on AVX2 hosts, 4.8e-5 on an AVX-512
   host after 4 steps), with a GPU <= 1e-3 (fp32; CPU and CUDA kernels also sum in different
   orders, the bound of the mixed ``sampling`` check). "identical" when bit-exact.
-- prefetch (GPU only): the engine's own copy, ``seq_stream.BlockStream.prefetch`` of a block-sized
+- prefetch (GPU only): the engine's own copy, ``sequence/stream.BlockStream.prefetch`` of a block-sized
   module held in host RAM as the loader holds a ``cpu`` share (pageable), issued after a matmul
   was queued on the compute stream (the engine's order: block g's kernels, then the copy of g+1),
   timed alone and together: "overlaps" when together they take clearly less than one after the
@@ -24,7 +24,8 @@ import torch
 
 import comfy.sample
 
-from ..comfy.sharded_model import get_shard_state, shard_model
+from ..comfy.shard_hooks import get_shard_state
+from ..comfy.shard_pipeline import shard_model
 from .selftest_models import WAN_DIT, build_wan_dit
 
 __all__ = ["check_prefetch_overlap", "check_sequence", "sample_tiny", "sequence_devices"]

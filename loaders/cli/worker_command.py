@@ -10,7 +10,7 @@ One serving process per device (the torchrun norm): each registers as the member
 (``box2/cuda:1``). With one device this process serves it; with several it starts one child per
 device (``python <pack-dir> worker ... --devices DEV``, so each child is exactly the one-device
 worker) and Ctrl+C stops them all; the parent imports no ComfyUI and touches no GPU, and each
-child makes its device current (``dist_worker.bind_device``) before ComfyUI's import makes a CUDA
+child makes its device current (``distributed/join.bind_device``) before ComfyUI's import makes a CUDA
 context, so each reports its own GPU's free memory and runs its kernels there. Each child imports
 ComfyUI: the host describes its blocks (model class, config, tensor layout) and the worker builds
 them with its own ComfyUI classes (``loaders/comfy/worker_blocks``), then receives their weights

@@ -1,5 +1,5 @@
 """``parallel=auto`` at sampling time: the memory rule decided with the plan, refined per latent
-shape by the cost model (``parallel/parallel_mode.decide_auto_for_latent``).
+shape by the cost model (``parallel/cost/mode.decide_auto_for_latent``).
 
 The DiT wrapper calls ``AutoMode`` with the forward's arguments; the first call for a latent shape
 decides (GPU names from the inventory, the default PCIe 4.0 link) and logs why, later calls reuse

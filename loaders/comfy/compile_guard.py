@@ -31,7 +31,7 @@ def check_no_block_object_patches(model, block_lists) -> None:
 
 
 def guarded_routing_scope(state, mode, executor, *args, **kwargs):
-    """ShardDiT's routing scope, after checking that every block slot still holds a proxy (the
+    """ShardDiT's routing scope, after checking that every block position still holds a proxy (the
     proxy lists are live objects: a wrapper that sets ``diffusion_model.blocks.N`` mutates them)."""
     dit = executor.class_obj
     for path in state.proxies:

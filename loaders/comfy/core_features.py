@@ -1,5 +1,5 @@
 """Which of core's own multi-GPU options the running ComfyUI has (feature-detected, never from a
-version string), for the plan's and ``auto``'s baseline rows (``parallel/cost_baselines``).
+version string), for the plan's and ``auto``'s baseline rows (``parallel/cost/baselines``).
 
 - Core's CFG split: ``comfy/multigpu.py`` and ``comfy_extras/nodes_multigpu.py`` (core 0.23+,
   node ``MultiGPU_WorkUnits``, "MultiGPU CFG Split").

@@ -27,7 +27,7 @@ import traceback
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["check_home_device", "check_no_core_copies", "original_patcher_init", "refuse_full_copies"]
+__all__ = ["check_home_device", "check_incoming", "check_no_core_copies", "original_patcher_init", "refuse_full_copies"]
 
 CFG_SPLIT = "core's MultiGPU CFG Split node (MultiGPU_WorkUnits)"
 SELECT = "core's Select Model Device node (SelectModelDevice)"
@@ -41,8 +41,15 @@ def _core_copies(model) -> list:
     return list(get(_CORE_KEY)) if callable(get) else []
 
 
+def check_incoming(model, home: str) -> None:
+    """Before sharding ``model`` with its DiT home on ``home``: refuse core's full copies, and say
+    when ShardDiT's plan replaces the MODEL's own load device."""
+    check_no_core_copies(model)
+    note_incoming_device(model, home)
+
+
 def check_no_core_copies(model) -> None:
-    """Before sharding: a MODEL that went through core's CFG split holds a full DiT per extra GPU."""
+    """A MODEL that went through core's CFG split holds a full DiT per extra GPU."""
     copies = _core_copies(model)
     if copies or "multigpu_options" in getattr(model, "model_options", {}):
         where = ", ".join(str(c.load_device) for c in copies) or "other GPUs"
@@ -80,7 +87,7 @@ def check_home_device(model, home: str) -> None:
 
 
 def note_incoming_device(model, home: str) -> None:
-    """Before sharding: say when ShardDiT's plan replaces the MODEL's own load device."""
+    """Say when ShardDiT's plan replaces the MODEL's own load device."""
     import comfy.model_management as mm
 
     if str(model.load_device) not in (str(home), str(mm.get_torch_device())):

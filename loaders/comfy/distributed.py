@@ -119,7 +119,7 @@ def attach_workers(engine, devices: str, remote, n_local: int, owners=None, vers
 
 
 def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:
-    """``dist_host.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
+    """``distributed/host.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
     members = [(member_key(n, d), d) for n, d in remote]
     keep_all, why = choose_worker_weights(dist_weights(), members, plan.block_ranges[n_local:], block_bytes,
                                           get_lobby(devices).workers())
@@ -144,7 +144,7 @@ class PatchVersion:
 
 
 def patch_versions(runtime, block_keys: dict[int, str]):
-    """``version_of(index, block)`` for ``dist_ranks``: read from the main patcher ShardDiT loaded
+    """``version_of(index, block)`` for ``distributed/ranks``: read from the main patcher ShardDiT loaded
     (``runtime.loaded_main``), computed once per patch state (``patches_uuid``), not per step."""
     cache: dict = {}
 

@@ -5,16 +5,16 @@ ComfyUI 0.3.64 and 0.29 decide in ``load_models_gpu``: per device they free
 ``model_size()`` while it is not loaded, the part not yet loaded otherwise), then give each model a
 weight budget of the free memory less ``minimum_memory_required`` (``BaseModel.memory_required`` of
 the whole latent: more than a `sequence` rank's share of the activations). Nothing there sees the
-ring of streamed blocks (``seq_stream.BlockStream``: two buffers per block shape a rank streams,
+ring of streamed blocks (``sequence/stream.BlockStream``: two buffers per block shape a rank streams,
 alive until the model is released). So before ComfyUI loads (a ``PREPARE_SAMPLING`` wrapper, the
 outermost), for a MODEL that runs `sequence`:
 
-- each shard patcher's ``size`` becomes its weights plus its rank's ring (``cost_memory``): ComfyUI
+- each shard patcher's ``size`` becomes its weights plus its rank's ring (``cost/memory``): ComfyUI
   then frees room for the ring on that device before it loads, as it does for weights. In `blocks`
   mode the size is the weights again. (A loaded shard then reports the ring as "not yet loaded",
   so a later load frees that much again on its device: more than needed, never less.)
 - an explicit ``parallel=sequence`` is checked against the latent's plan (weights, ring and the
-  activations of its tokens, ``cost_memory.plan_sequence_memory``) at the smallest batch ComfyUI
+  activations of its tokens, ``cost/memory.plan_sequence_memory``) at the smallest batch ComfyUI
   may run (cond alone); where it does not fit it is refused naming the GiB missing per device,
   before anything moves.
 """
@@ -41,9 +41,11 @@ from .shard_hooks import get_shard_patchers, get_shard_state
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["MEMORY_KEY", "REQUESTED_KEY", "block_kinds", "latent_plan", "sequence_memory_wrapper", "sequence_refusal"]
+__all__ = ["MEMORY_KEY", "MODE_KEY", "REQUESTED_KEY", "block_kinds", "latent_plan", "sequence_memory_wrapper", "sequence_refusal"]
 
 MEMORY_KEY = "sharddit_memory"
+MODE_KEY = "sharddit_parallel"
+"""Attachment: the ``ModeDecision`` the mode was attached with (``shard_mode.attach_mode``)."""
 REQUESTED_KEY = "sharddit_parallel_requested"
 """Attachment: the ``parallel`` the user asked for (``auto``, ``blocks``, ``sequence``)."""
 
@@ -55,8 +57,8 @@ def block_kinds(blocks) -> tuple:
 
 def sequence_refusal(plan, footprint, inventory, reserve_bytes: int, kinds) -> str:
     """Why an explicit ``parallel=sequence`` does not fit this plan at load ('' when it does): the
-    same room check as ``auto`` (``parallel_mode.decide_parallel``), kept on the shard state so
-    that ``set_parallel_mode`` raises it before any weight moves."""
+    same room check as ``auto`` (``cost/mode.decide_parallel``), kept on the shard state so
+    that ``shard_plan.choose_mode`` raises it before any weight moves."""
     try:
         decide_parallel("sequence", plan, footprint, inventory, reserve_bytes, kinds)
     except ValueError as err:
@@ -67,7 +69,7 @@ def sequence_refusal(plan, footprint, inventory, reserve_bytes: int, kinds) -> s
 def sequence_memory_wrapper(executor, model, noise_shape, *args, **kwargs):
     """``PREPARE_SAMPLING`` wrapper (module doc); runs before ShardDiT's own load wrapper."""
     state = get_shard_state(model)
-    decision = model.get_attachment("sharddit_parallel")  # sharded_model.MODE_KEY (it imports this module)
+    decision = model.get_attachment(MODE_KEY)
     sequence = state is not None and decision is not None and decision.mode == "sequence" and not state.remote
     rows = latent_plan(model, state, noise_shape) if sequence else None
     if rows is not None and model.get_attachment(REQUESTED_KEY) == "sequence":

@@ -12,7 +12,7 @@ from ...parallel.placement.inventory import read_inventory
 from ...parallel.cost.mode import check_parallel
 from .checks import check_diffusion_model_file
 from .distributed import check_workers
-from .sharded_model import shard_model
+from .shard_pipeline import shard_model
 
 log = logging.getLogger("sharddit")
 

@@ -6,7 +6,8 @@ from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .checks import check_latent
 from .core_multigpu import check_home_device
 from .distributed import auto_members
-from .sharded_model import get_shard_state, is_current_state, is_sharded, set_parallel_mode, shard_model
+from .shard_hooks import get_shard_state, is_current_state, is_sharded
+from .shard_pipeline import set_parallel_mode, shard_model
 
 # On an incoming (unsharded) ModelPatcher: its sharded clone per ``devices``, so that repeated
 # prompts sample the SAME clone and ComfyUI finds it loaded (nothing unloads or reloads). ComfyUI

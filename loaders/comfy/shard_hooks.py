@@ -67,6 +67,11 @@ class ShardState:
     block_kinds: tuple = ()  # one ring shape key per block, global order (memory_report.block_kinds)
     sequence_refusal: str = ""  # why an explicit parallel=sequence is refused at load ('' when it has room)
 
+    @property
+    def sequence_ready(self) -> bool:
+        """Whether sequence mode can run these shards (a sequence engine is attached)."""
+        return self.router.engine is not None
+
 
 def is_sharded(model) -> bool:
     return model.get_attachment(ATTACHMENT_KEY) is not None
@@ -80,10 +85,42 @@ def get_shard_patchers(model) -> list:
     return model.get_additional_models_with_key(SHARD_KEY)
 
 
+STATES_ATTR = "_sharddit_states"
+"""On a BaseModel: its live shard state by request key (at most one: ``keep_state``)."""
+
+
+def known_state(model, request_key) -> ShardState | None:
+    """The shard state already built for ``request_key`` on ``model``'s weights: the model's own
+    (it is sharded so), or the one kept on its BaseModel (None: plan afresh)."""
+    own = get_shard_state(model)
+    if own is not None and own.request_key == request_key:
+        return own
+    return model.model.__dict__.get(STATES_ATTR, {}).get(request_key)
+
+
+def keep_state(base, state: ShardState) -> ShardState:
+    """States are kept on the BaseModel so re-sharding the same weights reuses the same shard
+    modules: ComfyUI then sees clones (``is_clone``) and never holds two copies of a block. One
+    live shard set per weights: the new one regroups the blocks, so the older ones are released."""
+    states = base.model.__dict__.setdefault(STATES_ATTR, {})
+    for old in states.values():
+        release_roots(old)
+    states.clear()
+    states[state.request_key] = state
+    return state
+
+
+def is_current_state(model) -> bool:
+    """Whether ``model``'s shard state is still the live one for its weights (not replaced by a
+    re-shard with other devices, whose blocks were then regrouped)."""
+    state = get_shard_state(model)
+    return state is not None and model.model.__dict__.get(STATES_ATTR, {}).get(state.request_key) is state
+
+
 
 def release_roots(state: ShardState) -> None:
     """Restore an older shard set's blocks to their original weights on the offload device."""
-    if state.router.engine is not None:  # sequence workers and streamed-weight buffers go too
+    if state.router.engine is not None:  # the engine's rank threads and streamed-weight buffers go too
         state.router.engine.close()
     for entry in state.roots:
         if entry.root.model_loaded_weight_memory > 0 or entry.template.backup:

@@ -122,8 +122,8 @@ def replicas_for(vae, devices: list[torch.device]) -> list:
             out.append(vae)
             used_own = True
             continue
-        slot = seen[dev] = seen.get(dev, -1) + 1
-        key = (str(dev), slot)
+        nth = seen[dev] = seen.get(dev, -1) + 1  # the nth copy on this device
+        key = (str(dev), nth)
         if key not in cache:
             cache[key] = make_replica(vae, dev)
         out.append(cache[key])
@@ -136,14 +136,14 @@ def bound_devices(vae, devices: list[torch.device], work: int, one_tile: int) ->
     entries left out."""
     own, cached = torch.device(vae.device), _REPLICAS.get(vae, {})
     need = mm.module_size(vae.first_stage_model) + one_tile
-    costs, slots, used_own = [], {}, False
+    costs, seen, used_own = [], {}, False
     for dev in devices:
         if dev == own and not used_own:
             used_own = True
             costs.append(0)
             continue
-        slot = slots[dev] = slots.get(dev, -1) + 1
-        costs.append(0 if (str(dev), slot) in cached else need)
+        nth = seen[dev] = seen.get(dev, -1) + 1
+        costs.append(0 if (str(dev), nth) in cached else need)
     free = {str(d): mm.get_free_memory(d) for d in set(devices)}
     kept, left_out = select_decoder_devices([str(d) for d in devices], costs, work, free)
     if left_out:

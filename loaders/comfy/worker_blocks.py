@@ -48,7 +48,7 @@ def _ops_of(dit: torch.nn.Module) -> str:
 
 
 def describer(dit: torch.nn.Module, unet_config: dict, paths: dict[int, str]):
-    """``describe(index, block) -> (family, config)`` for ``dist_ranks`` (``paths``: block index ->
+    """``describe(index, block) -> (family, config)`` for ``distributed/ranks`` (``paths``: block index ->
     its path in ``dit``, ``blocks.3``)."""
     base = {"module": type(dit).__module__, "class": type(dit).__name__, "ops": _ops_of(dit),
             "unet_config": {k: v for k, v in unet_config.items() if not k.startswith("_") and _plain(k, v)}}

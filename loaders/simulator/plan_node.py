@@ -18,8 +18,8 @@ def read_holdings() -> dict[str, tuple[int, int]]:
     """Per device: (bytes ComfyUI's other loaded models hold, bytes ShardDiT's models hold)."""
     out: dict[str, list[int]] = {}
     for loaded in read_loaded():
-        slot = out.setdefault(loaded.device, [0, 0])
-        slot[1 if loaded.sharddit else 0] += loaded.loaded_bytes
+        held = out.setdefault(loaded.device, [0, 0])
+        held[1 if loaded.sharddit else 0] += loaded.loaded_bytes
     return {d: (c, s) for d, (c, s) in out.items()}
 
 

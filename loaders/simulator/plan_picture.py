@@ -70,7 +70,6 @@ def picture_from_report(report) -> PlanPicture:
     st = getattr(report, "strategies", None)
     devices = st.sequence_reports if st is not None and st.chosen == "sequence" else report.devices
     for d in devices:
-        info = report.inventory.get(d.device) if d.device in report.inventory.names else None
         home = min(report.home_bytes, d.weights) if d.home else 0
         prefetch = getattr(d, "prefetch", 0)
         seg = {"home": home, "blocks": d.weights - home, "activations": d.peak_activations}

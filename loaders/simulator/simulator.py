@@ -1,9 +1,9 @@
 """Dry-run simulator: will this model fit these GPUs at this size? Answered on a CPU, no weights.
 
 ``simulate`` builds ComfyUI's own model class on ``meta`` (``presets.build_meta_model``), sizes it
-with ``parallel/sizing``, plans with ``parallel/planner``, puts every block on its planned fake
-device with the pack's own engine (``parallel/sharding.attach_block_sharding``), and runs ONE
-forward under ``FakeTensorMode`` + ``no_grad`` (TESTING.md, tier 2). Attention runs as an
+with ``parallel/placement/sizing``, plans with ``parallel/placement/planner``, puts every block on its planned fake
+device with the pack's own engine (``parallel/blocks/sharding.attach_block_sharding``), and runs ONE
+forward under ``FakeTensorMode`` + ``no_grad`` (reference figure: tests/README.md). Attention runs as an
 output-only stand-in (flash / memory-efficient semantics) while simulating (``simulator_run``).
 
 Without ``batch``: cond+uncond in one batch of 2 when that fits, else one after the other (batch
@@ -21,10 +21,11 @@ from ...parallel.cost.inputs import link_bandwidth, normalize_gpu_name
 from ...parallel.placement.devices import with_worker_shares
 from ...parallel.placement.inventory import GiB, Inventory, inventory_from_spec, read_inventory
 from ...parallel.cost.mode import check_parallel
-from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB, block_devices_of
-from ...parallel.placement.planner import Footprint, PlacementError, PlacementRequest, plan_placement
+from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
+from ...parallel.placement.planner import PlacementRequest
 from . import presets
-from .simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
+from .simulator_plan import plan_blocks, planned_devices
+from .simulator_report import DeviceReport, SimulationReport
 from .simulator_run import SimContext, first_blocks_only, run_fake_forward
 from .simulator_strategies import DEFAULT_CFG, check_cfg, compute_strategies
 from .simulator_workers import compute_worker_report
@@ -240,27 +241,10 @@ def _simulate_batch(ctx: SimContext, batch: int, batch_given: bool) -> Simulatio
 
 def _place_and_run(ctx: SimContext, batch: int, activation: int):
     """Plan with ``activation`` bytes of headroom per device, simulate the plan, report devices."""
-    plan, error = _plan(ctx, activation)
-    block_devices, home = _block_devices(ctx, plan)
+    plan, error = plan_blocks(ctx, activation)
+    block_devices, home = planned_devices(ctx, plan)
     measured = run_fake_forward(ctx, batch, block_devices, home)
     return plan, error, _device_reports(ctx, measured, block_devices, home)
-
-
-def _plan(ctx: SimContext, activation: int):
-    footprint = Footprint(block_bytes=ctx.block_bytes, dit_home_bytes=ctx.home_bytes,
-                          dit_activation_bytes=activation)
-    try:
-        return plan_placement(ctx.inventory, footprint, ctx.request), None
-    except PlacementError as err:
-        return None, str(err)
-
-
-def _block_devices(ctx: SimContext, plan) -> tuple[list[str], str]:
-    """Device of each block (global order) and the home device; a forced split when no plan."""
-    if plan is not None:
-        return list(plan.block_devices()), plan.home_device
-    ranges = fallback_block_ranges(ctx.inventory, ctx.request, ctx.block_bytes)
-    return list(block_devices_of(ranges)), ranges[0].device
 
 
 def _device_reports(ctx, measured: dict, block_devices: list, home: str) -> list[DeviceReport]:

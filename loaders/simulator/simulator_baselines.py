@@ -1,5 +1,5 @@
 """The plan's rows for core ComfyUI's own options on the same GPUs, where this ComfyUI has them:
-one GPU with dynamic VRAM and core's MultiGPU CFG Split (``parallel/cost_baselines``).
+one GPU with dynamic VRAM and core's MultiGPU CFG Split (``parallel/cost/baselines``).
 
 Memory comes from the simulated `blocks` run: the whole DiT as measured (a full copy), and one
 sample's peak activations (the run's peak over its batch: activations grow with the batch, 2.9 ->

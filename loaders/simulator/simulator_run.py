@@ -1,7 +1,7 @@
 """One DiT forward on fake devices, the way ``simulator`` needs it (ComfyUI classes, pure fakes).
 
 - every block's weights on its planned fake device, the rest on ``home``; the pack's own engine
-  (``parallel/sharding.attach_block_sharding``) routes the forward, then ``detach()``;
+  (``parallel/blocks/sharding.attach_block_sharding``) routes the forward, then ``detach()``;
 - the DiT is called as ComfyUI's sampler calls it, with inputs of the family's shapes;
 - attention is an output-only stand-in (flash / memory-efficient semantics) through ComfyUI's own
   ``transformer_options["optimized_attention_override"]`` hook AND by swapping the module-level
@@ -24,7 +24,7 @@ from ...parallel.blocks.sharding import attach_block_sharding, get_block_list
 from ...parallel.placement.sizing import get_blocks
 from ...parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
 
-__all__ = ["SimContext", "run_fake_forward", "first_blocks_only"]
+__all__ = ["SimContext", "back_to_meta", "call_dit", "first_blocks_only", "run_fake_forward"]
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,12 @@ def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str], home
                                            torch.device(home))
             try:
                 with MemoryTracker(dit, *blocks) as tracker, handle.router.forward_scope():
-                    del_out = _forward(ctx, dit, batch, torch.device(home))
+                    del_out = call_dit(ctx, dit, batch, torch.device(home))
                     del del_out
             finally:
                 handle.detach()
     finally:
-        _to_meta(dit)
+        back_to_meta(dit)
     return {d: (m.weights, m.peak_activations) for d, m in tracker.report().items()}
 
 
@@ -80,7 +80,7 @@ def first_blocks_only(dit, layout):
             setattr(owner, name, blocks)
 
 
-def _to_meta(dit) -> None:
+def back_to_meta(dit) -> None:
     """Back to ``meta`` after a run: the next run starts clean and no fake tensor leaks out."""
     memo = {}
     for mod in dit.modules():
@@ -95,7 +95,7 @@ def _to_meta(dit) -> None:
                 mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="meta")
 
 
-def _forward(ctx: SimContext, dit, batch: int, home: torch.device):
+def call_dit(ctx: SimContext, dit, batch: int, home: torch.device):
     """Call the DiT as ComfyUI's sampler does, with inputs of the family's shapes on ``home``."""
     spec, dtype = ctx.spec, ctx.compute_dtype
     g = spec.geometry

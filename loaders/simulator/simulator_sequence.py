@@ -1,15 +1,15 @@
 """One `sequence`-mode DiT forward on fake devices: per-device peaks with the real engine.
 
-The blocks sit where the plan puts them; ``parallel/seq_engine`` runs every block on every rank
+The blocks sit where the plan puts them; ``parallel/sequence/engine`` runs every block on every rank
 with its share of the batch (cond / uncond first) and of the tokens (Ulysses exchanges through
 ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its ring
-(two buffers per block shape). Worker threads take turns (``serialize``: fake tensors are not thread-safe) and
+(two buffers per block shape). Rank threads take turns (``serialize``: fake tensors are not thread-safe) and
 each enters the fake mode and a view of the one ``MemoryTracker``, so every storage is counted
 on the device that made it, whichever thread made it. Attention runs as the flash stand-in
 through the override only: the engine's exchange wraps it.
 
 Per device: weights (owned blocks, + the DiT's home part on the home device), prefetch (the
-ring buffers the rank filled: ``cost_memory.compute_prefetch_bytes`` of the blocks it streams) and
+ring buffers the rank filled: ``cost/memory.compute_prefetch_bytes`` of the blocks it streams) and
 activations (the measured peak minus those buffers, which live from first use to the end).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ...parallel.sequence.engine import attach_sequence_engine
 from ...parallel.blocks.sharding import attach_block_sharding
 from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
 from ...parallel.placement.sizing import get_blocks
-from .simulator_run import SimContext, _forward, _to_meta
+from .simulator_run import SimContext, back_to_meta, call_dit
 
 __all__ = ["SequencePeak", "plan_sequence_peaks", "run_fake_sequence_forward"]
 
@@ -69,14 +69,14 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
                                             worker_context=worker_context, serialize=True)
             try:
                 with tracker, handle.router.forward_scope(sequence=True):
-                    out = _forward(ctx, dit, batch, torch.device(home))
+                    out = call_dit(ctx, dit, batch, torch.device(home))
                     del out
                 prefetch = [_buffer_bytes(s) for s in engine.streams]
             finally:
                 engine.close()
                 handle.detach()
     finally:
-        _to_meta(dit)
+        back_to_meta(dit)
     measured = tracker.report()
     out = []
     for rank, dev in enumerate(ranks):
@@ -87,7 +87,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
 
 
 def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
-    """The plan's bytes per rank (``cost_memory.plan_sequence_memory``) for the forward
+    """The plan's bytes per rank (``cost/memory.plan_sequence_memory``) for the forward
     ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
     from ...parallel.cost.inputs import shape_from_spec
     from ...parallel.cost.memory import activation_variant, plan_sequence_memory

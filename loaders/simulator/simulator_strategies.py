@@ -8,9 +8,9 @@
   (both run the whole batch over all tokens).
 - core's own options where this ComfyUI has them (``simulator_baselines``): one GPU with dynamic
   VRAM, core's MultiGPU CFG Split — shown, never picked; the decision line names them when they are
-  predicted as fast or faster (``cost_baselines.compare_with_core``).
-Speed: ``parallel/cost_model`` (FLOPs / throughput, bytes / link) for the same devices; ``auto``
-picks the fastest of ShardDiT's modes that fits (``cost_report.choose_strategy``).
+  predicted as fast or faster (``cost/baselines.compare_with_core``).
+Speed: ``parallel/cost/model`` (FLOPs / throughput, bytes / link) for the same devices; ``auto``
+picks the fastest of ShardDiT's modes that fits (``cost/report.choose_strategy``).
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from ...parallel.cost.model import (
 from ...parallel.cost.report import DevicePeak, choose_strategy, format_strategy_rows
 from ...parallel.cost.mode import check_parallel, prefetch_bytes
 from .simulator_baselines import absent_note, baseline_rows
+from .simulator_plan import plan_blocks, planned_devices
 from .simulator_report import DeviceReport, format_gib, format_table
 
 log = logging.getLogger("sharddit")
@@ -126,7 +127,6 @@ class StrategyReport:
 
 def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, link_gbps) -> StrategyReport:
     """Strategy rows for a finished `blocks` ``report`` (``simulator.SimulationReport``)."""
-    from .simulator import _block_devices, _plan
     from ..comfy.specs import find_arch_spec
     from .simulator_sequence import run_fake_sequence_forward
 
@@ -170,8 +170,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         seq_ctx = replace(ctx, request=replace(ctx.request, devices=",".join(gpus)))
         # plan as the loader does (two blocks of activation room, before any latent is known); the
         # measured peaks below decide whether it fits
-        plan, _ = _plan(seq_ctx, prefetch_bytes(ctx.block_bytes))
-        block_devices, home = _block_devices(seq_ctx, plan)
+        plan, _ = plan_blocks(seq_ctx, prefetch_bytes(ctx.block_bytes))
+        block_devices, home = planned_devices(seq_ctx, plan)
         ranks = list(dict.fromkeys(block_devices))
         if len(ranks) > 1:
             seq = run_fake_sequence_forward(ctx, work.batch, block_devices, home)

@@ -4,7 +4,7 @@ The host's own devices are simulated as usual (``simulator.simulate``), planned 
 a distributed run: ``devices.with_worker_shares`` adds one ``cpu`` entry per worker (the host keeps
 the workers' shares in RAM), so the host's GPUs hold their share only. This module plans that as
 the loader does (two blocks of activation room), runs one `sequence` forward on fake devices for
-the host's GPU peaks (the workers' ranks stand in on ``cpu``), and adds the worker rows (``parallel/dist_plan``: share, what it must hold, free, fits) and the network per worker and
+the host's GPU peaks (the workers' ranks stand in on ``cpu``), and adds the worker rows (``parallel/cost/workers``: share, what it must hold, free, fits) and the network per worker and
 step from the cost model, at ``--net-gbps``.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from ...parallel.distributed.config import WEIGHTS_ENV
 from ...parallel.cost.workers import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs
 from ...parallel.cost.mode import prefetch_bytes
 from ...parallel.placement.plan_ranges import compute_block_ranges
+from .simulator_plan import plan_blocks, planned_devices
 from .simulator_report import format_gib, format_table
 
 __all__ = ["WorkerReport", "compute_worker_report"]
@@ -29,7 +30,7 @@ class WorkerReport:
     keep_all: bool
     why: str
     needs: tuple
-    """``dist_plan.WorkerNeed`` per worker device, in rank order."""
+    """``cost/workers.WorkerNeed`` per worker device, in rank order."""
     network: NetworkStep
     host_ranks: list = field(default_factory=list)
     """The host's own DiT devices (ranks 0..), before the workers."""
@@ -106,12 +107,10 @@ class WorkerReport:
 
 def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str | None, net_gbps) -> WorkerReport:
     """Worker rows and network for a finished host ``report`` planned with one ``cpu`` entry per worker."""
-    from .simulator import _plan
-
     entries = ctx.request.device_list.entries
     n_local = len(entries) - len(workers)
     # planned as the loader plans (two blocks of activation room); the sequence peaks decide whether it fits
-    plan, _ = _plan(ctx, prefetch_bytes(ctx.block_bytes))
+    plan, _ = plan_blocks(ctx, prefetch_bytes(ctx.block_bytes))
     ranges = _rank_ranges(plan, entries, ctx.block_bytes)
     keep_all, why, needs = compute_worker_needs(mode, workers, ranges[n_local:], ctx.block_bytes)
     work = Workload(shape_from_spec(ctx.spec), *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
@@ -135,10 +134,9 @@ def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str 
 def _host_peaks(ctx, report, plan, batch: int):
     """(``SequencePeak`` per GPU rank of this machine, usable bytes per device) from one `sequence`
     forward on fake devices over the plan (the workers' shares on cpu run there as stand-ins)."""
-    from .simulator import _block_devices
     from .simulator_sequence import run_fake_sequence_forward
 
-    block_devices, home = _block_devices(ctx, plan)
+    block_devices, home = planned_devices(ctx, plan)
     peaks = run_fake_sequence_forward(ctx, batch, block_devices, home)
     usable = {d.device: d.usable for d in report.devices}
     return [p for p in peaks if p.device != "cpu"], usable

@@ -26,8 +26,8 @@ from .model import (
     Hardware,
     StrategyCost,
     Workload,
-    _block_flops,
-    _block_list,
+    block_flops,
+    block_shapes,
     estimate_one_gpu,
     estimate_sequence,
 )
@@ -114,11 +114,11 @@ def estimate_dynamic_vram(work: Workload, hw: Hardware, resident_block_bytes: fl
     s, n, budget = work.shape, work.tokens, max(0.0, float(resident_block_bytes))
     samples = work.batch / calls
     compute = exposed = streamed = 0.0
-    for b in _block_list(s):
+    for b in block_shapes(s):
         w = b.weight_params * work.weight_bytes
         resident = min(w, budget)
         budget -= resident
-        c = samples * _block_flops(b, s, n, n, s.heads) / hw.flops[0]
+        c = samples * block_flops(b, s, n, n, s.heads) / hw.flops[0]
         copy = (w - resident) / hw.host_link_bytes_per_s + TRANSFER_LATENCY_S if w > resident else 0.0
         compute, exposed, streamed = compute + c, exposed + max(0.0, copy - c), streamed + w - resident
     t = calls * (compute + exposed)
@@ -145,7 +145,7 @@ def core_baselines(work: Workload, hw: Hardware, setup: CoreSetup, devices: Sequ
 
 
 def _dynamic_row(work: Workload, hw: Hardware, setup: CoreSetup, device: str) -> BaselineRow:
-    blocks = [b.weight_params * work.weight_bytes for b in _block_list(work.shape)]
+    blocks = [b.weight_params * work.weight_bytes for b in block_shapes(work.shape)]
     usable, per = setup.usable[0] if setup.usable else None, setup.activation_per_sample
     calls = 1 if usable is None or per * work.batch + setup.home_bytes + max(blocks) <= usable else work.batch
     act = per * work.batch // calls

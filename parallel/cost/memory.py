@@ -4,7 +4,7 @@ The plan must be what the engine allocates (issue 21), so every term below is on
 really makes, counted the way it makes it:
 
 - **weights**: the blocks the rank's device owns, plus the DiT's non-block part on the home device.
-- **prefetch**: ``seq_stream.BlockStream`` keeps a ring of two buffers *per block shape* (its key:
+- **prefetch**: ``sequence/stream.BlockStream`` keeps a ring of two buffers *per block shape* (its key:
   the block's class and tensor shapes) for the blocks the rank does not own, from first use until
   the engine closes. HunyuanVideo's double and single blocks are two shapes: four buffers on a rank
   that streams both kinds; a kind the rank streams only once needs one buffer.
@@ -121,7 +121,7 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
     """Peak activation bytes per rank (rank order) of one `sequence` forward: ``tokens`` image tokens
     per sample, ``batch`` samples (2: cond + uncond, split first), ``n_ranks`` ranks. ``heads``
     (0: split evenly): a rank that attends more than 1/g of the heads (uneven split, as
-    ``seq_ulysses`` makes it) holds that much more of every token in the exchange."""
+    ``sequence/ulysses`` makes it) holds that much more of every token in the exchange."""
     f = ACTIVATION_FACTORS.get(family)
     if f is None:
         raise ValueError(f"[ShardDiT] no measured activation factors for model {family!r}: "

@@ -4,7 +4,7 @@
   boundaries; one device works at a time. Costs nothing beyond the weights.
 - ``sequence``: every device computes every block on its share of the batch and tokens; blocks a
   device does not own are streamed from their owner two at a time. Costs two buffers per block
-  shape the device streams (``cost_memory.compute_prefetch_bytes``: HunyuanVideo's double and
+  shape the device streams (``cost/memory.compute_prefetch_bytes``: HunyuanVideo's double and
   single blocks are two shapes, four buffers) and the attention exchanges.
 
 An explicit ``sequence`` checks room exactly as ``auto`` does; where ``auto`` falls back to
@@ -14,7 +14,7 @@ weight moves.
 ``decide_parallel`` is the memory rule of ``auto`` (decided with the plan, at load time);
 ``decide_auto_for_latent`` refines it at sampling time with the cost model: `sequence` only where
 it fits AND is predicted faster than `blocks` for this latent on these GPUs over this link. Given
-core's options on the same GPUs (``cost_baselines.CoreSetup``), its reason also names those
+core's options on the same GPUs (``cost/baselines.CoreSetup``), its reason also names those
 predicted as fast or faster (never picked: the MODEL is ShardDiT's already).
 """
 from __future__ import annotations
@@ -62,7 +62,7 @@ def check_parallel(value: str) -> str:
 def prefetch_bytes(block_bytes, block_kinds=None) -> int:
     """Room for streamed blocks that holds for any rank: two buffers per block shape, each of that
     shape's largest block (``block_kinds``: one hashable per block; None: blocks of equal bytes are
-    one shape). A rank of a plan needs ``cost_memory.compute_prefetch_bytes`` of what it streams."""
+    one shape). A rank of a plan needs ``cost/memory.compute_prefetch_bytes`` of what it streams."""
     kinds = list(block_kinds) if block_kinds is not None else list(block_bytes)
     largest: dict = {}
     for nbytes, kind in zip(block_bytes, kinds, strict=True):

@@ -1,7 +1,7 @@
 """Predicted seconds per sampling step for each way of running a DiT on N GPUs (pure, no torch).
 
 Every formula is written once, here. Units: FLOP, FLOP/s, bytes, bytes/s, seconds.
-Shapes, GPU throughput and link bandwidth come from ``cost_inputs``.
+Shapes, GPU throughput and link bandwidth come from ``cost/inputs``.
 
 Per block, on one device:
 - compute  = FLOPs / device FLOP/s, with FLOPs = linear + attention:
@@ -48,6 +48,8 @@ __all__ = [
     "Hardware",
     "StrategyCost",
     "Workload",
+    "block_flops",
+    "block_shapes",
     "estimate_blocks",
     "estimate_costs",
     "estimate_one_gpu",
@@ -59,7 +61,7 @@ TRANSFER_LATENCY_S = 50e-6
 """Fixed cost of one transfer (launch, event wait, host staging), seconds."""
 STRATEGIES = ("one_gpu", "blocks", "sequence")
 BASELINES = ("dynamic_vram", "core_cfg_split")
-"""Core ComfyUI's own options on the same GPUs (``cost_baselines``): shown beside ShardDiT's modes,
+"""Core ComfyUI's own options on the same GPUs (``cost/baselines``): shown beside ShardDiT's modes,
 never picked by ``auto``."""
 
 
@@ -159,7 +161,7 @@ def hardware_from_options(gpus: str | Sequence[str], n_devices: int = 1, measure
     return Hardware(tuple(flops), bw, names, f"{source}; {link_note}")
 
 
-def _block_flops(b: BlockShape, s: ModelShape, dev_tokens: int, tokens: int, dev_heads: int) -> float:
+def block_flops(b: BlockShape, s: ModelShape, dev_tokens: int, tokens: int, dev_heads: int) -> float:
     """FLOPs of one block for one sample on a device holding ``dev_tokens`` and ``dev_heads``."""
     t = s.text_tokens
     linear = 2 * (dev_tokens * b.image_params + t * b.text_params)
@@ -169,7 +171,7 @@ def _block_flops(b: BlockShape, s: ModelShape, dev_tokens: int, tokens: int, dev
     return linear + attention + cross
 
 
-def _block_list(shape: ModelShape) -> list[BlockShape]:
+def block_shapes(shape: ModelShape) -> list[BlockShape]:
     return [b for b in shape.blocks for _ in range(b.count)]
 
 
@@ -186,16 +188,16 @@ def _owners(n_blocks: int, n_devices: int, owned) -> list[int]:
 def estimate_one_gpu(work: Workload, hw: Hardware) -> StrategyCost:
     """Every block on the first device with the whole batch."""
     s, n = work.shape, work.tokens
-    flops = work.batch * sum(_block_flops(b, s, n, n, s.heads) for b in _block_list(s))
+    flops = work.batch * sum(block_flops(b, s, n, n, s.heads) for b in block_shapes(s))
     t = flops / hw.flops[0]
     return StrategyCost("one_gpu", t, 1.0, t, 0.0, 0.0, 0.0, 0)
 
 
 def estimate_blocks(work: Workload, hw: Hardware, owned=None) -> StrategyCost:
     """Each block on its owner, one device busy at a time; N hidden-state hops per step."""
-    s, n, blocks = work.shape, work.tokens, _block_list(work.shape)
+    s, n, blocks = work.shape, work.tokens, block_shapes(work.shape)
     owners = _owners(len(blocks), len(hw.flops), owned)
-    compute = sum(work.batch * _block_flops(b, s, n, n, s.heads) / hw.flops[o] for b, o in zip(blocks, owners))
+    compute = sum(work.batch * block_flops(b, s, n, n, s.heads) / hw.flops[o] for b, o in zip(blocks, owners))
     hop_tokens = n + (s.text_tokens if any(b.joint_text for b in blocks) else 0)
     hop_bytes = work.batch * hop_tokens * s.width * work.activation_bytes
     hops = len(set(owners)) if len(set(owners)) > 1 else 0
@@ -221,8 +223,8 @@ def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, 
     x_s = x_bytes / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if g > 1 else 0.0
     total = [0.0, 0.0, 0.0]
     received = dict.fromkeys(group, 0.0)
-    for b, owner in zip(_block_list(s), owners):
-        flops = samples * _block_flops(b, s, dev_tokens, n, dev_heads)
+    for b, owner in zip(block_shapes(s), owners):
+        flops = samples * block_flops(b, s, dev_tokens, n, dev_heads)
         w_bytes = b.weight_params * work.weight_bytes
         worst = (-1.0, 0.0, 0.0, 0.0)
         for d in group:

@@ -46,7 +46,7 @@ MAX_FREE_BYTES = 2**50
 """Free memory an offer may state (1 PiB); more is refused as a lie that would skew the plan."""
 MAX_CUDA_INDEX = 1023
 MAX_TIMEOUT_S = 3600.0
-"""Longest timeout an invitation may ask for (``dist_config.TIMEOUT_RANGE_S``)."""
+"""Longest timeout an invitation may ask for (``distributed/config.TIMEOUT_RANGE_S``)."""
 LOBBY_KEY = "lobby"
 MEMBER_FORM = f"NAME/DEVICE (NAME: {NAME_FORM}; DEVICE: cpu or cuda:N)"
 _DEVICE_RE = re.compile(r"cpu|cuda:(0|[1-9][0-9]{0,3})")

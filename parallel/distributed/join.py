@@ -1,4 +1,4 @@
-"""A worker's way into the host's lobby, and nothing more (pure PyTorch; ``dist_worker`` serves).
+"""A worker's way into the host's lobby, and nothing more (pure PyTorch; ``distributed/worker`` serves).
 
 ``check_lobby`` reads the host's signed lobby entry before anything is registered: a secret that
 is not the host's, or another protocol, is a ``WorkerRefused`` that says so. ``LobbyMember``
@@ -30,7 +30,7 @@ log = logging.getLogger("sharddit")
 
 
 def connect(host: str, port: int, timeout_s: float, wait_s: float = math.inf, say=print):
-    """A client of the host's lobby store (``dist_connect.connect_store``): the name resolved
+    """A client of the host's lobby store (``distributed/connect.connect_store``): the name resolved
     first, progress said within seconds, waiting up to ``wait_s``."""
     return connect_store(host, port, timeout_s, wait_s, say,
                          hint=f"is ComfyUI running there with SHARDDIT_DIST_ADDR={host}:{port}?")
@@ -56,7 +56,7 @@ def bind_device(device: str, cuda=None) -> None:
 
 
 def make_offer(name: str, device: str, overrides: dict | None = None, comfyui: str = "") -> dict:
-    """What one serving process registers (``distributed/lobby.OFFER_FIELDS``); ``overrides``
+    """What one serving process registers (``distributed/entries.OFFER_FIELDS``); ``overrides``
     (tests, a stated ``free``) replace measured fields."""
     overrides = dict(overrides or {})
     free = overrides.pop("free") if "free" in overrides else device_free_bytes(device)
@@ -97,7 +97,7 @@ def check_lobby(store, key: bytes, member: str, where: str = "the host") -> str:
 
 class LobbyMember:
     """A worker process's place in the host's lobby: its checked host, its signed registration,
-    the invitations it takes (``distributed/lobby.py`` for the entries)."""
+    the invitations it takes (``distributed/entries.py`` for the entries)."""
 
     def __init__(self, store, name: str, device, offer: dict | None = None, say=print, key: bytes | None = None,
                  where: str = "the host", comfyui: str = ""):

@@ -3,7 +3,7 @@
 A ``torch.distributed.TCPStore`` served on the one address the user chose (``SHARDDIT_DIST_ADDR``;
 the listening socket is bound here, so nothing listens on other interfaces). It opens only with
 the shared secret (``distributed/secret.py``). The store has no authorization, so the host
-trusts nothing in it that it did not write or that does not verify (``distributed/lobby.py``):
+trusts nothing in it that it did not write or that does not verify (``distributed/entries.py``):
 
 - it reads only the ``MAX_MEMBERS`` registration slots, each with one non-blocking call; an entry
   that is missing, too long, unsigned, signed with another secret, of another protocol or of a bad

@@ -153,7 +153,7 @@ def check_devices_exist(devices: Iterable[str], available: Iterable[str]) -> Non
 
 MEMBER_NAME_FORM = "1 to 32 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit (e.g. box2)"
 MEMBER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,31}")
-"""The one pattern of a worker's NAME (``parallel/distributed/lobby.check_member`` reads members with
+"""The one pattern of a worker's NAME (``parallel/distributed/entries.check_member`` reads members with
 it): no separator of the devices string (``,`` ``/`` ``:``), no space, nothing a shell or a log
 line could misread, no leading ``-`` or ``.``."""
 

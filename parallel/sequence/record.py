@@ -1,6 +1,6 @@
 """``RecordingOps``: the block ring's stream operations recorded on CPU, with a race check (pure).
 
-Same methods as ``seq_ops.TorchOps``. Copies run at once on CPU (results are right), and every
+Same methods as ``sequence/ops.TorchOps``. Copies run at once on CPU (results are right), and every
 operation is logged with a vector clock, modelling CUDA's order rules: work queued on a stream
 runs in queue order after everything the host did before queueing it; ``wait(stream, event)``
 orders the stream after the event; ``host_wait(event)`` orders the host after it; nothing else is

@@ -32,7 +32,7 @@ On CUDA the copies run on a side stream. The waits, each named in ``ORDER_WAITS`
 - ``release_waits_copies``: ``release`` waits for every copy and reader of a buffer before
   dropping it, so freed memory is never still being written or read.
 
-On CPU and fake devices every wait is a no-op and copies are synchronous (``seq_ops.TorchOps``).
+On CPU and fake devices every wait is a no-op and copies are synchronous (``sequence/ops.TorchOps``).
 ComfyUI's per-layer cast attributes (``weight_function``, ``bias_function``: LoRA patches applied
 on the fly in lowvram mode) are carried over with the tensors, so a buffer computes exactly what
 the owner's block computes.
