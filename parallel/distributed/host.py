@@ -3,7 +3,7 @@ The lobby that invites workers into them is ``distributed/lobby.py`` (``Lobby.se
 
 - ``HostSession``: a process group over the host (rank 0) and the invited workers, made with
   ``init_process_group(store=PrefixStore(session id, a fresh lobby client))``: one gloo pair group per worker
-  for commands (``dist_wire`` messages), and one group per batch group that mixes host and
+  for commands (``distributed/wire`` messages), and one group per batch group that mixes host and
   worker ranks for the Ulysses exchanges (gloo on CPU, NCCL when every rank is a GPU). A session
   lives across prompts (the workers keep the blocks they were sent); any failure closes it, and
   the next prompt opens a fresh one (new store prefix), so a worker can leave and re-join while
@@ -112,7 +112,7 @@ def check_worker_room(needs: dict[str, tuple[int, str]], offers: dict[str, dict]
 
 def choose_worker_weights(mode: str, remote, ranges, block_bytes, offers: dict[str, dict]) -> tuple[bool, str]:
     """(keep_all, why): whether every worker keeps every block, for ``SHARDDIT_DIST_WEIGHTS``
-    ``mode`` (``dist_plan.compute_worker_needs``: the one rule ``plan`` shows too), checked
+    ``mode`` (``cost/workers.compute_worker_needs``: the one rule ``plan`` shows too), checked
     against the free memory the joined workers offer: ValueError naming the GiB missing per
     worker when the chosen mode does not fit."""
     workers = [(name, dev, offer_free(offers.get(name, {}), dev)) for name, dev in remote]
@@ -145,10 +145,10 @@ class HostSession:
         """Per worker: bytes of its replies (the rows it returns at a gather, acknowledgements)."""
         self.versions: dict[str, dict[tuple, object]] = {n: {} for n in self.names}
         """Per worker: (model key, block index) -> version of the weights of a block it owns
-        (``dist_blocks.same_version`` compares them)."""
+        (``distributed/weights.same_version`` compares them)."""
         self.skeletons: dict[str, set] = {n: set() for n in self.names}
         """Per worker: (model key, block index) of the block skeletons it holds."""
-        self.secret = lobby.key  # the lobby refuses to start without one (dist_lobby.require_secret)
+        self.secret = lobby.key  # the lobby refuses to start without one (distributed/lobby.require_secret)
         offers = offers if offers is not None else lobby.check_names(self.names)
         self.sid, self.id = lobby.next_session()
         world = len(self.names) + 1

@@ -3,7 +3,7 @@
 Pure PyTorch. For the same latent shape, tile sizes, overlaps, upscale functions and index
 formulas, ``plan_tiles`` yields exactly the tiles core decodes (same starts, same edge clamping,
 same order) and ``feather_mask`` exactly core's linear feather mask, so that blending the same
-decoded tiles gives core's output (see ``tile_runner`` for the accumulation order).
+decoded tiles gives core's output (see ``tiling/runner`` for the accumulation order).
 
 Core's rules, per latent dimension ``d`` of size ``S``, tile ``T`` and overlap ``O``:
 

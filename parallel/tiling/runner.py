@@ -1,6 +1,6 @@
 """Batched, multi-device tiled decoding (pure PyTorch).
 
-``plan_decode`` lays out core's tiles (``tile_geometry``), groups tiles of equal shape and cuts
+``plan_decode`` lays out core's tiles (``tiling/geometry``), groups tiles of equal shape and cuts
 each group into batches of ``tile_batch_size``. ``run_tiled`` then stacks each batch on the batch
 dimension into ONE decoder call, spreads batches over one worker thread per decoder replica
 (each thread enters ``torch.inference_mode()`` and, for CUDA, sets its own current device) and
