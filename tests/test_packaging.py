@@ -206,7 +206,13 @@ def _pack_imports(path: Path, repo: Path = REPO) -> list:
     rel = path.relative_to(repo).with_suffix("")
     package = ["sharddit", *rel.parts[:-1]]
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    # imports under ``if TYPE_CHECKING:`` never run: annotations only, no import edge
+    typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If) and ast.unparse(b.test).endswith("TYPE_CHECKING")
+                   for stmt in b.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.ImportFrom) and node.level:
             stem = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
             found += [(node.lineno, f"{stem}.{a.name}") for a in node.names]
@@ -338,6 +344,16 @@ def test_import_cycle_checker_catches_function_level_loops(tmp_path):
     assert find_import_cycles(repo) == ["sharddit.loaders.sim.a -> sharddit.loaders.sim.b -> sharddit.loaders.sim.a"]
 
 
+def test_import_cycle_checker_skips_annotation_only_imports(tmp_path):
+    repo = _fake_pack(tmp_path, {
+        "parallel/d/__init__.py": "", "parallel/d/lobby.py": "from .host import Session\n",
+        "parallel/d/host.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .lobby import Lobby\n",
+        "parallel/d/ranks.py": "import typing\nif typing.TYPE_CHECKING:\n    pass\nfrom .lobby import x\n"})
+    assert find_import_cycles(repo) == []
+    (repo / "parallel/d/host.py").write_text("def f():\n    from .lobby import Lobby\n")
+    assert find_import_cycles(repo) == ["sharddit.parallel.d.host -> sharddit.parallel.d.lobby -> sharddit.parallel.d.host"]
+
+
 def test_private_import_checker_catches(tmp_path):
     repo = _fake_pack(tmp_path, {
         "loaders/sim/__init__.py": "", "loaders/sim/a.py": "def f():\n    from .b import _plan, shown, __doc__\n",
@@ -345,20 +361,12 @@ def test_private_import_checker_catches(tmp_path):
     assert find_private_imports(repo) == ["loaders/sim/a.py:2: sharddit.loaders.sim.b._plan"]
 
 
-# Left to the engine's half of issue 22 (it owns parallel/distributed/ and parallel/blocks/routing.py):
-# the lobby builds a HostSession; routing's block slot is taken by sharding. Empty this when it lands.
-ENGINE_PENDING = {
-    "sharddit.parallel.distributed.host -> sharddit.parallel.distributed.lobby -> sharddit.parallel.distributed.host",
-    "parallel/blocks/sharding.py:27: sharddit.parallel.blocks.routing._Slot",
-}
-
-
 def test_pack_has_no_import_cycle_even_inside_functions():
-    cycles = [c for c in find_import_cycles() if c not in ENGINE_PENDING]
+    cycles = find_import_cycles()
     assert cycles == [], "pack modules must import one way (function-level imports too):\n" + "\n".join(cycles)
 
 
 def test_no_module_imports_a_private_name_from_another():
-    offenders = [o for o in find_private_imports() if o not in ENGINE_PENDING]
+    offenders = find_private_imports()
     assert offenders == [], "a private (_name) stays in its module; make it public where it is shared:\n" + \
         "\n".join(offenders)
