@@ -14,6 +14,8 @@ from sharddit.parallel.placement.devices import (
     parse_devices,
 )
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 
 @pytest.mark.parametrize(
     "text, expected",

@@ -29,8 +29,10 @@ from sharddit.parallel.distributed.protocol import (
     parse_header,
 )
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 KEY = b"k" * 40
-NETWORK_MODULES = ["parallel/dist_*.py", "parallel/distributed/*.py", "loaders/comfy/worker_blocks.py",
+NETWORK_MODULES = ["parallel/distributed/*.py", "loaders/comfy/worker_blocks.py",
                    "loaders/comfy/distributed.py", "loaders/cli/worker_command.py"]
 
 
@@ -46,7 +48,9 @@ def _roundtrip(msg, key=KEY, seq=0, device="cpu"):
 def test_no_pickle_or_torch_load_on_a_network_path():
     hits = []
     for pattern in NETWORK_MODULES:
-        for path in sorted(REPO.glob(pattern)):
+        paths = sorted(REPO.glob(pattern))
+        assert paths, f"{pattern} names no file: the network modules moved, update NETWORK_MODULES"
+        for path in paths:
             text = path.read_text()
             for bad in (r"torch\.load\(", r"\bimport pickle\b", r"\bpickle\.", r"weights_only\s*=\s*False",
                         r"\bcopyreg\b", r"\bmarshal\."):

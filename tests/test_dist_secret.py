@@ -6,6 +6,8 @@ import pytest
 
 from sharddit.parallel.distributed import secret
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 
 @pytest.fixture
 def clean_env(monkeypatch):

@@ -21,6 +21,8 @@ from sharddit.parallel.distributed.connect import join_address, this_machine_add
 from sharddit.parallel.distributed.host import check_member
 from sharddit.parallel.distributed.lobby import Lobby
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 BAD_ADDRS = ["127.0.0.1:notaport", "127.0.0.1:99999", ":29555", "127.0.0.1:0", "127.0.0.1:", "my host:29555",
              "127.0.0.1:٣٣"]
 BAD_TIMEOUTS = ["inf", "-inf", "nan", "1e-9", "0", "-5", "nonsense", "1e9", "86400"]

@@ -10,6 +10,8 @@ from harness import dist_attacks, dist_procs
 from sharddit.parallel.distributed.host import DistWorkerError
 from sharddit.parallel.distributed.lobby import Lobby
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 TIMEOUT_S = 8.0
 ATTACKS = ("pickle", "huge", "wrong_secret")
 

@@ -5,6 +5,8 @@ import pytest
 import torch
 from harness.global_flags import read_flags, restored
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 
 def _change_everything():
     torch.backends.cuda.matmul.allow_tf32 = not torch.backends.cuda.matmul.allow_tf32

@@ -18,6 +18,8 @@ from sharddit.parallel.placement.visible import (
     normalize_uuid,
 )
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 GiB = 1 << 30
 MiB = 1 << 20
 

@@ -11,6 +11,8 @@ from sharddit.parallel.distributed.config import check_listen_address, dist_addr
 from sharddit.parallel.distributed import entries
 from sharddit.parallel.distributed.entries import BadEntry
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 KEY = b"k" * 40
 OTHER = b"o" * 40
 

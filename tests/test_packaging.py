@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from harness.require import import_or_skip, skip_or_fail
 
+pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
+
 REPO = Path(__file__).resolve().parents[1]
 
 try:

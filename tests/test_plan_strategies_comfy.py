@@ -28,12 +28,28 @@ def sim():
     return simulator
 
 
-def _plan(*args, comfy=True):
+def _start(*args, comfy=True):
     env = {k: v for k, v in os.environ.items() if k != "COMFYUI_PATH"}
     if comfy:
         env["COMFYUI_PATH"] = os.environ["COMFYUI_PATH"]
-    return subprocess.run([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-14b", *args],
-                          capture_output=True, text=True, env=env, cwd=str(REPO), timeout=900)
+    return subprocess.Popen([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-14b", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
+
+
+def _done(proc):
+    out, err = proc.communicate(timeout=900)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _plan(*args, comfy=True):
+    return _done(_start(*args, comfy=comfy))
+
+
+def _plan_text_and_json(*args):
+    """The report as text and as JSON, the two ``plan`` runs side by side (each simulation is one
+    busy core for tens of seconds)."""
+    procs = _start(*args), _start(*args, "--json")
+    return tuple(_done(p) for p in procs)
 
 
 @pytest.mark.comfy
@@ -85,7 +101,7 @@ def _strategies(out):
 def test_done_when_two_4090s_720p_auto_picks_sequence(cfg, least):
     args = ("--devices", "cuda:0=24GiB,cuda:1=24GiB", "--size", "1280x720", "--frames", "81",
             "--parallel", "auto", "--gpu", "RTX 4090", "--cfg", cfg)
-    out = _plan(*args)
+    out, as_json = _plan_text_and_json(*args)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     # per-device peak GiB (the name column is as wide as the longest row name: core_cfg_split on 0.29)
@@ -93,7 +109,7 @@ def test_done_when_two_4090s_720p_auto_picks_sequence(cfg, least):
     assert "Simulated forward (sequence, per device):" in out.stdout
     decision = next(line for line in lines if line.startswith("auto → "))
     assert decision.startswith("auto → sequence: predicted"), decision
-    chosen, rows = _strategies(_plan(*args, "--json"))
+    chosen, rows = _strategies(as_json)
     assert chosen == "sequence" and rows["sequence"]["fits"]
     assert rows["sequence"]["speedup"] >= least
     assert rows["blocks"]["speedup"] == pytest.approx(1.0, abs=0.02)  # one GPU busy at a time
@@ -107,13 +123,13 @@ def test_four_cards_480p_33_frames_on_pcie_says_whether_sequence_pays():
     that fits, and the decision line carries its predicted speed-up."""
     args = ("--devices", "cuda:0=24GiB,cuda:1=24GiB,cuda:2=24GiB,cuda:3=24GiB", "--size", "832x480",
             "--frames", "33", "--parallel", "auto", "--gpu", "RTX 4090", "--link-gbps", "12", "--cfg", "1")
-    out = _plan(*args, "--json")
+    plain, out = _plan_text_and_json(*args)
     assert out.returncode == 0, out.stdout + out.stderr
     chosen, rows = _strategies(out)
     fitting = {k: v for k, v in rows.items() if v["fits"]}
     assert chosen == min(fitting, key=lambda k: fitting[k]["seconds_per_step"])
     assert rows["sequence"]["devices"] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
-    text = _plan(*args).stdout
+    text = plain.stdout
     assert f"auto → {chosen}: predicted {rows[chosen]['speedup']:.2f}× vs 1 GPU" in text
     assert "link 12 GB/s (given)" in text
 
