@@ -17,9 +17,8 @@ from sharddit.parallel.cost.inputs import (
     link_bandwidth,
     normalize_gpu_name,
     parse_link_gbps,
-    shape_from_config,
-    shape_from_spec,
 )
+from sharddit.parallel.families import shape_from_config, shape_from_spec
 from sharddit.parallel.cost.model import (
     Hardware,
     Workload,

@@ -26,7 +26,6 @@ import math
 import comfy.model_management as mm
 import torch
 
-from ...parallel.cost.inputs import shape_from_config
 from ...parallel.cost.memory import (
     RankMemory,
     activation_variant,
@@ -34,7 +33,7 @@ from ...parallel.cost.memory import (
     plan_sequence_memory,
 )
 from ...parallel.placement.inventory import GiB
-from ...parallel.model_geometry import family_of, geometry_of
+from ...parallel.families import family_of, shape_of_unet
 from ...parallel.cost.mode import decide_parallel
 from .placement import current_inventory
 from .shard_hooks import get_shard_patchers, get_shard_state
@@ -83,9 +82,7 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
     unet = dict(getattr(config, "unet_config", {}) or {})
     try:
         family = family_of(unet, type(config).__name__)
-        g = geometry_of(family, unet)
-        shape = shape_from_config(type(config).__name__, family, unet, g.spatial, g.temporal, g.context_tokens,
-                                  g.clip_tokens)
+        shape = shape_of_unet(type(config).__name__, unet)
     except (ValueError, KeyError, TypeError):
         return None
     if len(noise_shape) != 5 or state.footprint is None:
