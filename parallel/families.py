@@ -150,6 +150,19 @@ _ENTRIES = (
            token_specs=_HUNYUAN_TOKENS, image_models=("hunyuan_video",), geometry=_hunyuan_geometry,
            cost_shape=_hunyuan_cost, lean_block_attr="mlp_hidden_dim_first"),
     Family("flux", "Flux", *_MMDIT, home_every_block_kwargs=("control",), image_models=("flux",)),
+    # LTX-2 / LTX-2.3 (ComfyUI 0.29 comfy/ldm/lightricks/av_model.py ``LTXAVModel``): one list of
+    # ``BasicAVTransformerBlock``s called as ``block((vx, ax), v_context=..., a_pe=..., ...)``: the
+    # stream is the (video, audio) pair, returned as a pair.
+    Family("ltxav", "LTX-2 (audio+video)", ("transformer_blocks",), (("x",),), image_models=("ltxav",),
+           why_blocks_only="its blocks carry the video and the audio tokens together and cross-attend "
+                           "between them; sequence mode does not split that pair yet"),
+    # Kandinsky 5 (0.29 comfy/ldm/kandinsky5/model.py): text blocks ``block(x, time_embed, freqs)``
+    # refine the text tokens, then visual blocks ``block(visual_embed, text_embed, time_embed, freqs)``
+    # (the router brings the text home after the last text block, where the video is embedded).
+    Family("kandinsky5", "Kandinsky 5", ("text_transformer_blocks", "visual_transformer_blocks"),
+           (("x",), ("visual_embed",)), image_models=("kandinsky5",),
+           why_blocks_only="sequence mode does not split Kandinsky 5's tokens yet (not proven against "
+                           "ComfyUI's sampler)"),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
 """Family name -> entry."""

@@ -9,7 +9,7 @@ def test_every_spec_is_a_valid_layout():
     names = [n for s in SPECS for n in s.class_names]
     assert len(names) == len(set(names))
     for spec in SPECS:
-        if spec.name in ("Wan VACE", "Wan S2V", "Wan Animate"):
+        if spec.name in ("Wan VACE", "Wan S2V", "Wan Animate", "WanDancer"):  # layout read off the instance
             continue
         layout = get_arch_spec(spec.class_names[0])
         assert len(layout.stream_args) == len(layout.block_lists)

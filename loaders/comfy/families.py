@@ -11,6 +11,12 @@ read off the instance:
 - Wan S2V: after the audio-injection layers (``audio_injector.injected_block_id``). Its blocks are
   called without ``transformer_options``: nothing special, routing is by argument name.
 - Wan Animate: after every fifth block (``face_adapter.fuser_blocks[i // 5]``).
+- WanDancer (0.29): after its music layers (``music_injector.injected_block_id``).
+- Wan SCAIL (0.29): none between blocks (pose tokens join before the first block).
+- Kandinsky 5 (0.29): the visual blocks take the text blocks' output; the router brings the
+  stream home after the last block of every list, so it needs nothing here.
+- LTX-2 (0.29): none; the stream is the (video, audio) pair.
+- CausalWanModel (0.29) is refused: its autoregressive forward updates per-block caches in place.
 - HunyuanVideo / Flux: a ControlNet (``control``) adds into the hidden state after every block
   (the pure entry's ``home_every_block_kwargs``); double blocks take and return ``(img, txt)``.
 - LTXV: ``pe`` is a ``(cos, sin)`` tuple (0.3.64) or ``(rotation matrix, split flag)`` (0.29):
@@ -19,8 +25,8 @@ read off the instance:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -143,20 +149,32 @@ class ComfyFamily:
     sim_inputs: Callable[[dict, object, Callable], dict] = _no_inputs
     """``(unet_config, geometry, empty) -> kwargs`` beyond ``x, t, context`` for one forward;
     ``empty(*shape, dt=...)`` makes a tensor with the batch prepended."""
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """ComfyUI classes of this family that cannot be sharded -> why (the error says it)."""
 
 
 _WAN, _HY = "wan", "hunyuan_video"
+_UNPROVEN = "sequence mode is not proven on this variant's extra tokens yet"
 COMFY_FAMILIES: dict[str, ComfyFamily] = {f.family: f for f in (
     ComfyFamily(_WAN, (
         ArchSpec("Wan 2.1/2.2 (t2v, i2v, Camera, HuMo)", _WAN, ("WanModel", "CameraWanModel", "HumoWanModel")),
         ArchSpec("Wan VACE", _WAN, ("VaceWanModel",), home_after=_vace_layers),
         ArchSpec("Wan S2V", _WAN, ("WanModel_S2V",), home_after=_injected_layers("audio_injector"), sequence=False),
         ArchSpec("Wan Animate", _WAN, ("AnimateWanModel",), home_after=_animate_face_layers, sequence=False),
-    ), sim_inputs=_wan_inputs),
+        # ComfyUI 0.29: SCAIL appends pose tokens to the video tokens; WanDancer injects music after
+        # the ``music_injector`` layers. Their token splits are not proven: blocks only.
+        ArchSpec("Wan SCAIL", _WAN, ("SCAILWanModel", "SCAIL2WanModel"), sequence=False, why_not=_UNPROVEN),
+        ArchSpec("WanDancer", _WAN, ("WanDancerModel",), home_after=_injected_layers("music_injector"),
+                 sequence=False, why_not=_UNPROVEN),
+    ), sim_inputs=_wan_inputs, refused={"CausalWanModel": (
+        "its autoregressive forward writes each block's key/value cache in place, and a block on another "
+        "device would write into a copy: the video would be wrong; run it with ComfyUI's core nodes")}),
     ComfyFamily("ltxv", (ArchSpec("LTX-Video", "ltxv", ("LTXVModel",)),), sim_inputs=_ltxv_inputs),
     ComfyFamily(_HY, (ArchSpec("HunyuanVideo", _HY, ("HunyuanVideo",), token_order=read_text_order),),
                 params_class="comfy.ldm.hunyuan_video.model.HunyuanVideo", sim_inputs=_hunyuan_inputs),
     ComfyFamily("flux", (ArchSpec("Flux", "flux", ("Flux",)),), params_class="comfy.ldm.flux.model.Flux"),
+    ComfyFamily("ltxav", (ArchSpec("LTX-2", "ltxav", ("LTXAVModel",)),)),
+    ComfyFamily("kandinsky5", (ArchSpec("Kandinsky 5", "kandinsky5", ("Kandinsky5",)),)),
 )}
 """Family name (as in ``parallel/families.py``) -> ComfyUI's side."""
 

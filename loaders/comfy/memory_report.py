@@ -92,7 +92,8 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
     tokens = math.ceil(t / pt) * math.ceil(h / ph) * math.ceil(w / pw)
     dtype = getattr(model.model, "manual_cast_dtype", None) or model.model_dtype()
     plan, fp = state.plan, state.footprint
-    last = state.proxies[state.layout.block_lists[-1]][-1].real_block
+    # the model's last block (HunyuanVideo 1.5 has no single blocks: its last list is empty)
+    last = [p for path in state.layout.block_lists for p in state.proxies[path]][-1].real_block
     return plan_sequence_memory(activation_variant(family, last), shape.width, tokens, b * (2 if cfg_batch else 1),
                                 [r.device for r in plan.block_ranges], fp.block_bytes, plan.block_devices(),
                                 plan.home_device, fp.dit_home_bytes, state.block_kinds, shape.text_tokens,

@@ -32,6 +32,9 @@ def find_arch_spec(class_name: str) -> ArchSpec:
     for spec in SPECS:
         if class_name in spec.class_names:
             return spec
+    for fam in COMFY_FAMILIES.values():
+        if class_name in fam.refused:
+            raise ValueError(f"[ShardDiT] cannot shard diffusion model class {class_name!r}: {fam.refused[class_name]}")
     raise ValueError(
         f"[ShardDiT] cannot shard diffusion model class {class_name!r}: supported architectures are "
         f"{'; '.join(supported_architectures())}. Use ComfyUI's core nodes for this model, or open "
