@@ -110,8 +110,11 @@ def _ltxv_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> Mode
 
 # ---- HunyuanVideo (comfy/ldm/flux/layers.py ``DoubleStreamBlock``, ``SingleStreamBlock``) ----
 def _hunyuan_geometry(unet: dict) -> Geometry:
+    """HunyuanVideo 1.5 (a vision projection: ``vision_in_dim``, ComfyUI 0.29 supported_models.py
+    ``HunyuanVideo15``) has a 16x spatial VAE (latent_formats.py ``HunyuanVideo15``); 1.0 has 8x."""
     pooled = 768 if unet.get("vec_in_dim") else 0
-    return Geometry(unet.get("in_channels", 16), 8, 4, context_tokens=256,
+    spatial = 16 if unet.get("vision_in_dim") else 8
+    return Geometry(unet.get("in_channels", 16), spatial, 4, context_tokens=256,
                     context_dim=unet.get("context_in_dim", 4096), pooled_dim=pooled)
 
 
@@ -123,6 +126,28 @@ def _hunyuan_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> M
     blocks = (BlockShape(cfg["depth"], per_stream, per_stream, 2 * per_stream + 12 * d * d, True, False),
               BlockShape(cfg["depth_single_blocks"], single, single, single + 3 * d * d, True, False))
     return ModelShape(name, d, cfg["num_heads"], blocks, text_tokens, spatial, temporal,
+                      tuple(cfg.get("patch_size", (1, 2, 2))))
+
+
+# ---- Kandinsky 5 (0.29 comfy/ldm/kandinsky5/model.py; constructor defaults = Video Lite) ----
+def _kandinsky5_geometry(unet: dict) -> Geometry:
+    """latent_formats.HunyuanVideo (supported_models.py ``Kandinsky5``): 8x spatial, 4x temporal;
+    the DiT's input is the latent + image + mask channels (``visual_embed_dim`` over the patch);
+    Qwen2.5-VL 7B text (3584 wide), CLIP-L pooled (768)."""
+    patch = unet.get("patch_size", (1, 2, 2))
+    channels = unet.get("visual_embed_dim", 132) // (patch[0] * patch[1] * patch[2])
+    return Geometry(channels, 8, 4, context_tokens=256, context_dim=unet.get("in_text_dim", 3584), pooled_dim=768)
+
+
+def _kandinsky5_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> ModelShape:
+    d, f, td = cfg.get("model_dim", 1792), cfg.get("ff_dim", 7168), cfg.get("time_dim", 512)
+    ffn = 2 * d * f
+    # text blocks: self-attention (4d²) + FFN on the text tokens only; modulation from the time vector
+    text = BlockShape(cfg.get("num_text_blocks", 2), 0, 4 * d * d + ffn, 4 * d * d + ffn + 6 * td * d, False, False)
+    # visual blocks: self-attn 4d², cross q/out 2d² and FFN on image tokens, cross k/v 2d² on text
+    visual = BlockShape(cfg.get("num_visual_blocks", 32), 6 * d * d + ffn, 2 * d * d, 8 * d * d + ffn + 9 * td * d)
+    heads = d // sum(cfg.get("axes_dims", (16, 24, 24)))
+    return ModelShape(name, d, heads, (text, visual), text_tokens, spatial, temporal,
                       tuple(cfg.get("patch_size", (1, 2, 2))))
 
 
@@ -160,7 +185,8 @@ _ENTRIES = (
     # refine the text tokens, then visual blocks ``block(visual_embed, text_embed, time_embed, freqs)``
     # (the router brings the text home after the last text block, where the video is embedded).
     Family("kandinsky5", "Kandinsky 5", ("text_transformer_blocks", "visual_transformer_blocks"),
-           (("x",), ("visual_embed",)), image_models=("kandinsky5",),
+           (("x",), ("visual_embed",)), image_models=("kandinsky5",), geometry=_kandinsky5_geometry,
+           cost_shape=_kandinsky5_cost,
            why_blocks_only="sequence mode does not split Kandinsky 5's tokens yet (not proven against "
                            "ComfyUI's sampler)"),
 )

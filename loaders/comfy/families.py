@@ -174,7 +174,8 @@ COMFY_FAMILIES: dict[str, ComfyFamily] = {f.family: f for f in (
                 params_class="comfy.ldm.hunyuan_video.model.HunyuanVideo", sim_inputs=_hunyuan_inputs),
     ComfyFamily("flux", (ArchSpec("Flux", "flux", ("Flux",)),), params_class="comfy.ldm.flux.model.Flux"),
     ComfyFamily("ltxav", (ArchSpec("LTX-2", "ltxav", ("LTXAVModel",)),)),
-    ComfyFamily("kandinsky5", (ArchSpec("Kandinsky 5", "kandinsky5", ("Kandinsky5",)),)),
+    ComfyFamily("kandinsky5", (ArchSpec("Kandinsky 5", "kandinsky5", ("Kandinsky5",)),),
+                sim_inputs=lambda unet, g, empty: {"y": empty(g.pooled_dim)}),
 )}
 """Family name (as in ``parallel/families.py``) -> ComfyUI's side."""
 

@@ -69,6 +69,15 @@ PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
     _preset("ltxv-13b", dict(image_model="ltxv", num_layers=48, attention_head_dim=128, cross_attention_dim=4096)),
     _preset("ltxv-2b", dict(image_model="ltxv", num_layers=28, attention_head_dim=64, cross_attention_dim=2048)),
     _preset("hunyuanvideo-13b", _HUNYUAN),
+    # Wan 2.2 I2V A14B: the 14B shape with 36 input channels (16 latent + 4 mask + 16 image) and no CLIP
+    # image embedding, which ComfyUI's model_detection.py reads as model_type "t2v", in_dim 36
+    _preset("wan2.2-i2v-a14b", dict(_WAN_14B, in_dim=36), experts=2),
+    # Kandinsky 5 Video Lite (2B): ComfyUI's Kandinsky5 constructor defaults (comfy/ldm/kandinsky5/model.py;
+    # model_detection.py: model_dim 1792 = "lite video", axes 16/24/24)
+    _preset("kandinsky5-lite", dict(image_model="kandinsky5", model_dim=1792, ff_dim=7168, time_dim=512,
+                                    visual_embed_dim=132, patch_size=(1, 2, 2), num_text_blocks=2,
+                                    num_visual_blocks=32, axes_dims=(16, 24, 24), in_text_dim=3584,
+                                    in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)),
 )}
 
 _ST_DTYPES = {

@@ -67,15 +67,17 @@ def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str], home
 @contextlib.contextmanager
 def first_blocks_only(dit, layout):
     """Keep only the first block of each block list (a probe for the planner's activation
-    headroom: the blocks of a list are alike, so one of each shows the per-device peak)."""
-    saved = []
+    headroom: the blocks of a list are alike, so one of each shows the per-device peak). An empty
+    list stays empty (HunyuanVideo 1.5 has no single blocks); yields how many blocks are kept."""
+    saved, kept = [], 0
     for path in layout.block_lists:
         parent, _, name = ("." + path).rpartition(".")
         owner = get_block_list(dit, parent[1:]) if parent else dit
         saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, torch.nn.ModuleList([getattr(owner, name)[0]]))
+        setattr(owner, name, torch.nn.ModuleList(list(getattr(owner, name))[:1]))
+        kept += len(getattr(owner, name))
     try:
-        yield len(saved)
+        yield kept
     finally:
         for owner, name, blocks in saved:
             setattr(owner, name, blocks)
