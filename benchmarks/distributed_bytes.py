@@ -54,7 +54,7 @@ def _analytic(shape, width, height, frames, cfg, act_bytes, weight_bytes=2):
 
 
 def wan14b_table() -> list[str]:
-    from sharddit.parallel.cost.inputs import shape_from_config
+    from sharddit.parallel.families import shape_from_config
 
     cfg = {"dim": 5120, "num_heads": 40, "ffn_dim": 13824, "num_layers": 40}
     shape = shape_from_config("wan2.1-14b", "wan", cfg, spatial=8, temporal=4, text_tokens=512)

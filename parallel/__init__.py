@@ -8,7 +8,7 @@
 - ``distributed/``: the same engine over ``torch.distributed``: lobby, host, worker, wire;
 - ``cost/``: what each mode costs (memory, time, bytes) and the ``auto`` decision;
 - ``tiling/``: the batched, multi-device tiled VAE decode.
-Top level: ``model_geometry`` (per-family shapes), ``simulate`` (fake-device memory tracking),
+Top level: ``families`` (one entry per model family), ``simulate`` (fake-device memory tracking),
 ``random_weights``, and two leaves every folder uses: ``tensor_map`` (the one walk over nested
 block arguments) and ``units`` (GiB and its formatter).
 """

@@ -5,7 +5,7 @@ feeds the DiT: (batch, 16, latent frames, height / 8, width / 8), batch 2 = cond
 """
 import pytest
 
-from sharddit.parallel.cost.inputs import shape_from_spec
+from sharddit.parallel.families import shape_from_spec
 from sharddit.parallel.cost.mode import ModeDecision, decide_auto_for_latent, workload_from_latent
 
 SEQ = ModeDecision("sequence", "sequence: 2 GPUs each hold their share plus two streamed blocks")

@@ -16,11 +16,8 @@ from sharddit.parallel.cost.baselines import (
     estimate_core_cfg_split,
     estimate_dynamic_vram,
 )
-from sharddit.parallel.cost.inputs import (
-    DEFAULT_HOST_LINK_GBPS,
-    shape_from_config,
-    shape_from_spec,
-)
+from sharddit.parallel.cost.inputs import DEFAULT_HOST_LINK_GBPS
+from sharddit.parallel.families import shape_from_config, shape_from_spec
 from sharddit.parallel.cost.model import (
     Hardware,
     Workload,

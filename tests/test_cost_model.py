@@ -17,9 +17,8 @@ from sharddit.parallel.cost.inputs import (
     link_bandwidth,
     normalize_gpu_name,
     parse_link_gbps,
-    shape_from_config,
-    shape_from_spec,
 )
+from sharddit.parallel.families import shape_from_config, shape_from_spec
 from sharddit.parallel.cost.model import (
     Hardware,
     Workload,
@@ -71,7 +70,8 @@ def test_wan_tokens_are_latent_frames_times_patched_grid(size, tokens):
     # published sizes (model cards); the shape counts block weights only (embeddings, head and
     # HunyuanVideo's token refiner are outside the blocks), so allow 10 %.
     ("wan2.1-t2v-14b", 14.0), ("wan2.1-t2v-1.3b", 1.3), ("wan2.2-ti2v-5b", 5.0),
-    ("ltxv-13b", 13.0), ("ltxv-2b", 2.0), ("hunyuanvideo-13b", 13.0)])
+    ("ltxv-13b", 13.0), ("ltxv-2b", 2.0), ("hunyuanvideo-13b", 13.0), ("wan2.2-i2v-a14b", 14.0),
+    ("kandinsky5-lite", 2.0)])
 def test_block_weights_match_published_model_sizes(name, billions):
     shape = _shape(name)
     params = sum(b.weight_params * b.count for b in shape.blocks)

@@ -43,7 +43,7 @@ def test_one_worker_with_room_gets_the_second_half_and_the_network_per_step():
     host = w["host"]["cuda:0"]
     assert host["short_bytes"] == 0 and host["prefetch"] == pytest.approx(2 * BLOCK, rel=0.01)
     # network: the host's 20 blocks + half of the hidden state (cfg 6: cond here, uncond there)
-    from sharddit.parallel.cost.inputs import shape_from_config
+    from sharddit.parallel.families import shape_from_config
 
     shape = shape_from_config("wan2.1-14b", "wan", {"dim": 5120, "num_heads": 40, "ffn_dim": 13824, "num_layers": 40},
                               spatial=8, temporal=4, text_tokens=512)

@@ -16,8 +16,7 @@ from __future__ import annotations
 import logging
 
 from ...parallel.cost.baselines import CoreSetup
-from ...parallel.cost.inputs import shape_from_config
-from ...parallel.model_geometry import family_of, geometry_of
+from ...parallel.families import shape_of_unet
 from ...parallel.cost.mode import ModeDecision, decide_auto_for_latent
 from .core_features import (
     core_cfg_split_available,
@@ -77,9 +76,7 @@ def _model_shape(model_config):
     unet = dict(getattr(model_config, "unet_config", {}) or {})
     name = type(model_config).__name__
     try:
-        family = family_of(unet, name)
-        g = geometry_of(family, unet)
-        return shape_from_config(name, family, unet, g.spatial, g.temporal, g.context_tokens, g.clip_tokens)
+        return shape_of_unet(name, unet)
     except (ValueError, KeyError, TypeError) as err:
         log.info("[ShardDiT] parallel auto: no cost shape for %s (%r); the memory rule decides", name, err)
         return None

@@ -26,15 +26,14 @@ import math
 import comfy.model_management as mm
 import torch
 
-from ...parallel.cost.inputs import shape_from_config
 from ...parallel.cost.memory import (
     RankMemory,
     activation_variant,
     format_shortfalls,
     plan_sequence_memory,
 )
+from ...parallel.families import family_of, shape_of_unet
 from ...parallel.units import GiB
-from ...parallel.model_geometry import family_of, geometry_of
 from ...parallel.cost.mode import decide_parallel
 from .placement import current_inventory
 from .shard_hooks import get_shard_patchers, get_shard_state
@@ -85,9 +84,7 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
     unet = dict(getattr(config, "unet_config", {}) or {})
     try:
         family = family_of(unet, type(config).__name__)
-        g = geometry_of(family, unet)
-        shape = shape_from_config(type(config).__name__, family, unet, g.spatial, g.temporal, g.context_tokens,
-                                  g.clip_tokens)
+        shape = shape_of_unet(type(config).__name__, unet)
     except (ValueError, KeyError, TypeError):
         return None
     if len(noise_shape) != 5 or state.footprint is None:
@@ -97,7 +94,8 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
     tokens = math.ceil(t / pt) * math.ceil(h / ph) * math.ceil(w / pw)
     dtype = getattr(model.model, "manual_cast_dtype", None) or model.model_dtype()
     plan, fp = state.plan, state.footprint
-    last = state.proxies[state.layout.block_lists[-1]][-1].real_block
+    # the model's last block (HunyuanVideo 1.5 has no single blocks: its last list is empty)
+    last = [p for path in state.layout.block_lists for p in state.proxies[path]][-1].real_block
     return plan_sequence_memory(activation_variant(family, last), shape.width, tokens, b * (2 if cfg_batch else 1),
                                 [r.device for r in plan.block_ranges], fp.block_bytes, plan.block_devices(),
                                 plan.home_device, fp.dit_home_bytes, state.block_kinds, shape.text_tokens,

@@ -18,6 +18,8 @@ import inspect
 import logging
 import sys
 
+from .families import COMFY_FAMILIES, family_of_image_model
+
 __all__ = ["NEW_FIELD_DEFAULTS", "fit_params", "fit_params_for", "params_dataclass"]
 
 log = logging.getLogger("sharddit")
@@ -29,11 +31,6 @@ NEW_FIELD_DEFAULTS = {
     "txt_ids_dims": [],                # Flux 1: text position ids stay zero (Flux 2 sets [3])
 }
 """Required fields newer ComfyUI added to a parameter dataclass -> their "as before" value."""
-
-_MODEL_CLASSES = {"hunyuan_video": "comfy.ldm.hunyuan_video.model.HunyuanVideo",
-                  "flux": "comfy.ldm.flux.model.Flux"}
-"""``unet_config["image_model"]`` -> the class whose constructor takes a parameter dataclass."""
-
 
 def params_dataclass(model_cls: type) -> type | None:
     """The ``<Class>Params`` dataclass beside ``model_cls`` (or a base class), None if there is none."""
@@ -68,8 +65,10 @@ def fit_params(model_cls: type, config: dict) -> dict:
 
 
 def fit_params_for(unet_config: dict) -> dict:
-    """``unet_config`` fitted to its model class's dataclass (by ``image_model``), else unchanged."""
-    path = _MODEL_CLASSES.get(unet_config.get("image_model"))
+    """``unet_config`` fitted to its model class's dataclass (the family's ``params_class``, found by
+    ``image_model``), else unchanged."""
+    family = family_of_image_model(unet_config.get("image_model"))
+    path = COMFY_FAMILIES[family].params_class if family in COMFY_FAMILIES else None
     if path is None:
         return dict(unet_config)
     module, _, name = path.rpartition(".")

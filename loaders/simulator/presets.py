@@ -19,13 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...parallel.model_geometry import (
-    LTXV_CTX,
-    WAN_CTX,
-    Geometry,
-    family_of,
-    geometry_of,
-)
+from ...parallel.families import Geometry, family_of, geometry_of
 from ..comfy import checks
 from ..comfy.model_params import fit_params_for
 
@@ -39,7 +33,8 @@ class ModelSpec:
 
     name: str
     family: str
-    """``wan``, ``ltxv`` or ``hunyuan_video`` (selects the forward's inputs)."""
+    """The family's name in ``parallel/families.py`` (``wan``, ``ltxv``, ...): its geometry, cost
+    shape and the forward's inputs (``loaders/comfy/families.py``)."""
     unet_config: dict
     geometry: Geometry
     experts: int = 1
@@ -58,25 +53,32 @@ _HUNYUAN = dict(image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2
                 hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=20, depth_single_blocks=40,
                 theta=256, qkv_bias=True, byt5=False, guidance_embed=True)
 
-PRESETS: dict[str, ModelSpec] = {
-    "wan2.1-t2v-14b": ModelSpec("wan2.1-t2v-14b", "wan", _WAN_14B, Geometry(16, 8, 4, **WAN_CTX)),
-    "wan2.1-t2v-1.3b": ModelSpec("wan2.1-t2v-1.3b", "wan", dict(
-        _WAN, dim=1536, num_heads=12, ffn_dim=8960, num_layers=30, in_dim=16, out_dim=16),
-        Geometry(16, 8, 4, **WAN_CTX)),
-    "wan2.2-t2v-a14b": ModelSpec("wan2.2-t2v-a14b", "wan", _WAN_14B, Geometry(16, 8, 4, **WAN_CTX),
-                                 experts=2),
-    "wan2.2-ti2v-5b": ModelSpec("wan2.2-ti2v-5b", "wan", dict(
-        _WAN, dim=3072, num_heads=24, ffn_dim=14336, num_layers=30, in_dim=48, out_dim=48),
-        Geometry(48, 16, 4, **WAN_CTX)),
-    "ltxv-13b": ModelSpec("ltxv-13b", "ltxv", dict(
-        image_model="ltxv", num_layers=48, attention_head_dim=128, cross_attention_dim=4096),
-        Geometry(128, 32, 8, **LTXV_CTX)),
-    "ltxv-2b": ModelSpec("ltxv-2b", "ltxv", dict(
-        image_model="ltxv", num_layers=28, attention_head_dim=64, cross_attention_dim=2048),
-        Geometry(128, 32, 8, **LTXV_CTX)),
-    "hunyuanvideo-13b": ModelSpec("hunyuanvideo-13b", "hunyuan_video", _HUNYUAN,
-                                  Geometry(16, 8, 4, context_tokens=256, context_dim=4096, pooled_dim=768)),
-}
+def _preset(name: str, unet: dict, experts: int = 1) -> ModelSpec:
+    """A preset of ``unet``'s family (``image_model``), with the family's geometry for that config."""
+    family = family_of(unet, name)
+    return ModelSpec(name, family, unet, geometry_of(family, unet), experts)
+
+
+PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
+    _preset("wan2.1-t2v-14b", _WAN_14B),
+    _preset("wan2.1-t2v-1.3b", dict(_WAN, dim=1536, num_heads=12, ffn_dim=8960, num_layers=30, in_dim=16,
+                                    out_dim=16)),
+    _preset("wan2.2-t2v-a14b", _WAN_14B, experts=2),
+    _preset("wan2.2-ti2v-5b", dict(_WAN, dim=3072, num_heads=24, ffn_dim=14336, num_layers=30, in_dim=48,
+                                   out_dim=48)),
+    _preset("ltxv-13b", dict(image_model="ltxv", num_layers=48, attention_head_dim=128, cross_attention_dim=4096)),
+    _preset("ltxv-2b", dict(image_model="ltxv", num_layers=28, attention_head_dim=64, cross_attention_dim=2048)),
+    _preset("hunyuanvideo-13b", _HUNYUAN),
+    # Wan 2.2 I2V A14B: the 14B shape with 36 input channels (16 latent + 4 mask + 16 image) and no CLIP
+    # image embedding, which ComfyUI's model_detection.py reads as model_type "t2v", in_dim 36
+    _preset("wan2.2-i2v-a14b", dict(_WAN_14B, in_dim=36), experts=2),
+    # Kandinsky 5 Video Lite (2B): ComfyUI's Kandinsky5 constructor defaults (comfy/ldm/kandinsky5/model.py;
+    # model_detection.py: model_dim 1792 = "lite video", axes 16/24/24)
+    _preset("kandinsky5-lite", dict(image_model="kandinsky5", model_dim=1792, ff_dim=7168, time_dim=512,
+                                    visual_embed_dim=132, patch_size=(1, 2, 2), num_text_blocks=2,
+                                    num_visual_blocks=32, axes_dims=(16, 24, 24), in_text_dim=3584,
+                                    in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)),
+)}
 
 _ST_DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,

@@ -21,6 +21,7 @@ from ...parallel.cost.inputs import link_bandwidth, normalize_gpu_name
 from ...parallel.placement.devices import with_worker_shares
 from ...parallel.placement.inventory import GiB, Inventory, inventory_from_spec, read_inventory
 from ...parallel.cost.mode import check_parallel
+from ...parallel.families import get_family
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.placement.planner import PlacementRequest
 from . import presets
@@ -201,7 +202,7 @@ def _dtypes(dtype: str, spec) -> tuple[torch.dtype, torch.dtype]:
     weight = _WEIGHT_DTYPES[dtype]
     if dtype == "fp8":
         return weight, torch.bfloat16
-    if dtype == "fp16" and spec.family != "wan":
+    if dtype == "fp16" and not get_family(spec.family).runs_fp16:
         log.info("[ShardDiT] %s does not run in fp16 in ComfyUI: simulating bf16 (same size)", spec.name)
         return torch.bfloat16, torch.bfloat16
     return weight, weight

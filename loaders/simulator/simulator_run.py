@@ -23,6 +23,7 @@ from ...parallel.blocks.routing import BlockLayout
 from ...parallel.blocks.sharding import attach_block_sharding, get_block_list
 from ...parallel.placement.sizing import get_blocks
 from ...parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
+from ..comfy.families import comfy_family
 
 __all__ = ["SimContext", "back_to_meta", "call_dit", "first_blocks_only", "run_fake_forward"]
 
@@ -66,15 +67,17 @@ def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str], home
 @contextlib.contextmanager
 def first_blocks_only(dit, layout):
     """Keep only the first block of each block list (a probe for the planner's activation
-    headroom: the blocks of a list are alike, so one of each shows the per-device peak)."""
-    saved = []
+    headroom: the blocks of a list are alike, so one of each shows the per-device peak). An empty
+    list stays empty (HunyuanVideo 1.5 has no single blocks); yields how many blocks are kept."""
+    saved, kept = [], 0
     for path in layout.block_lists:
         parent, _, name = ("." + path).rpartition(".")
         owner = get_block_list(dit, parent[1:]) if parent else dit
         saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, torch.nn.ModuleList([getattr(owner, name)[0]]))
+        setattr(owner, name, torch.nn.ModuleList(list(getattr(owner, name))[:1]))
+        kept += len(getattr(owner, name))
     try:
-        yield len(saved)
+        yield kept
     finally:
         for owner, name, blocks in saved:
             setattr(owner, name, blocks)
@@ -100,23 +103,14 @@ def call_dit(ctx: SimContext, dit, batch: int, home: torch.device):
     spec, dtype = ctx.spec, ctx.compute_dtype
     g = spec.geometry
 
-    def empty(*shape, dt=dtype):
-        return torch.empty(shape, dtype=dt, device=home)
+    def empty(*shape, dt=dtype):  # one per sample: the batch comes first
+        return torch.empty((batch, *shape), dtype=dt, device=home)
 
-    x = empty(*g.latent_shape(*ctx.size, batch))
-    t = empty(batch, dt=torch.float32)
-    context = empty(batch, g.context_tokens, g.context_dim)
+    x = torch.empty(g.latent_shape(*ctx.size, batch), dtype=dtype, device=home)
+    t = empty(dt=torch.float32)
+    context = empty(g.context_tokens, g.context_dim)
     options = {"optimized_attention_override": _attention_override}
-    kwargs = {}
-    if spec.family == "wan" and g.clip_tokens:
-        kwargs["clip_fea"] = empty(batch, g.clip_tokens, 1280)
-    if spec.family == "ltxv":
-        kwargs.update(attention_mask=None, frame_rate=25)
-    if spec.family == "hunyuan_video":
-        if g.pooled_dim:
-            kwargs["y"] = empty(batch, g.pooled_dim)
-        if spec.unet_config.get("guidance_embed"):
-            kwargs["guidance"] = empty(batch, dt=torch.float32)
+    kwargs = comfy_family(spec.family).sim_inputs(spec.unet_config, g, empty)
     return dit(x, t, context, transformer_options=options, **kwargs)
 
 

@@ -21,9 +21,9 @@ from ...parallel.cost.baselines import compare_with_core
 from ...parallel.cost.inputs import (
     DEFAULT_GPU,
     normalize_gpu_name,
-    shape_from_spec,
     table_gpu_name,
 )
+from ...parallel.families import shape_from_spec
 from ...parallel.cost.model import (
     STRATEGIES,
     Workload,

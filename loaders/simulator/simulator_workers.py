@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, shape_from_spec, table_gpu_name
+from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, table_gpu_name
+from ...parallel.families import shape_from_spec
 from ...parallel.cost.model import Workload
 from ...parallel.distributed.config import WEIGHTS_ENV
 from ...parallel.cost.workers import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs

@@ -2,12 +2,10 @@
 
 Units: FLOP, FLOP/s, bytes, bytes/s, seconds. ``TFLOPS`` = 1e12 FLOP/s, ``GB/s`` = 1e9 bytes/s.
 
-- **Model shape** from ComfyUI's own ``unet_config`` (the simulator's ``ModelSpec``): parameters
-  per block split into those applied to every image token, those applied to text tokens, and all
-  weights (for streaming). Layer shapes read from ComfyUI 0.3.64: ``comfy/ldm/wan/model.py``
-  (``WanAttentionBlock``), ``comfy/ldm/lightricks/model.py`` (``BasicTransformerBlock``,
-  ``FeedForward`` mult 4), ``comfy/ldm/flux/layers.py`` (``DoubleStreamBlock``,
-  ``SingleStreamBlock``). Biases and norms (< 0.1 %) are left out.
+- **Model shape** (``ModelShape``): parameters per block split into those applied to every image
+  token, those applied to text tokens, and all weights (for streaming). Each family's entry in
+  ``parallel/families.py`` builds one from ComfyUI's own ``unet_config`` (``shape_from_config``),
+  with the layer shapes it cites. Biases and norms (< 0.1 %) are left out.
 - **Device throughput**: dense bf16/fp16 tensor peak with fp32 accumulate (NVIDIA datasheets and
   architecture whitepapers; GeForce cards run fp32 accumulate at half their fp16-accumulate rate)
   times ``EFFICIENCY``; or a measured FLOP/s passed in, used as is.
@@ -32,8 +30,6 @@ __all__ = [
     "normalize_gpu_name",
     "parse_link_gbps",
     "positive_number",
-    "shape_from_config",
-    "shape_from_spec",
     "table_gpu_name",
 ]
 
@@ -113,53 +109,6 @@ class ModelShape:
         latent_frames = (frames - 1) // self.temporal + 1
         return (math.ceil(latent_frames / pt) * math.ceil(height // self.spatial / ph)
                 * math.ceil(width // self.spatial / pw))
-
-
-def _wan_blocks(cfg: dict, clip_tokens: int) -> tuple[BlockShape, ...]:
-    d, f = cfg["dim"], cfg["ffn_dim"]
-    kv_img = 2 * d * d if clip_tokens else 0  # i2v: k_img, v_img over the CLIP image tokens
-    return (BlockShape(cfg["num_layers"], 6 * d * d + 2 * d * f, 2 * d * d,
-                       8 * d * d + 2 * d * f + kv_img),)
-
-
-def _ltxv_blocks(cfg: dict) -> tuple[BlockShape, ...]:
-    d = cfg.get("num_attention_heads", 32) * cfg.get("attention_head_dim", 64)
-    # self-attn 4d², cross q/out 2d² on image tokens, cross k/v 2d² on text, FFN 8d² (mult 4).
-    return (BlockShape(cfg.get("num_layers", 28), 14 * d * d, 2 * d * d, 16 * d * d),)
-
-
-def _hunyuan_blocks(cfg: dict) -> tuple[BlockShape, ...]:
-    d = cfg["hidden_size"]
-    m = int(d * cfg.get("mlp_ratio", 4.0))
-    per_stream = 4 * d * d + 2 * d * m  # qkv + proj + MLP; modulation runs on one vector
-    double = BlockShape(cfg["depth"], per_stream, per_stream, 2 * per_stream + 12 * d * d, True, False)
-    single = BlockShape(cfg["depth_single_blocks"], d * (3 * d + m) + (d + m) * d,
-                        d * (3 * d + m) + (d + m) * d, d * (3 * d + m) + (d + m) * d + 3 * d * d, True, False)
-    return (double, single)
-
-
-def shape_from_config(name: str, family: str, unet_config: dict, spatial: int, temporal: int,
-                      text_tokens: int, clip_tokens: int = 0) -> ModelShape:
-    """A ``ModelShape`` from ComfyUI's ``unet_config`` (``family``: ``wan``, ``ltxv``, ``hunyuan_video``)."""
-    cfg = unet_config
-    if family == "wan":
-        return ModelShape(name, cfg["dim"], cfg["num_heads"], _wan_blocks(cfg, clip_tokens),
-                          text_tokens + clip_tokens, spatial, temporal, tuple(cfg.get("patch_size", (1, 2, 2))))
-    if family == "ltxv":
-        heads = cfg.get("num_attention_heads", 32)
-        return ModelShape(name, heads * cfg.get("attention_head_dim", 64), heads, _ltxv_blocks(cfg),
-                          text_tokens, spatial, temporal, (1, 1, 1))
-    if family == "hunyuan_video":
-        return ModelShape(name, cfg["hidden_size"], cfg["num_heads"], _hunyuan_blocks(cfg),
-                          text_tokens, spatial, temporal, tuple(cfg.get("patch_size", (1, 2, 2))))
-    raise ValueError(f"model family {family!r} has no cost shape: use 'wan', 'ltxv' or 'hunyuan_video'")
-
-
-def shape_from_spec(spec) -> ModelShape:
-    """From the simulator's ``ModelSpec`` (duck-typed: ``name``, ``family``, ``unet_config``, ``geometry``)."""
-    g = spec.geometry
-    return shape_from_config(spec.name, spec.family, spec.unet_config, g.spatial, g.temporal,
-                             g.context_tokens, getattr(g, "clip_tokens", 0))
 
 
 def table_gpu_name(name) -> str | None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..families import get_family
 from ..sequence.split import even_ranges, plan_groups, rank_slices
 from ..units import GiB, MiB, format_gib
 
@@ -81,11 +82,9 @@ ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
 
 def activation_variant(family: str, last_block) -> str:
     """The ``ACTIVATION_FACTORS`` key for a model of ``family`` whose last block is ``last_block``:
-    read from the block's code, never from a version string (HunyuanVideo single blocks that split
-    ``linear1`` into ``mlp_hidden_dim_first`` also free q/k/v early)."""
-    if family == "hunyuan_video" and hasattr(last_block, "mlp_hidden_dim_first"):
-        return "hunyuan_video/lean"
-    return family
+    read from the block's code by the family's entry (``Family.activation_key``), never from a
+    version string."""
+    return get_family(family).activation_key(last_block)
 
 
 @dataclass(frozen=True)
