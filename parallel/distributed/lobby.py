@@ -34,7 +34,6 @@ from .entries import (
     invite_key,
     local_versions,
     make_entry,
-    member_key,
     new_id,
     open_entry,
     read_key,
