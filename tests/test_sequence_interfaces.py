@@ -67,3 +67,18 @@ def test_the_engine_does_not_ask_what_runs_its_ranks():
     source = inspect.getsource(engine_module)
     for probe in ("hasattr(", "dist is None", "self.dist", "is_remote", "isinstance(ex"):
         assert probe not in source, f"sequence/engine.py still probes with {probe!r}"
+
+
+def test_the_lobby_offers_what_a_host_session_needs():
+    """``HostSession`` types its lobby by a protocol (the lobby makes sessions, so host.py does not
+    import it): the real ``Lobby`` has every member, with the protocol's parameters."""
+    from sharddit.parallel.distributed.host import SessionLobby
+    from sharddit.parallel.distributed.lobby import Lobby
+
+    for name, member in vars(SessionLobby).items():
+        if callable(member) and not name.startswith("_"):
+            want = list(inspect.signature(member).parameters)
+            assert len(inspect.signature(getattr(Lobby, name)).parameters) == len(want), name
+    assert {"key", "timeout_s", "join"} <= set(SessionLobby.__annotations__)
+    init = inspect.getsource(Lobby.__init__)
+    assert all(f"self.{a} =" in init or f"self.{a}," in init for a in ("key", "timeout_s", "join"))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
 import torch.distributed as dist
 
@@ -25,11 +25,9 @@ from .entries import split_member
 from .protocol import ProtocolError
 from .wire import Channel, host_handshake
 
-if TYPE_CHECKING:  # the lobby makes sessions; a session only reads it
-    from .lobby import Lobby
-
-__all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "check_member", "check_worker_room",
-           "choose_worker_weights", "end_process_group", "offer_free", "reset_after_failed_init", "weight_groups"]
+__all__ = ["IDLE_CLOSE_S", "IDLE_TIMEOUT_S", "DistWorkerError", "HostSession", "SessionLobby", "check_member",
+           "check_worker_room", "choose_worker_weights", "end_process_group", "offer_free", "reset_after_failed_init",
+           "weight_groups"]
 
 log = logging.getLogger("sharddit")
 
@@ -130,10 +128,25 @@ def check_member(member: str) -> str:
     return lobby_check_member(member)
 
 
+@runtime_checkable
+class SessionLobby(Protocol):
+    """What a session needs of the lobby that opens it (``distributed/lobby.Lobby``; the lobby makes
+    sessions, so this module does not import it)."""
+
+    key: bytes
+    timeout_s: float
+    join: str
+
+    def check_names(self, names) -> dict: ...
+    def next_session(self) -> tuple: ...
+    def invite(self, member: str, offer: dict, session_id: str, body: dict) -> None: ...
+    def session_store(self, timeout_s: float): ...
+
+
 class HostSession:
     """One process group: the host is rank 0, member ``names[i]`` (``NAME/DEVICE``) is rank ``i + 1``."""
 
-    def __init__(self, lobby: "Lobby", names, groups, backend: str, devices: dict[str, str],
+    def __init__(self, lobby: SessionLobby, names, groups, backend: str, devices: dict[str, str],
                  offers: dict[str, dict] | None = None):
         self.lobby, self.names, self.group_keys, self.backend = lobby, tuple(names), tuple(groups), backend
         self.timeout_s = lobby.timeout_s
