@@ -12,6 +12,9 @@ Rules every caller relies on:
 - containers are ``dict``, ``list`` and ``tuple`` (namedtuples included, rebuilt with their
   fields); ``dicts=False`` leaves dicts alone as leaves;
 - ``depth`` counts container levels entered (0: only a bare tensor is mapped; None: no limit);
+- a plain data object with ``__slots__`` and no ``__dict__`` (LTX-2's ``CompressedTimestep``: a
+  tensor plus its shape numbers) is a container of its slots: a shallow copy carries the mapped
+  values (``slot_objects``);
 - anything else (None, numbers, strings, modules, functions) is returned as it is;
 - a container in which ``fn`` changed nothing is returned itself, not a copy, so a caller can test
   ``out is obj`` to learn whether anything changed (the router counts hops that way).
@@ -21,15 +24,27 @@ use it and it depends on nothing of theirs (a leaf: no import of the pack).
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["is_namedtuple", "map_tensors", "rebuild", "tensors_in"]
+__all__ = ["is_namedtuple", "map_tensors", "rebuild", "slot_values", "tensors_in"]
 
 
 def is_namedtuple(obj) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
+
+
+def slot_values(obj) -> dict | None:
+    """``{slot: value}`` of a plain slotted data object (no ``__dict__``, not a tensor or module),
+    else None. Unset slots are left out."""
+    if hasattr(obj, "__dict__") or isinstance(obj, (torch.Tensor, torch.nn.Module, tuple)):
+        return None
+    names = [n for c in type(obj).__mro__ for n in getattr(c, "__slots__", ()) if n != "__weakref__"]
+    if not names:
+        return None
+    return {n: getattr(obj, n) for n in names if hasattr(obj, n)}
 
 
 def rebuild(template, items):
@@ -59,6 +74,15 @@ def map_tensors(fn: Callable[[torch.Tensor], object], obj, depth: int | None = N
         if all(a is b for a, b in zip(items, obj, strict=True)):
             return obj
         return rebuild(obj, items)
+    slots = slot_values(obj)
+    if slots:
+        changed = {k: r for k, v in slots.items() if (r := map_tensors(fn, v, inner, dicts)) is not v}
+        if not changed:
+            return obj
+        new = copy.copy(obj)
+        for k, v in changed.items():
+            setattr(new, k, v)
+        return new
     return obj
 
 
@@ -74,6 +98,8 @@ def tensors_in(obj, depth: int | None = None, dicts: bool = True) -> Iterator[to
         values = obj.values()
     elif isinstance(obj, (list, tuple)):
         values = obj
+    elif slot_values(obj):
+        values = slot_values(obj).values()
     else:
         return
     for v in values:

@@ -170,12 +170,9 @@ def test_family_blocks_on_two_ranks_equal_unsharded(comfy, name):
 # HunyuanVideo 1.5's forward calls ``cond_type_embedding.to(device)``, which FakeTensorMode cannot swap;
 # its class's layout on fake GPUs is test_specs_variants_comfy.py's and test_specs_fake_gpu.py's.
 # LTX-2 passes its per-frame timesteps to the blocks as ComfyUI's ``CompressedTimestep`` (an object
-# with tensor slots), which the router does not copy to a block's device: on two real GPUs the block
-# raises this device mismatch (an error, never a wrong result) until the router's nested-tensor map
-# carries such objects.
-_LTX2_GAP = pytest.mark.xfail(strict=True, raises=Exception,
-                              reason="the router does not move LTX-2's CompressedTimestep to a block's device yet")
-FAKE = [pytest.param(n, marks=_LTX2_GAP) if n == "LTXAVModel" else n for n in CASES if n != "HunyuanVideo 1.5"]
+# with tensor slots): the router's nested-tensor map carries it to each block's device
+# (``parallel/tensor_map``: slotted data objects); without that this case raises the device mismatch.
+FAKE = [n for n in CASES if n != "HunyuanVideo 1.5"]
 
 
 @pytest.mark.parametrize("name", FAKE)

@@ -46,3 +46,24 @@ def test_tensors_in_and_rebuild():
     assert [t.item() for t in (x[0] for x in tensors_in(obj))] == [0.0, 1.0, 2.0, 3.0, 0.0]
     assert list(tensors_in(obj, dicts=False)) == [] and list(tensors_in(None)) == []
     assert rebuild(Pe(1, 2), [a, b]) == Pe(a, b) and rebuild((1,), [5]) == (5,) and rebuild([1], (5,)) == [5]
+
+
+class _Compressed:
+    """Shaped like ComfyUI's LTX-2 ``CompressedTimestep``: a tensor and shape numbers in slots."""
+    __slots__ = ("data", "num_frames", "unset")
+
+    def __init__(self, data, num_frames):
+        self.data, self.num_frames = data, num_frames
+
+
+def test_slotted_data_objects_are_containers_of_their_slots():
+    t = torch.ones(2, 3)
+    obj = _Compressed(t, 7)
+    moved = map_tensors(lambda x: x * 2, {"timestep": obj, "n": 1})
+    new = moved["timestep"]
+    assert type(new) is _Compressed and new is not obj and new.num_frames == 7 and not hasattr(new, "unset")
+    assert torch.equal(new.data, t * 2) and obj.data is t  # the original is left as it was
+    assert map_tensors(lambda x: x, obj) is obj  # nothing changed: the object itself
+    assert list(tensors_in([obj])) == [t]
+    module = torch.nn.Linear(2, 2)  # modules and objects with a __dict__ stay leaves
+    assert map_tensors(lambda x: x * 0, module) is module and list(tensors_in(module)) == []
