@@ -41,7 +41,9 @@ def load_env():
         sys.exit("set COMFYUI_PATH to a ComfyUI >= 0.3.64 tree")
     sys.path.insert(0, str(TESTS))  # tests/ only: its `harness` package holds the bootstrap
     from harness.comfy_env import load_comfy
+    from harness.pack import import_pack
 
+    import_pack()  # the repo as package `sharddit`, as the tests' conftest does
     return load_comfy()
 
 
