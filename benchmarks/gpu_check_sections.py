@@ -106,25 +106,14 @@ def section_syncs(sz, cuda: bool):
 
 
 def plan_bytes(sz, ranks, block_bytes, block_devices, home, tokens, batch):
-    """(bytes the plan gives the ranks on ``home`` beyond resident weights, which functions).
-    mem-plan's ``parallel/cost/memory.plan_sequence_memory`` where it has landed; else main's
-    ``cost/mode.prefetch_bytes`` (2 x the largest block per rank) + ``cost/baselines.
-    ACTIVATION_HIDDEN_STATES`` hidden states of each rank's tokens."""
-    try:
-        from sharddit.parallel.cost.memory import plan_sequence_memory
-    except ImportError:
-        plan_sequence_memory = None
-    if plan_sequence_memory is not None:
-        rows = plan_sequence_memory("wan", sz.mem_dim, tokens, batch, ranks, block_bytes, block_devices, home, 0,
-                                    text_tokens=sz.mem_text, act_bytes=2)
-        return sum(r.prefetch + r.activations for r in rows if r.device == home), "cost_memory.plan_sequence_memory"
-    from sharddit.parallel.cost.baselines import ACTIVATION_HIDDEN_STATES
-    from sharddit.parallel.cost.mode import prefetch_bytes
+    """(bytes the plan gives the ranks on ``home`` beyond resident weights, which function): the
+    ring and activations of ``parallel/cost/memory.plan_sequence_memory``, what ShardDiT checks
+    before it loads."""
+    from sharddit.parallel.cost.memory import plan_sequence_memory
 
-    per_rank_tokens = batch * tokens // len(ranks)
-    act = ACTIVATION_HIDDEN_STATES * per_rank_tokens * sz.mem_dim * 2
-    n_home = sum(r == home for r in ranks)
-    return int(n_home * (prefetch_bytes(block_bytes) + act)), "parallel_mode.prefetch_bytes + ACTIVATION_HIDDEN_STATES"
+    rows = plan_sequence_memory("wan", sz.mem_dim, tokens, batch, ranks, block_bytes, block_devices, home, 0,
+                                text_tokens=sz.mem_text, act_bytes=2)
+    return sum(r.prefetch + r.activations for r in rows if r.device == home), "cost/memory.plan_sequence_memory"
 
 
 def _wan_width(sz, cuda: bool):

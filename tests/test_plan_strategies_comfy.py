@@ -56,7 +56,7 @@ def _plan_text_and_json(*args):
 def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
     """cfg 1 (batch 1). Formula check of the simulated sequence peaks per device:
     weights = the blocks it owns (+ the DiT home on cuda:0), prefetch = two of the largest block
-    (``parallel_mode.prefetch_bytes``), activations at least the FFN hidden of its quarter of the
+    (``cost/mode.prefetch_bytes``), activations at least the FFN hidden of its quarter of the
     tokens (L/4 x 13824 bf16) and at most half of what blocks mode needs for all tokens."""
     from sharddit.parallel.cost.mode import prefetch_bytes
 
