@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .cost.inputs import BlockShape, ModelShape
 from .sequence.split import TokenSpec
 
-__all__ = ["FAMILIES", "Family", "Geometry", "family_of", "geometry_of", "get_family", "shape_from_config",
+__all__ = ["FAMILIES", "Family", "Geometry", "activation_variant", "family_of", "geometry_of", "get_family", "shape_from_config",
            "shape_from_spec", "shape_of_unet"]
 
 
@@ -199,6 +199,13 @@ def get_family(name: str) -> Family:
     if name not in FAMILIES:
         raise ValueError(f"[ShardDiT] model family {name!r} is not known: use one of {', '.join(FAMILIES)}")
     return FAMILIES[name]
+
+
+def activation_variant(family: str, last_block) -> str:
+    """The ``cost/memory.ACTIVATION_FACTORS`` key for a model of ``family`` whose last block is
+    ``last_block``: read from the block's code by the family's entry (``Family.activation_key``),
+    never from a version string."""
+    return get_family(family).activation_key(last_block)
 
 
 def family_of(unet: dict, what: str) -> str:

@@ -26,13 +26,8 @@ import math
 import comfy.model_management as mm
 import torch
 
-from ...parallel.cost.memory import (
-    RankMemory,
-    activation_variant,
-    format_shortfalls,
-    plan_sequence_memory,
-)
-from ...parallel.families import family_of, shape_of_unet
+from ...parallel.cost.memory import RankMemory, format_shortfalls, plan_sequence_memory
+from ...parallel.families import activation_variant, family_of, shape_of_unet
 from ...parallel.units import GiB
 from ...parallel.cost.mode import decide_parallel
 from .placement import current_inventory

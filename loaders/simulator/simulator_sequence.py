@@ -89,8 +89,8 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
 def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
     """The plan's bytes per rank (``cost/memory.plan_sequence_memory``) for the forward
     ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
-    from ...parallel.families import shape_from_spec
-    from ...parallel.cost.memory import activation_variant, plan_sequence_memory
+    from ...parallel.families import activation_variant, shape_from_spec
+    from ...parallel.cost.memory import plan_sequence_memory
     from ...parallel.blocks.sharding import get_block_list
 
     shape = shape_from_spec(ctx.spec)

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..families import get_family
 from ..sequence.split import even_ranges, plan_groups, rank_slices
 from ..units import GiB, MiB, format_gib
 
@@ -42,7 +41,6 @@ __all__ = [
     "ACTIVATION_FACTORS",
     "ActivationFactors",
     "RankMemory",
-    "activation_variant",
     "compute_prefetch_bytes",
     "compute_sequence_activations",
     "format_bytes",
@@ -74,17 +72,10 @@ ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
     "ltxv": ActivationFactors(block=12.4, ulysses=2.85, home_hidden=3.1, rope=0.05),
     "hunyuan_video": ActivationFactors(block=22.35, ulysses=1.05, home_hidden=0.75, rope=0.3, joint_text=True),
     # HunyuanVideo whose single blocks free q/k/v before the MLP (``del qkv``: ComfyUI 0.29, not 0.3.64;
-    # ``activation_variant``): 720p x 129 cfg > 1 on 2 GPUs 9.7 GiB per rank instead of 14.4
+    # ``families.activation_variant``): 720p x 129 cfg > 1 on 2 GPUs 9.7 GiB per rank instead of 14.4
     "hunyuan_video/lean": ActivationFactors(block=14.65, ulysses=12.3, home_hidden=1.25, rope=0.05,
                                             joint_text=True),
 }
-
-
-def activation_variant(family: str, last_block) -> str:
-    """The ``ACTIVATION_FACTORS`` key for a model of ``family`` whose last block is ``last_block``:
-    read from the block's code by the family's entry (``Family.activation_key``), never from a
-    version string."""
-    return get_family(family).activation_key(last_block)
 
 
 @dataclass(frozen=True)
