@@ -1,0 +1,97 @@
+"""Core ComfyUI's own video templates with ShardDiT's Shard node inserted, run in this process.
+
+Issue 24 item 3: people open core's templates (package ``comfyui_workflow_templates_json``,
+installed with ComfyUI 0.29), not our workflows. Each test reads a template from the installed
+package, converts it to API form unmodified and with ``ShardDiTShardModel`` inserted after every
+DiT loader (``harness.templates``), shrinks it (CPU, 2 steps, a few latent pixels) and runs both
+through ComfyUI's own ``validate_prompt`` + ``PromptExecutor`` with tiny random-weight models of
+the same classes saved under the template's file names. The final sampler's latents must be
+bit-identical in ``blocks`` mode (every GEMM sees the shapes of the unsharded run) and within
+``COMFY_SPLIT_BOUND`` in ``sequence`` mode (tokens split: smaller GEMMs, see
+tests/harness/numerics.py). ComfyUI 0.3.64 has neither the package nor the nodes the templates
+use (``ComfySwitchNode``, ``ComfyMathExpression``): skipped there.
+"""
+import pytest
+
+from harness import templates as tpl
+from harness.numerics import COMFY_SPLIT_BOUND, assert_same_shapes_equal, assert_split_close
+
+pytestmark = pytest.mark.comfy
+
+WAN22 = "video_wan2_2_14B_t2v.json"
+# Files the Wan 2.2 template names beyond harness.fixtures.TEMPLATE_NAMES. The Lightning LoRAs
+# sit behind the template's turbo switch (off): validated by name, never loaded.
+WAN22_NAMES = {"wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors": "wan21_lora",
+               "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors": "wan21_lora"}
+# API id -> (class_type, inputs): 64x64 pixels, duration 0.25 s at 16 fps -> floor(0.25*16)+1 = 5
+# frames (latent 1x16x2x8x8), 2 steps with the expert switch after step 1; cfg stays the
+# template's 3.5 (cond and uncond both run).
+WAN22_SMALL = {"128:74": ("EmptyHunyuanLatentVideo", {"width": 64, "height": 64}),
+               "128:126": ("PrimitiveFloat", {"value": 0.25}),
+               "128:114": ("PrimitiveInt", {"value": 2}),
+               "128:115": ("PrimitiveInt", {"value": 1})}
+WAN22_LATENT = "128:78"   # the low-noise expert's KSamplerAdvanced: the template's final latent
+
+
+def _template(env, name):
+    if tpl.template_path(name) is None:
+        import comfyui_version
+
+        pytest.skip(f"ComfyUI {comfyui_version.__version__} installs no {tpl.TEMPLATES_PACKAGE} templates "
+                    "(added after ComfyUI 0.3.64)")
+    return tpl.load_template(name)
+
+
+def _small(api, overrides):
+    for node_id, (class_type, inputs) in overrides.items():
+        assert api[node_id]["class_type"] == class_type, f"template changed: {node_id} is {api[node_id]['class_type']}"
+        api[node_id]["inputs"].update(inputs)
+    return api
+
+
+def _latents(env, ui, overrides, output):
+    api = _small(tpl.ui_to_api(ui, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)), overrides)
+    return tpl.run_prompt(api, [output])[output][0][0]["samples"]  # slot 0, first of its list
+
+
+@pytest.fixture(scope="module")
+def wan22(env, tiny_models):
+    """(template UI, unsharded final latents)."""
+    ui = _template(env, WAN22)
+    tiny_models.add_aliases(WAN22_NAMES)
+    return ui, _latents(env, ui, WAN22_SMALL, WAN22_LATENT)
+
+
+def test_wan22_shard_node_sits_after_each_expert_loader(env):
+    """Two UNETLoaders inside the template's subgraph -> two Shard nodes in that subgraph, each
+    feeding everything the loader fed; the API form routes the samplers' models through them."""
+    ui = _template(env, WAN22)
+    sharded = tpl.insert_shard(ui, "cpu,cpu", "blocks")
+    assert tpl.nodes_of(ui, tpl.SHARD_NODE) == []
+    shards = tpl.nodes_of(sharded, tpl.SHARD_NODE)
+    assert len(shards) == 2 and all(s in sharded["definitions"]["subgraphs"][0]["nodes"] for s in shards)
+    api = tpl.ui_to_api(sharded, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS))
+    shard_ids = tpl.api_ids(api, tpl.SHARD_NODE)
+    loaders = {api[i]["inputs"]["model"][0] for i in shard_ids}
+    assert loaders == set(tpl.api_ids(api, "UNETLoader")), loaders
+    fed = {tuple(v["inputs"][k]) for v in api.values() for k in ("on_false", "on_true", "model")
+           if v["class_type"] in ("ComfySwitchNode", "LoraLoaderModelOnly") and k in v["inputs"]}
+    assert {(i, 0) for i in shard_ids} <= fed and not {(i, 0) for i in loaders} & fed
+    assert api[shard_ids[0]]["inputs"] | {"model": None} == {"model": None, "devices": "cpu,cpu",
+                                                             "reserve_vram_gb": 1.0, "parallel": "blocks"}
+
+
+@pytest.mark.parametrize("parallel", ["blocks", "sequence"])
+def test_wan22_template_sharded_matches_the_template(env, wan22, parallel, caplog):
+    """KSamplerAdvanced's two experts (high noise steps 0-1, low noise 1-2), cfg 3.5, on cpu,cpu;
+    both experts' sampling calls really went through the requested mode (the log says so)."""
+    ui, reference = wan22
+    with caplog.at_level("INFO", logger="sharddit"):
+        out = _latents(env, tpl.insert_shard(ui, "cpu,cpu", parallel), WAN22_SMALL, WAN22_LATENT)
+    modes = [r.getMessage() for r in caplog.records if f"parallel {parallel} -> " in r.getMessage()]
+    assert len(modes) == 2 and all(f"-> {parallel}:" in m for m in modes), modes
+    assert reference.shape == (1, 16, 2, 8, 8)
+    if parallel == "blocks":
+        assert_same_shapes_equal(out, reference, f"Wan 2.2 template, {parallel}")
+    else:
+        assert_split_close(out, reference, COMFY_SPLIT_BOUND, f"Wan 2.2 template, {parallel}")
