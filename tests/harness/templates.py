@@ -119,25 +119,39 @@ def insert_shard(ui: dict, devices: str = "cpu,cpu", parallel: str = "blocks", r
     return ui
 
 
+def model_files(ui: dict) -> list:
+    """``[(folder, file name)]`` the template's loaders list in ``properties.models`` (what the
+    frontend offers to download), over all subgraphs."""
+    return sorted({(m["directory"], m["name"]) for g in graphs(ui) for n in g["nodes"]
+                   for m in n.get("properties", {}).get("models", []) or []})
+
+
 def nodes_of(ui: dict, node_type: str) -> list:
     return [n for g in graphs(ui) for n in g["nodes"] if n["type"] == node_type]
 
 
 # ----------------------------------------------------------------------------- UI -> API
+def _widgets_of(input_types: dict, prefix: str = "") -> list:
+    """``[(name, control_after_generate, dynamic options)]`` in the frontend's order (required,
+    then optional); a dynamic combo's options map each key to its own widgets (``"combo.sub"``)."""
+    out = []
+    for section in ("required", "optional"):
+        for name, spec in input_types.get(section, {}).items():
+            typ, opts = spec[0], (spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {})
+            if str(typ) == "COMFY_DYNAMICCOMBO_V3":
+                options = {str(getattr(o["key"], "value", o["key"])): _widgets_of(o["inputs"], f"{prefix}{name}.")
+                           for o in opts["options"]}
+                out.append((prefix + name, False, options))
+            elif (isinstance(typ, (list, tuple)) or str(typ) in WIDGET_TYPES or opts.get("widgetType") in WIDGET_TYPES) \
+                    and not opts.get("forceInput"):   # widgetType: a multi-type input shown as that widget
+                out.append((prefix + name, bool(opts.get("control_after_generate")), None))
+    return out
+
+
 def comfy_widget_inputs(mappings) -> callable:
-    """``class_type -> [(name, control_after_generate)]``: a node's widgets in the frontend's
-    order (required, then optional), read from the real ``INPUT_TYPES``."""
-    def widgets(class_type: str) -> list:
-        it = mappings[class_type].INPUT_TYPES()
-        out = []
-        for section in ("required", "optional"):
-            for name, spec in it.get(section, {}).items():
-                typ, opts = spec[0], (spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {})
-                combo = isinstance(typ, (list, tuple))
-                if (combo or str(typ) in WIDGET_TYPES) and not opts.get("forceInput"):
-                    out.append((name, bool(opts.get("control_after_generate"))))
-        return out
-    return widgets
+    """``class_type -> [(name, control_after_generate, dynamic options)]``: a node's widgets,
+    read from the real ``INPUT_TYPES``."""
+    return lambda class_type: _widgets_of(mappings[class_type].INPUT_TYPES())
 
 
 class _Scope:
@@ -196,21 +210,25 @@ class _Scope:
 
 
 def widget_values(node: dict, widgets: list) -> dict:
-    """A UI node's ``widgets_values`` mapped onto widget names; the frontend's
-    control_after_generate value after a seed-like INT is dropped."""
-    values = list(node.get("widgets_values") or [])
+    """A UI node's ``widgets_values`` mapped onto widget names: the frontend's
+    control_after_generate value after a seed-like INT is dropped, a dynamic combo's value is
+    followed by the widgets of the option it chose. Trailing ``None``s are display-only widgets
+    (``PreviewAny``'s text boxes)."""
     if isinstance(node.get("widgets_values"), dict):   # some nodes save a name -> value dict
         return dict(node["widgets_values"])
+    values = list(node.get("widgets_values") or [])
     out = {}
-    for name, control in widgets:
-        if not values:
-            break
+    pending = list(widgets)
+    while pending and values:
+        name, control, options = pending.pop(0)
         out[name] = values.pop(0)
-        if values and (control or isinstance(out[name], int)) and values[0] in CONTROL_VALUES:
+        if options is not None:
+            pending[:0] = options.get(str(out[name]), [])
+        if values and (control or type(out[name]) is int) and values[0] in CONTROL_VALUES:
             values.pop(0)
-    if values:
+    if any(v is not None for v in values):
         raise ValueError(f"node {node['id']} ({node['type']}): {len(values)} widgets_values left over "
-                         f"after {[n for n, _ in widgets]}: {values!r}")
+                         f"after {list(out)}: {values!r}")
     return out
 
 
@@ -227,6 +245,13 @@ def api_ids(api: dict, class_type: str) -> list:
 
 
 # ----------------------------------------------------------------------------- running
+def validate(api: dict) -> tuple:
+    """ComfyUI's own ``validate_prompt`` of the whole prompt: ``(ok, error, outputs, node_errors)``."""
+    import execution
+
+    return asyncio.run(execution.validate_prompt("sharddit-template", api, None))
+
+
 def run_prompt(api: dict, outputs: list) -> dict:
     """Run ``api`` in this process through ComfyUI's ``validate_prompt`` and ``PromptExecutor``
     (ComfyUI >= 0.29); ``{node id: that node's outputs} (one list per output slot, as ComfyUI caches them)`` for the ids in ``outputs``.
@@ -237,7 +262,7 @@ def run_prompt(api: dict, outputs: list) -> dict:
     Raises AssertionError with ComfyUI's own messages when validation or a node fails."""
     import execution
 
-    valid = asyncio.run(execution.validate_prompt("sharddit-template", api, None))
+    valid = validate(api)
     assert valid[0], f"ComfyUI rejected the prompt: {valid[1]} {json.dumps(valid[3], default=str)[:2000]}"
     server = types.SimpleNamespace(client_id=None, last_node_id=None, send_sync=lambda *a, **k: None,
                                    send_progress_text=lambda *a, **k: None)
