@@ -15,9 +15,12 @@ Each case runs in about a second after the session's ComfyUI import. ComfyUI 0.3
 use (``ComfySwitchNode``, ``ComfyMathExpression``): skipped there.
 """
 import pytest
-
 from harness import templates as tpl
-from harness.numerics import COMFY_SPLIT_BOUND, assert_same_shapes_equal, assert_split_close
+from harness.numerics import (
+    COMFY_SPLIT_BOUND,
+    assert_same_shapes_equal,
+    assert_split_close,
+)
 
 pytestmark = pytest.mark.comfy
 
@@ -37,12 +40,17 @@ WAN22_LATENT = "128:78"   # the low-noise expert's KSamplerAdvanced: the templat
 
 
 def _template(env, name):
-    if tpl.template_path(name) is None:
-        import comfyui_version
+    """The installed template, or a skip on a ComfyUI older than the 2026 templates and nodes."""
+    import comfyui_version
 
-        pytest.skip(f"ComfyUI {comfyui_version.__version__} installs no {tpl.TEMPLATES_PACKAGE} templates "
-                    "(added after ComfyUI 0.3.64)")
-    return tpl.load_template(name)
+    version = comfyui_version.__version__
+    if tpl.template_path(name) is None:
+        pytest.skip(f"ComfyUI {version} installs no {tpl.TEMPLATES_PACKAGE} templates (added after ComfyUI 0.3.64)")
+    ui = tpl.load_template(name)
+    missing = sorted(tpl.node_types(ui) - set(env.nodes.NODE_CLASS_MAPPINGS))
+    if missing and version.startswith("0.3."):
+        pytest.skip(f"ComfyUI {version} lacks the nodes {missing} of {name} (added after ComfyUI 0.3.64)")
+    return ui
 
 
 def _small(api, overrides):

@@ -30,6 +30,9 @@ TEMPLATES_PACKAGE = "comfyui_workflow_templates_json"
 DIT_LOADERS = {"UNETLoader": 0, "CheckpointLoaderSimple": 0}   # loader type -> its MODEL output slot
 SHARD_NODE = "ShardDiTShardModel"
 FRONTEND_ONLY = {"Note", "MarkdownNote"}
+# Frontend nodes never sent: a reroute passes its link on, a legacy PrimitiveNode's value is
+# already in the widget it feeds.
+VIRTUAL = {"Reroute", "PrimitiveNode"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
 WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
 SUBGRAPH_IN, SUBGRAPH_OUT = -10, -20   # the ids of a subgraph's input and output nodes in its links
@@ -39,7 +42,7 @@ def template_path(name: str) -> Path | None:
     """The installed template ``name`` (e.g. ``video_wan2_2_14B_t2v.json``), None when the
     templates package is not installed (ComfyUI before the 2026 templates)."""
     try:
-        import importlib.resources as resources
+        from importlib import resources
 
         root = resources.files(TEMPLATES_PACKAGE) / "templates"
     except ModuleNotFoundError:
@@ -126,6 +129,12 @@ def model_files(ui: dict) -> list:
                    for m in n.get("properties", {}).get("models", []) or []})
 
 
+def node_types(ui: dict) -> set:
+    """The node classes a workflow needs from the server (no subgraph instances, no frontend-only nodes)."""
+    subgraphs = {g["id"] for g in graphs(ui)[1:]}
+    return {n["type"] for g in graphs(ui) for n in g["nodes"]} - subgraphs - FRONTEND_ONLY - VIRTUAL
+
+
 def nodes_of(ui: dict, node_type: str) -> list:
     return [n for g in graphs(ui) for n in g["nodes"] if n["type"] == node_type]
 
@@ -164,7 +173,7 @@ class _Scope:
         self.links = {_link(k)["id"]: _link(k) for k in graph["links"]}
         self.defs = {g["id"]: g for g in ui.get("definitions", {}).get("subgraphs", [])}
 
-    def child(self, instance: dict) -> "_Scope":
+    def child(self, instance: dict) -> _Scope:
         sub = self.defs[instance["type"]]
         by_name = {i["name"]: i.get("link") for i in instance.get("inputs", [])}
         inputs = {}
@@ -175,11 +184,14 @@ class _Scope:
 
     def source(self, link: dict):
         """The API reference ``[node id, slot]`` a link carries, through subgraph boundaries,
-        reroutes and bypassed nodes; None for an unlinked subgraph input."""
+        reroutes and bypassed nodes; None for an unlinked subgraph input or a legacy PrimitiveNode
+        (the target keeps its widget value)."""
         origin, slot = link["origin_id"], link["origin_slot"]
         if origin == SUBGRAPH_IN:
             return self.inputs.get(slot)
         node = self.nodes[origin]
+        if node["type"] == "PrimitiveNode":   # the target's own widget already holds its value
+            return None
         if node["type"] in self.defs:
             child = self.child(node)
             inner = next(k for k in child.links.values() if k["target_id"] == SUBGRAPH_OUT and k["target_slot"] == slot)
@@ -193,7 +205,7 @@ class _Scope:
 
     def emit(self, api: dict, widgets) -> None:
         for node in self.graph["nodes"]:
-            if node["type"] in FRONTEND_ONLY or node["type"] == "Reroute" or node.get("mode", 0) != 0:
+            if node["type"] in FRONTEND_ONLY | VIRTUAL or node.get("mode", 0) != 0:
                 continue
             if node["type"] in self.defs:
                 self.child(node).emit(api, widgets)
