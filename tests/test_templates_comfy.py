@@ -158,3 +158,14 @@ def test_template_with_shard_node_passes_comfyui_validation(env, template_files,
         for key, value in node["inputs"].items():
             if isinstance(value, list) and value[0] in loaders and value[1] == tpl.DIT_LOADERS[plain[value[0]]["class_type"]]:
                 assert api[node_id]["inputs"][key][0] in shards, (name, node_id, key)
+
+
+def test_converter_agrees_with_the_shipped_workflows_api_twins(env):
+    """harness.templates.ui_to_api (widget names from the real classes) gives, for each shipped UI
+    workflow, the API twin workflow_tools wrote from its checked-in table (the twins are what the
+    frontend queues: tests/test_browser_ui.py)."""
+    import workflow_tools as wt
+
+    widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
+    for name, ui_path, api_path in wt.workflow_pairs():
+        assert wt.strip_meta(tpl.ui_to_api(wt.load(ui_path), widgets)) == wt.strip_meta(wt.load(api_path)), name
