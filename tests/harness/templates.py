@@ -115,10 +115,13 @@ def insert_shard(ui: dict, devices: str = "cpu,cpu", parallel: str = "blocks", r
                                 "target_id": next_node, "target_slot": 0, "type": "MODEL"})
             out["links"] = [next_link]
             graph["nodes"].append(shard)
+            ui["last_node_id"], ui["last_link_id"] = next_node, next_link   # ids stay unique workflow-wide
+            if isinstance(graph.get("state"), dict):   # a subgraph's own id counters (frontend >= 1.2x)
+                graph["state"].update(lastNodeId=max(graph["state"].get("lastNodeId", 0), next_node),
+                                      lastLinkId=max(graph["state"].get("lastLinkId", 0), next_link))
             next_node, next_link, inserted = next_node + 1, next_link + 1, inserted + 1
     if not inserted:
         raise ValueError("no DiT loader (UNETLoader / CheckpointLoaderSimple) in the workflow: nothing to shard")
-    ui["last_link_id"] = next_link - 1
     return ui
 
 
