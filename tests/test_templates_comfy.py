@@ -11,8 +11,14 @@ bit-identical in ``blocks`` mode (every GEMM sees the shapes of the unsharded ru
 tests/harness/numerics.py). Measured for the Wan 2.2 template (torch 2.14.1, AMD EPYC AVX2 host):
 ``sequence`` max diff 0 with MKL_CBWR default, COMPATIBLE and AVX2; the bound stays the one
 measured for tiny real models across hosts (numerics.py), as other hosts' kernels may differ.
-Each case runs in about a second after the session's ComfyUI import. ComfyUI 0.3.64 has neither the package nor the nodes the templates
-use (``ComfySwitchNode``, ``ComfyMathExpression``): skipped there.
+Each case runs in about a second after the session's ComfyUI import.
+
+Runs so far: Wan 2.2 14B t2v (two experts, KSamplerAdvanced). LTX-2.3, HunyuanVideo 1.5 and
+Kandinsky 5 are converted with the Shard node and checked by ComfyUI's validate_prompt only: their
+text encoders (Gemma 3 12B; Qwen2.5-VL 7B, whose vision tower ComfyUI builds at a fixed 658M
+parameters whatever the config) have no tiny twin in the harness yet. ComfyUI 0.3.64 has neither
+the package nor the nodes the templates use (``ComfySwitchNode``, ``ComfyMathExpression``):
+skipped there.
 """
 import pytest
 from harness import templates as tpl
