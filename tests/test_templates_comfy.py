@@ -1,0 +1,177 @@
+"""Core ComfyUI's own video templates with ShardDiT's Shard node inserted, run in this process.
+
+Issue 24 item 3: people open core's templates (package ``comfyui_workflow_templates_json``,
+installed with ComfyUI 0.29), not our workflows. Each test reads a template from the installed
+package, converts it to API form unmodified and with ``ShardDiTShardModel`` inserted after every
+DiT loader (``harness.templates``), shrinks it (CPU, 2 steps, a few latent pixels) and runs both
+through ComfyUI's own ``validate_prompt`` + ``PromptExecutor`` with tiny random-weight models of
+the same classes saved under the template's file names. The final sampler's latents must be
+bit-identical in ``blocks`` mode (every GEMM sees the shapes of the unsharded run) and within
+``COMFY_SPLIT_BOUND`` in ``sequence`` mode (tokens split: smaller GEMMs, see
+tests/harness/numerics.py). Measured for the Wan 2.2 template (torch 2.14.1, AMD EPYC AVX2 host):
+``sequence`` max diff 0 with MKL_CBWR default, COMPATIBLE and AVX2; the bound stays the one
+measured for tiny real models across hosts (numerics.py), as other hosts' kernels may differ.
+Each case runs in about a second after the session's ComfyUI import.
+
+Runs so far: Wan 2.2 14B t2v (two experts, KSamplerAdvanced). LTX-2.3, HunyuanVideo 1.5 and
+Kandinsky 5 are converted with the Shard node and checked by ComfyUI's validate_prompt only: their
+text encoders (Gemma 3 12B; Qwen2.5-VL 7B, whose vision tower ComfyUI builds at a fixed 658M
+parameters whatever the config) have no tiny twin in the harness yet. ComfyUI 0.3.64 has neither
+the package nor the nodes the templates use (``ComfySwitchNode``, ``ComfyMathExpression``):
+skipped there.
+"""
+import pytest
+from harness import templates as tpl
+from harness.numerics import (
+    COMFY_SPLIT_BOUND,
+    assert_same_shapes_equal,
+    assert_split_close,
+)
+
+pytestmark = pytest.mark.comfy
+
+WAN22 = "video_wan2_2_14B_t2v.json"
+# Files the Wan 2.2 template names beyond harness.fixtures.TEMPLATE_NAMES. The Lightning LoRAs
+# sit behind the template's turbo switch (off): validated by name, never loaded.
+WAN22_NAMES = {"wan2.2_t2v_lightx2v_4steps_lora_v1.1_high_noise.safetensors": "wan21_lora",
+               "wan2.2_t2v_lightx2v_4steps_lora_v1.1_low_noise.safetensors": "wan21_lora"}
+# API id -> (class_type, inputs): 64x64 pixels, duration 0.25 s at 16 fps -> floor(0.25*16)+1 = 5
+# frames (latent 1x16x2x8x8), 2 steps with the expert switch after step 1; cfg stays the
+# template's 3.5 (cond and uncond both run).
+WAN22_SMALL = {"128:74": ("EmptyHunyuanLatentVideo", {"width": 64, "height": 64}),
+               "128:126": ("PrimitiveFloat", {"value": 0.25}),
+               "128:114": ("PrimitiveInt", {"value": 2}),
+               "128:115": ("PrimitiveInt", {"value": 1})}
+WAN22_LATENT = "128:78"   # the low-noise expert's KSamplerAdvanced: the template's final latent
+
+
+def _template(env, name):
+    """The installed template, or a skip on a ComfyUI older than the 2026 templates and nodes."""
+    import comfyui_version
+
+    version = comfyui_version.__version__
+    if tpl.template_path(name) is None:
+        pytest.skip(f"ComfyUI {version} installs no {tpl.TEMPLATES_PACKAGE} templates (added after ComfyUI 0.3.64)")
+    ui = tpl.load_template(name)
+    missing = sorted(tpl.node_types(ui) - set(env.nodes.NODE_CLASS_MAPPINGS))
+    if missing and version.startswith("0.3."):
+        pytest.skip(f"ComfyUI {version} lacks the nodes {missing} of {name} (added after ComfyUI 0.3.64)")
+    return ui
+
+
+def _small(api, overrides):
+    for node_id, (class_type, inputs) in overrides.items():
+        assert api[node_id]["class_type"] == class_type, f"template changed: {node_id} is {api[node_id]['class_type']}"
+        api[node_id]["inputs"].update(inputs)
+    return api
+
+
+def _latents(env, ui, overrides, output):
+    api = _small(tpl.ui_to_api(ui, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)), overrides)
+    return tpl.run_prompt(api, [output])[output][0][0]["samples"]  # slot 0, first of its list
+
+
+@pytest.fixture(scope="module")
+def wan22(env, tiny_models):
+    """(template UI, unsharded final latents)."""
+    ui = _template(env, WAN22)
+    tiny_models.add_aliases(WAN22_NAMES)
+    return ui, _latents(env, ui, WAN22_SMALL, WAN22_LATENT)
+
+
+def test_wan22_shard_node_sits_after_each_expert_loader(env):
+    """Two UNETLoaders inside the template's subgraph -> two Shard nodes in that subgraph, each
+    feeding everything the loader fed; the API form routes the samplers' models through them."""
+    ui = _template(env, WAN22)
+    sharded = tpl.insert_shard(ui, "cpu,cpu", "blocks")
+    assert tpl.nodes_of(ui, tpl.SHARD_NODE) == []
+    shards = tpl.nodes_of(sharded, tpl.SHARD_NODE)
+    assert len(shards) == 2 and all(s in sharded["definitions"]["subgraphs"][0]["nodes"] for s in shards)
+    api = tpl.ui_to_api(sharded, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS))
+    shard_ids = tpl.api_ids(api, tpl.SHARD_NODE)
+    loaders = {api[i]["inputs"]["model"][0] for i in shard_ids}
+    assert loaders == set(tpl.api_ids(api, "UNETLoader")), loaders
+    fed = {tuple(v["inputs"][k]) for v in api.values() for k in ("on_false", "on_true", "model")
+           if v["class_type"] in ("ComfySwitchNode", "LoraLoaderModelOnly") and k in v["inputs"]}
+    assert {(i, 0) for i in shard_ids} <= fed and not {(i, 0) for i in loaders} & fed
+    assert api[shard_ids[0]]["inputs"] | {"model": None} == {"model": None, "devices": "cpu,cpu",
+                                                             "reserve_vram_gb": 1.0, "parallel": "blocks"}
+
+
+@pytest.mark.parametrize("parallel", ["blocks", "sequence"])
+def test_wan22_template_sharded_matches_the_template(env, wan22, parallel, caplog):
+    """KSamplerAdvanced's two experts (high noise steps 0-1, low noise 1-2), cfg 3.5, on cpu,cpu;
+    both experts' sampling calls really went through the requested mode (the log says so)."""
+    ui, reference = wan22
+    with caplog.at_level("INFO", logger="sharddit"):
+        out = _latents(env, tpl.insert_shard(ui, "cpu,cpu", parallel), WAN22_SMALL, WAN22_LATENT)
+    modes = [r.getMessage() for r in caplog.records if f"parallel {parallel} -> " in r.getMessage()]
+    assert len(modes) == 2 and all(f"-> {parallel}:" in m for m in modes), modes
+    assert reference.shape == (1, 16, 2, 8, 8)
+    if parallel == "blocks":
+        assert_same_shapes_equal(out, reference, f"Wan 2.2 template, {parallel}")
+    else:
+        assert_split_close(out, reference, COMFY_SPLIT_BOUND, f"Wan 2.2 template, {parallel}")
+
+
+TEMPLATES = [WAN22, "video_ltx2_3_t2v.json", "video_hunyuan_video_1.5_720p_t2v.json", "video_kandinsky5_t2v.json"]
+
+
+# A tiny model kind per folder, for file names that are only validated (the kind is irrelevant).
+ANY_KIND = {"diffusion_models": "wan21_t2v", "text_encoders": "umt5", "vae": "wan21_vae", "loras": "wan21_lora"}
+
+
+@pytest.fixture(scope="module")
+def template_files(env, tiny_models, tmp_path_factory):
+    """Every model file the four templates name is in ComfyUI's lists (symlinks to a tiny file):
+    enough for ``validate_prompt``, which checks names, never contents."""
+    import folder_paths
+
+    extra = tmp_path_factory.mktemp("template_files")
+    for name in TEMPLATES:
+        if tpl.template_path(name) is None:
+            return
+        for folder, file in tpl.model_files(tpl.load_template(name)):
+            if file in tiny_models.aliases:
+                continue
+            if folder in ANY_KIND:
+                tiny_models.add_aliases({file: ANY_KIND[folder]})
+            else:
+                (extra / folder).mkdir(exist_ok=True)
+                (extra / folder / file).symlink_to(tiny_models.path("umt5"))
+                folder_paths.add_model_folder_path(folder, str(extra / folder))
+    getattr(folder_paths, "filename_list_cache", {}).clear()
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_template_with_shard_node_passes_comfyui_validation(env, template_files, name):
+    """Each template, with a Shard node after each DiT loader (LTX-2.3: on CheckpointLoaderSimple's
+    MODEL), converts to an API prompt that ComfyUI's own validate_prompt accepts, and the Shard
+    nodes feed what the loaders fed. (Only Wan 2.2 runs here: the others need tiny Gemma 3 /
+    Qwen2.5-VL text encoders, not built yet.)"""
+    ui = _template(env, name)
+    widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
+    plain = tpl.ui_to_api(ui, widgets)
+    api = tpl.ui_to_api(tpl.insert_shard(ui, "cpu,cpu", "sequence"), widgets)
+    ok, error, _, node_errors = tpl.validate(api)
+    assert ok, f"{name}: {error} {node_errors}"
+    assert tpl.validate(plain)[0]
+    shards = tpl.api_ids(api, tpl.SHARD_NODE)
+    loaders = [i for i in api if api[i]["class_type"] in tpl.DIT_LOADERS]
+    assert shards and sorted(api[s]["inputs"]["model"][0] for s in shards) == sorted(loaders)
+    assert set(api) - set(shards) == set(plain)
+    for node_id, node in plain.items():   # every consumer of a loader's MODEL now reads a Shard node
+        for key, value in node["inputs"].items():
+            if isinstance(value, list) and value[0] in loaders and value[1] == tpl.DIT_LOADERS[plain[value[0]]["class_type"]]:
+                assert api[node_id]["inputs"][key][0] in shards, (name, node_id, key)
+
+
+def test_converter_agrees_with_the_shipped_workflows_api_twins(env):
+    """harness.templates.ui_to_api (widget names from the real classes) gives, for each shipped UI
+    workflow, the API twin workflow_tools wrote from its checked-in table (the twins are what the
+    frontend queues: tests/test_browser_ui.py)."""
+    import workflow_tools as wt
+
+    widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
+    for name, ui_path, api_path in wt.workflow_pairs():
+        assert wt.strip_meta(tpl.ui_to_api(wt.load(ui_path), widgets)) == wt.strip_meta(wt.load(api_path)), name
