@@ -99,3 +99,16 @@ def test_lean_cost_streams_the_weights_once_per_pass():
     assert lean.bytes_per_device == 2 * one_pass.bytes_per_device
     assert lean.seconds_per_step >= batched.seconds_per_step and lean.speedup > 1.0
     assert lean.note.startswith("lean: 2 passes per step")
+
+
+def test_lean_only_where_the_batched_split_does_not_fit():
+    from sharddit.parallel.cost.memory import RankMemory, lean_pass_batch
+
+    gib = 1 << 30
+    usable = {"cuda:0": 11 * gib, "cuda:1": 11 * gib}
+    batched = [RankMemory("cuda:0", 7 * gib, gib, 5 * gib), RankMemory("cuda:1", 6 * gib, gib, 3 * gib)]
+    one = [RankMemory("cuda:0", 7 * gib, gib, 2 * gib), RankMemory("cuda:1", 6 * gib, gib, 2 * gib)]
+    assert lean_pass_batch(batched, one, usable, 2, 1) == 1  # 13 of 11 GiB together, 10 alone
+    assert lean_pass_batch(one, one, usable, 2, 1) is None  # the batched split fits: it stays
+    assert lean_pass_batch(batched, batched, usable, 2, 1) is None  # lean does not fit either
+    assert lean_pass_batch(batched, one, usable, 1, 1) is None  # cfg 1: nothing to run in turn
