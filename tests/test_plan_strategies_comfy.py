@@ -91,6 +91,27 @@ def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
     assert pic.bars[1].label == "blocks 10-19" and not any(b.short for b in pic.bars)
 
 
+@pytest.mark.comfy
+def test_wan14b_720p_cfg6_fits_four_12gib_in_lean_sequence(sim):
+    """Issue 24 item 5. cfg 6 on four 12 GiB cards: cond and uncond together need 13.1 GiB on cuda:0
+    (of 11.0 usable), so `sequence` runs lean (``sequence/lean``): cond, then uncond, each with its
+    tokens over all four GPUs; its peaks are one pass's (a cfg-1 forward), its cost two passes'.
+    ``plan`` exits 0 exactly when ``report.fits`` (``cli/plan_command``)."""
+    report = sim.simulate("wan2.1-t2v-14b", FOUR_12, 1280, 720, 81, parallel="auto", cfg=6, gpu="RTX 4090")
+    st = report.strategies
+    assert st.cfg == 6 and st.sequence_lean and st.fits["sequence"] and not st.fits["blocks"]
+    assert st.chosen == "sequence" and report.fits
+    usable = 12 * GiB - 1 * GiB
+    seq = st.sequence_devices
+    assert [p.device for p in seq] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    assert all(p.total <= usable for p in seq), seq
+    assert re.search(r"lean: cond and uncond together do not fit \(cuda:0 13\.\d of 11\.0 GiB\)", st.reason), st.reason
+    assert st.costs["sequence"].note.startswith("lean: 2 passes per step") and st.costs["sequence"].speedup > 1
+    text = report.to_text()
+    assert "FITS: sequence over 4 GPUs (lean: cond, then uncond, each with its tokens split over every GPU)." in text
+    assert st.to_dict()["sequence_lean"] is True
+
+
 def _strategies(out):
     data = json.loads(out.stdout)["parallel"]
     return data["chosen"], data["strategies"]

@@ -45,21 +45,25 @@ class AutoMode:
 
     def __call__(self, args, kwargs) -> str:
         x = args[0] if args else kwargs.get("x")
-        key = tuple(getattr(x, "shape", ()))
+        shape = tuple(getattr(x, "shape", ()))
+        # memory_report: cond and uncond together do not fit this latent, so sequence runs lean
+        lean = getattr(getattr(self.state, "runtime", None), "lean_pass_batch", None)
+        lean = bool(lean and shape and shape[0] > lean)
+        key = (*shape, lean)
         decision = self.decisions.get(key)
         if decision is None:
-            decision = self.decide(key)
+            decision = self.decide(shape, lean)
             self.decisions[key] = decision
-            log.info("[ShardDiT] parallel auto for latent %s -> %s", "x".join(map(str, key)), decision.reason)
+            log.info("[ShardDiT] parallel auto for latent %s -> %s", "x".join(map(str, shape)), decision.reason)
         return decision.mode
 
-    def decide(self, latent_shape) -> ModeDecision:
+    def decide(self, latent_shape, lean: bool = False) -> ModeDecision:
         if self.shape is None or len(latent_shape) != 5:
             return self.memory
         inventory = current_inventory()
         names = {g.device: g.name for g in inventory.gpus}
         return decide_auto_for_latent(self.memory, self.shape, latent_shape, self.ranks, self.owned, names,
-                                      weight_bytes=self.weight_bytes, core=self._core_setup(inventory))
+                                      weight_bytes=self.weight_bytes, core=self._core_setup(inventory), lean=lean)
 
     def _core_setup(self, inventory):
         """Core's options on the plan's GPUs (None without the DiT's size: nothing to compare)."""

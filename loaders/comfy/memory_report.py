@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 
 import comfy.model_management as mm
 import torch
 
-from ...parallel.cost.memory import RankMemory, format_shortfalls, plan_sequence_memory
+from ...parallel.cost.memory import RankMemory, format_shortfalls, lean_pass_batch, plan_sequence_memory
 from ...parallel.families import activation_variant, family_of, shape_of_unet
 from ...parallel.units import GiB
 from ...parallel.cost.mode import decide_parallel
@@ -40,6 +41,7 @@ __all__ = ["MEMORY_KEY", "MODE_KEY", "REQUESTED_KEY", "block_kinds", "latent_pla
 MEMORY_KEY = "sharddit_memory"
 MODE_KEY = "sharddit_parallel"
 """Attachment: the ``ModeDecision`` the mode was attached with (``shard_mode.attach_mode``)."""
+LEAN_ENV = "SHARDDIT_SEQUENCE_LEAN"
 REQUESTED_KEY = "sharddit_parallel_requested"
 """Attachment: the ``parallel`` the user asked for (``auto``, ``blocks``, ``sequence``)."""
 
@@ -68,6 +70,8 @@ def sequence_memory_wrapper(executor, model, noise_shape, *args, **kwargs):
     rows = latent_plan(model, state, noise_shape) if sequence else None
     if rows is not None and model.get_attachment(REQUESTED_KEY) == "sequence":
         _check_fits(state, rows, noise_shape)
+    if state is not None:
+        state.runtime.lean_pass_batch = _lean(model, state, noise_shape, rows) if rows is not None else None
     _count_rings(model, rows)
     return executor(model, noise_shape, *args, **kwargs)
 
@@ -95,6 +99,26 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
                                 [r.device for r in plan.block_ranges], fp.block_bytes, plan.block_devices(),
                                 plan.home_device, fp.dit_home_bytes, state.block_kinds, shape.text_tokens,
                                 torch.empty((), dtype=dtype).element_size(), shape.heads)
+
+
+def _lean(model, state, noise_shape, rows) -> int | None:
+    """The pass batch of lean `sequence` (``cost/memory.lean_pass_batch``): cond alone where cond and
+    uncond together do not fit this latent on the GPUs; ``SHARDDIT_SEQUENCE_LEAN=1`` asks for it
+    always (less memory, weights streamed once per pass). Logged once per sampling when chosen."""
+    b = int(noise_shape[0])
+    if os.environ.get(LEAN_ENV, "").strip() == "1":
+        chosen, why = b, f"{LEAN_ENV}=1"
+    else:
+        inventory = current_inventory()
+        reserve = int(float(state.request_key[1]) * GiB)
+        usable = {d: inventory.get(d).available_bytes - reserve for d in inventory.names if d.startswith("cuda")}
+        together = latent_plan(model, state, noise_shape, cfg_batch=True)
+        chosen = lean_pass_batch(_per_device(together), _per_device(rows), usable, 2 * b, b) if together else None
+        why = f"cond and uncond together do not fit: {format_shortfalls(_per_device(together), usable)}" \
+            if chosen else ""
+    if chosen:
+        log.info("[ShardDiT] sequence lean at cfg > 1: cond, then uncond, each over every rank (%s)", why)
+    return chosen
 
 
 def _per_device(rows) -> list[RankMemory]:

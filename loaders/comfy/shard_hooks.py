@@ -16,6 +16,7 @@ from ...parallel.cost.mode import ModeDecision
 from ...parallel.placement.plan_types import Plan
 from ...parallel.blocks.routing import BlockLayout, BlockRouter
 from ...parallel.blocks.sharding import needs_home_every_block
+from ...parallel.sequence.lean import run_in_passes
 from .core_multigpu import check_home_device, check_no_core_copies
 from .placement import read_loaded
 
@@ -43,6 +44,9 @@ class ShardRuntime:
 
     loading: bool = False
     loaded_main: weakref.ref | None = None
+    lean_pass_batch: int | None = None
+    """`sequence` at cfg > 1 whose cond and uncond together do not fit (``memory_report``): a DiT call
+    of a larger batch runs as passes of this many samples, each over every rank (``sequence/lean``)."""
 
     def is_loaded_main(self, patcher) -> bool:
         return self.loaded_main is not None and self.loaded_main() is patcher
@@ -176,6 +180,13 @@ def routing_scope_wrapper(state: ShardState, mode: str, executor, *args, **kwarg
     skipped block still comes home."""
     home_all = needs_home_every_block(state.layout, executor.original, args, kwargs)
     args, kwargs = _chain_block_patches(state, executor.original, args, kwargs)
+    lean = state.runtime.lean_pass_batch if mode == "sequence" else None
+    batch = args[0].shape[0] if args and isinstance(args[0], torch.Tensor) and args[0].dim() else 0
+    if lean and batch > lean:
+        def one_pass(*a, **k):
+            with state.router.forward_scope(return_home_all=home_all, sequence=True):
+                return executor(*a, **k)
+        return run_in_passes(one_pass, batch, -(-batch // lean), args, kwargs)
     with state.router.forward_scope(return_home_all=home_all, sequence=mode == "sequence"):
         return executor(*args, **kwargs)
 

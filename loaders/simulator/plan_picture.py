@@ -94,6 +94,8 @@ def picture_from_report(report) -> PlanPicture:
     strategy = getattr(report, "strategy", None) or _strategy(report)
     if devices is not report.devices:
         split = "cond/uncond split, then tokens" if st.cfg > 1 else "tokens split"
+        if getattr(st, "sequence_lean", False):
+            split = "lean: cond, then uncond, tokens split"
         lines = [f"{report.model}, {w}x{h}x{f} frames, {report.dtype}, cfg {st.cfg:g}: {split}"]
     else:
         lines = [f"{report.model}, {w}x{h}x{f} frames, {report.dtype}, {report.batch_mode}"]

@@ -180,6 +180,8 @@ class SimulationReport:
         if st is not None and st.chosen == "sequence":
             n = len(st.devices.get("sequence", []))
             how = "cond+uncond split first, then tokens" if st.cfg > 1 else "batch 1, tokens split"
+            if getattr(st, "sequence_lean", False):
+                how = "lean: cond, then uncond, each with its tokens split over every GPU"
             return (f"FITS: sequence over {n} GPUs ({how})." if st.ok
                     else f"DOES NOT FIT: sequence over {n} GPUs (see its rows).")
         if self.blocks_fit:

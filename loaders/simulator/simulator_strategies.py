@@ -30,6 +30,7 @@ from ...parallel.cost.model import (
     estimate_blocks,
     estimate_one_gpu,
     estimate_sequence,
+    estimate_sequence_lean,
     hardware_from_options,
 )
 from ...parallel.cost.report import DevicePeak, choose_strategy, format_strategy_rows
@@ -84,6 +85,9 @@ class StrategyReport:
     """Strategy -> the devices it runs on."""
     core_note: str = ""
     """Which of core's own options this ComfyUI lacks ('' when it has both)."""
+    sequence_lean: bool = False
+    """The `sequence` row is lean (``sequence/lean``): cond and uncond did not fit together, so they
+    run one after the other over every GPU (its peaks are one pass's, its cost two passes')."""
 
     @property
     def ok(self) -> bool:
@@ -104,7 +108,8 @@ class StrategyReport:
                 u = self.usable.get(p.device)
                 rows.append((p.device, format_gib(p.weights), format_gib(p.activations), format_gib(p.prefetch),
                              format_gib(p.total), "-" if u is None else format_gib(u)))
-            lines += ["", "Simulated forward (sequence, per device):", format_table(rows, right=(1, 2, 3, 4, 5)),
+            what = "sequence lean: cond, then uncond, each over every GPU" if self.sequence_lean else "sequence"
+            lines += ["", f"Simulated forward ({what}, per device):", format_table(rows, right=(1, 2, 3, 4, 5)),
                       "(GiB)"]
         lines += ["", self.decision_line()]
         return "\n".join(lines)
@@ -115,7 +120,7 @@ class StrategyReport:
 
     def to_dict(self) -> dict:
         return {"requested": self.requested, "chosen": self.chosen, "reason": self.reason, "cfg": self.cfg,
-                "core_note": self.core_note,
+                "core_note": self.core_note, "sequence_lean": self.sequence_lean,
                 "sequence_devices": {p.device: {"weights": p.weights, "activations": p.activations,
                                                 "prefetch": p.prefetch, "usable": self.usable.get(p.device)}
                                      for p in self.sequence_devices},
@@ -161,7 +166,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
     fits["blocks"] = report.blocks_fit
 
-    seq, seq_reports = [], []
+    seq, seq_reports, lean_note = [], [], ""
     arch = find_arch_spec(type(ctx.dit).__name__)
     seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
     if seq_specs is None and arch.token_specs is not None:
@@ -181,10 +186,20 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             for p in seq:
                 usable.setdefault(p.device, _usable_of(inventory, p.device, ctx.request.reserve_bytes))
             seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
+            fits["sequence"] = _all_fit(seq, usable)
+            if not fits["sequence"] and work.batch > 1:
+                lean = run_fake_sequence_forward(ctx, 1, block_devices, home)  # one pass: one sample
+                if _all_fit(lean, usable):  # lean only where the batched split does not fit
+                    worst = max(seq, key=lambda p: p.total - (usable[p.device] or 0))
+                    lean_note = (f"lean: cond and uncond together do not fit ({worst.device} "
+                                 f"{format_gib(worst.total)} of {format_gib(usable[worst.device])} GiB), so they run "
+                                 "one after the other, each over every GPU (weights streamed twice per step)")
+                    seq = lean
+                    costs["sequence"] = estimate_sequence_lean(work, hw, [block_devices.count(r) for r in ranks])
+                    fits["sequence"] = True
+                    seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             top = max(seq, key=lambda p: p.total)
             peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
-            fits["sequence"] = all(usable[p.device] is None or p.total <= usable[p.device]
-                                                        for p in seq)
     devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
     core = baseline_rows(ctx, report, work, names, link_gbps,
                          lambda d: _usable_of(inventory, d, ctx.request.reserve_bytes))
@@ -192,6 +207,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         costs[name], peaks[name], fits[name], devices[name] = row.cost, row.peak, row.fits, list(row.devices)
     costs = _rebase(costs)
     chosen, reason = _choose(parallel, costs, fits)
+    if lean_note and chosen == "sequence":
+        reason = f"{reason}; {lean_note}"
     if chosen in costs:
         rebased = {k: replace(r, cost=costs[k]) for k, r in core.items()}
         said = compare_with_core(_label(chosen), costs[chosen], rebased)
@@ -202,7 +219,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, sequence_devices=seq,
                          sequence_reports=seq_reports, usable=usable, hardware_note=hw_note,
                          baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices,
-                         core_note=absent_note())
+                         core_note=absent_note(), sequence_lean=bool(lean_note))
     log.info("[ShardDiT] %s", out.decision_line())
     return out
 
@@ -227,6 +244,10 @@ def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
     others = "; ".join(f"{_label(k)} {v.speedup:.2f}×" for k, v in costs.items() if k != parallel and k in STRATEGIES)
     tail = "" if fits.get(parallel) else " (does NOT fit)"
     return parallel, f"{parallel}: predicted {c.speedup:.2f}× vs 1 GPU{tail}; {others}"
+
+
+def _all_fit(peaks, usable: dict) -> bool:
+    return all(usable[p.device] is None or p.total <= usable[p.device] for p in peaks)
 
 
 def _label(name: str) -> str:

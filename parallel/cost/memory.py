@@ -45,6 +45,7 @@ __all__ = [
     "compute_sequence_activations",
     "format_bytes",
     "format_shortfalls",
+    "lean_pass_batch",
     "plan_sequence_memory",
 ]
 
@@ -149,6 +150,16 @@ def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks
         out.append(RankMemory(dev, weights, compute_prefetch_bytes(block_bytes, block_devices, dev, block_kinds),
                               acts[r]))
     return out
+
+
+def lean_pass_batch(batched, one_pass, usable: dict, batch: int, pass_batch: int) -> int | None:
+    """``pass_batch`` where the plan at the whole ``batch`` (``batched`` rows: cond and uncond
+    together) does not fit ``usable`` but one pass's (``one_pass`` rows at ``pass_batch``) does:
+    then `sequence` runs lean (``sequence/lean``). None where the batched split fits, where lean
+    would not fit either (the caller's own refusal or fallback stands), or ``batch <= pass_batch``."""
+    if batch <= pass_batch or not format_shortfalls(batched, usable):
+        return None
+    return None if format_shortfalls(one_pass, usable) else pass_batch
 
 
 def format_bytes(n: float) -> str:

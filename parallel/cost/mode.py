@@ -24,7 +24,12 @@ from dataclasses import dataclass, replace
 from .baselines import compare_with_core, core_baselines, estimate_activation_bytes
 from .inputs import DEFAULT_GPU, ModelShape, table_gpu_name
 from .memory import compute_prefetch_bytes, format_bytes
-from .model import Workload, estimate_costs, hardware_from_options
+from .model import (
+    Workload,
+    estimate_costs,
+    estimate_sequence_lean,
+    hardware_from_options,
+)
 from .report import choose_strategy
 
 __all__ = [
@@ -133,13 +138,16 @@ def workload_from_latent(shape: ModelShape, latent_shape, weight_bytes: float = 
 
 
 def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape, ranks, owned,
-                           gpu_names, link_gbps=None, weight_bytes: float = 2.0, core=None) -> ModeDecision:
+                           gpu_names, link_gbps=None, weight_bytes: float = 2.0, core=None,
+                           lean: bool = False) -> ModeDecision:
     """``auto`` for one latent: the memory rule's ``blocks`` stands; its ``sequence`` stands only
     when the cost model predicts it faster than ``blocks`` on ``ranks`` (``owned`` blocks each).
 
     ``gpu_names``: device -> NVML name; names not in the throughput table count as ``DEFAULT_GPU``.
     ``core``: a ``CoreSetup`` for the distinct GPUs of ``ranks`` (``activation_per_sample`` 0: estimated
     from the latent), or None (then a ``blocks`` memory decision comes back as is).
+    ``lean``: `sequence` would run lean (``sequence/lean``: cond and uncond together do not fit), so
+    it is priced as such (``estimate_sequence_lean``).
     """
     gpus = list(dict.fromkeys(d for d in ranks if d.startswith("cuda")))
     if len(ranks) < 2 or (memory.mode != "sequence" and (core is None or len(gpus) < 2)):
@@ -148,10 +156,13 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     hw = hardware_from_options(names, link_gbps=link_gbps)
     work = workload_from_latent(shape, latent_shape, weight_bytes)
     costs = estimate_costs(work, hw, owned)
+    if lean:
+        costs["sequence"] = estimate_sequence_lean(work, hw, owned)
     decision = memory
     if memory.mode == "sequence":
         best, why = choose_strategy({k: costs[k] for k in ("blocks", "sequence")}, {"blocks": True, "sequence": True})
-        decision = ModeDecision(best, f"{why} ({hw.note}; memory: {memory.reason})")
+        how = "; sequence lean: cond and uncond together do not fit, they run in turn" if lean else ""
+        decision = ModeDecision(best, f"{why} ({hw.note}; memory: {memory.reason}{how})")
     if core is None or len(gpus) < 2:
         return decision
     if core.activation_per_sample <= 0:

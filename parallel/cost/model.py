@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .inputs import (
     DEFAULT_HOST_LINK_GBPS,
@@ -54,6 +54,7 @@ __all__ = [
     "estimate_costs",
     "estimate_one_gpu",
     "estimate_sequence",
+    "estimate_sequence_lean",
     "hardware_from_options",
 ]
 
@@ -255,6 +256,20 @@ def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool =
     note = _bound_note(compute, stream, exchange, t)
     return StrategyCost("sequence", t, base / t, compute, exchange, stream, hop_s,
                         int(max(p[3] for p in parts) + scatter), note)
+
+
+def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None) -> StrategyCost:
+    """Lean `sequence` (``sequence/lean``): the batch's samples one after the other, each a whole
+    `sequence` forward with its tokens over every device, so the weights stream once per pass
+    (twice per step at cfg > 1) and each pass exchanges over all devices. Priced as ``batch``
+    cfg-1 forwards; the speed-up stays against the one-GPU step of the whole batch."""
+    one = replace(work, cfg=1.0)
+    p = estimate_sequence(one, hw, owned)
+    n = work.batch
+    base = estimate_one_gpu(work, hw).seconds_per_step
+    t = n * p.seconds_per_step
+    return StrategyCost("sequence", t, base / t, n * p.compute_s, n * p.exchange_s, n * p.stream_s, n * p.hop_s,
+                        n * p.bytes_per_device, f"lean: {n} passes per step, weights streamed {n}x; {p.note}")
 
 
 def _bound_note(compute: float, stream: float, exchange: float, total: float) -> str:
