@@ -18,7 +18,7 @@ from harness.numerics import assert_split_close
 from harness.toy_seq import SeqToyDiT
 from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 from sharddit.parallel.sequence.engine import attach_sequence_engine
-from sharddit.parallel.sequence.lean import lean_passes, run_in_passes
+from sharddit.parallel.sequence.lean import chunk_range, lean_passes, run_in_passes
 from sharddit.parallel.sequence.split import TokenSpec
 
 WAN = BlockLayout(("blocks",), (("x",),))
@@ -46,6 +46,33 @@ def test_lean_passes_cut_the_batch():
     assert lean_passes(1, 2) == [(0, 1)]
     with pytest.raises(ValueError, match="passes >= 1"):
         lean_passes(2, 0)
+
+
+def test_pass_chunks_follow_the_samples():
+    """ComfyUI's ``cond_or_uncond`` has one entry per conditioning chunk: a batch of 4 samples as
+    [cond, uncond] is two chunks of 2; the pass over samples 2..4 is the uncond chunk only."""
+    assert chunk_range(2, 2, 0, 1) == (0, 1) and chunk_range(2, 2, 1, 2) == (1, 2)
+    assert chunk_range(4, 2, 2, 4) == (1, 2) and chunk_range(4, 2, 1, 3) == (0, 2)
+    with pytest.raises(ValueError, match="a batch of 3 is not 2 equal chunks"):
+        chunk_range(3, 2, 0, 1)
+
+
+def test_per_pass_hook_sees_each_pass():
+    """``per_pass`` gets each pass's sample range and its sliced arguments, and what it returns is
+    what the forward gets (ComfyUI's side uses it to cut ``cond_or_uncond`` per pass)."""
+    seen = []
+
+    def per_pass(b0, b1, args, kwargs):
+        return args, dict(kwargs, labels=kwargs["labels"][b0:b1])
+
+    def forward(x, labels):
+        seen.append((tuple(x.shape), labels))
+        return x * 2
+
+    x = torch.arange(8.0).reshape(4, 2)
+    out = run_in_passes(forward, 4, 2, (x,), {"labels": ["c0", "c1", "u0", "u1"]}, per_pass=per_pass)
+    assert seen == [((2, 2), ["c0", "c1"]), ((2, 2), ["u0", "u1"])]
+    assert torch.equal(out, x * 2)
 
 
 def test_lean_matches_batched_and_unsharded():

@@ -10,6 +10,9 @@ max diff after 2 steps (AMD EPYC, AVX2 host): lean vs batched 1.48e-5 default, 1
 1.31e-5 COMPATIBLE (ComfyUI 0.3.64, torch 2.14.1); 1.48e-5 default on ComfyUI 0.29.0; lean vs
 core 1.34e-5 to 1.62e-5.
 """
+import functools
+import inspect
+
 import pytest
 import torch
 from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
@@ -24,6 +27,22 @@ def _engine(model):
     return states[0].router.engine
 
 
+def _record_cond_or_uncond(model) -> list:
+    """Each DiT forward's ``cond_or_uncond`` as the model's own forward gets it (inside ShardDiT's
+    ``DIFFUSION_MODEL`` wrapper, where a lean pass has cut it), recorded from ``_forward``."""
+    seen, dit = [], model.model.diffusion_model
+    original = dit._forward
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)  # keeps the signature ShardDiT binds transformer_options with
+    def recording(*args, **kwargs):
+        options = signature.bind(*args, **kwargs).arguments.get("transformer_options") or {}
+        seen.append(list(options.get("cond_or_uncond", [])))
+        return original(*args, **kwargs)
+    dit._forward = recording
+    return seen
+
+
 def test_lean_sequence_matches_batched_and_core(env, tiny, monkeypatch):
     model = load(None, tiny.wan21_t2v_state_dict())
     latent, extras = torch.zeros(1, 16, 3, 10, 10), {"tokens": 512}
@@ -31,7 +50,10 @@ def test_lean_sequence_matches_batched_and_core(env, tiny, monkeypatch):
     batched = ours(env, model, latent, extras, "cpu,cpu", cfg=3.0, parallel="sequence")
     assert _engine(model).stats.groups == [((0, 1), (0,)), ((1, 2), (1,))]
     monkeypatch.setenv("SHARDDIT_SEQUENCE_LEAN", "1")
+    seen = _record_cond_or_uncond(model)
     lean = ours(env, model, latent, extras, "cpu,cpu", cfg=3.0, parallel="sequence")
+    # each lean pass names only its own chunk (ComfyUI batches cond then uncond: [0, 1] or [1, 0])
+    assert seen and all(len(c) == 1 for c in seen) and {c[0] for c in seen} == {0, 1}, seen
     stats = _engine(model).stats  # the last forward: one sample, tokens over both ranks
     assert stats.groups == [((0, 1), (0, 1))] and stats.fallbacks == 0 and stats.exchanges[0] > 0
     assert_split_close(lean, batched, COMFY_SPLIT_BOUND, "wan21 cpu,cpu cfg 3 lean vs batched")

@@ -16,7 +16,7 @@ from ...parallel.cost.mode import ModeDecision
 from ...parallel.placement.plan_types import Plan
 from ...parallel.blocks.routing import BlockLayout, BlockRouter
 from ...parallel.blocks.sharding import needs_home_every_block
-from ...parallel.sequence.lean import run_in_passes
+from ...parallel.sequence.lean import chunk_range, run_in_passes
 from .core_multigpu import check_home_device, check_no_core_copies
 from .placement import read_loaded
 
@@ -186,9 +186,33 @@ def routing_scope_wrapper(state: ShardState, mode: str, executor, *args, **kwarg
         def one_pass(*a, **k):
             with state.router.forward_scope(return_home_all=home_all, sequence=True):
                 return executor(*a, **k)
-        return run_in_passes(one_pass, batch, -(-batch // lean), args, kwargs)
+        return run_in_passes(one_pass, batch, -(-batch // lean), args, kwargs,
+                             per_pass=functools.partial(_pass_options, executor.original, batch))
     with state.router.forward_scope(return_home_all=home_all, sequence=mode == "sequence"):
         return executor(*args, **kwargs)
+
+
+# Per-chunk lists in ComfyUI's ``transformer_options`` (one entry per conditioning chunk of the batch).
+_CHUNK_LISTS = ("cond_or_uncond", "uuids")
+
+
+def _pass_options(forward_fn, batch: int, b0: int, b1: int, args, kwargs):
+    """A lean pass's own ``transformer_options``: a copy whose per-chunk lists name only the chunks
+    of samples ``[b0, b1)``, so that a patch reading ``cond_or_uncond`` (e.g. a per-cond attention
+    tweak) sees this pass's cond or uncond, not both."""
+    try:
+        bound = inspect.signature(forward_fn).bind_partial(*args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    options = bound.arguments.get("transformer_options")
+    if not isinstance(options, dict) or not isinstance(options.get("cond_or_uncond"), list):
+        return args, kwargs
+    chunks = len(options["cond_or_uncond"])
+    c0, c1 = chunk_range(batch, chunks, b0, b1)
+    bound.arguments["transformer_options"] = {
+        key: value[c0:c1] if key in _CHUNK_LISTS and isinstance(value, list) and len(value) == chunks else value
+        for key, value in options.items()}
+    return bound.args, bound.kwargs
 
 
 # ComfyUI's names for the block lists in ``patches_replace["dit"]``, in layout order.

@@ -19,7 +19,7 @@ import torch
 from ..tensor_map import map_tensors
 from .split import even_ranges
 
-__all__ = ["lean_passes", "run_in_passes"]
+__all__ = ["chunk_range", "lean_passes", "run_in_passes"]
 
 
 def lean_passes(batch: int, passes: int) -> list[tuple[int, int]]:
@@ -35,13 +35,28 @@ def _slice(obj, batch: int, b0: int, b1: int, depth: int):
     return map_tensors(cut, obj, depth)
 
 
-def run_in_passes(forward, batch: int, passes: int, args: tuple, kwargs: dict, depth: int = 2):
+def chunk_range(batch: int, chunks: int, b0: int, b1: int) -> tuple[int, int]:
+    """The chunks that samples ``[b0, b1)`` fall in, where ``batch`` samples are ``chunks`` equal
+    chunks one after the other (ComfyUI's ``cond_or_uncond``: one entry per conditioning chunk)."""
+    if chunks < 1 or batch % chunks:
+        raise ValueError(f"[ShardDiT] lean sequence: a batch of {batch} is not {chunks} equal chunks")
+    size = batch // chunks
+    return b0 // size, -(-b1 // size)
+
+
+def run_in_passes(forward, batch: int, passes: int, args: tuple, kwargs: dict, depth: int = 2,
+                  per_pass=None):
     """``forward(*args, **kwargs)`` run once per pass of ``lean_passes(batch, passes)`` on that
     pass's slice of every batch-first tensor (``depth`` container levels deep), outputs
-    concatenated on dim 0 (a tensor, or each tensor of a tuple/list output)."""
+    concatenated on dim 0 (a tensor, or each tensor of a tuple/list output). ``per_pass(b0, b1,
+    args, kwargs) -> (args, kwargs)``, when given, adjusts what a tensor slice cannot (per-chunk
+    lists such as ComfyUI's ``cond_or_uncond``)."""
     outs = []
     for b0, b1 in lean_passes(batch, passes):
-        outs.append(forward(*_slice(args, batch, b0, b1, depth), **_slice(kwargs, batch, b0, b1, depth)))
+        a, k = _slice(args, batch, b0, b1, depth), _slice(kwargs, batch, b0, b1, depth)
+        if per_pass is not None:
+            a, k = per_pass(b0, b1, a, k)
+        outs.append(forward(*a, **k))
     if len(outs) == 1:
         return outs[0]
     first = outs[0]
