@@ -57,7 +57,10 @@ def _ltxav(comfy, device, new):
     cls = _class("comfy.ldm.lightricks.av_model", "LTXAVModel")
     dit = cls(in_channels=16, audio_in_channels=128, cross_attention_dim=64, audio_cross_attention_dim=32,
               attention_head_dim=8, audio_attention_head_dim=8, num_attention_heads=8, audio_num_attention_heads=4,
-              caption_channels=32, num_layers=4, **_ops(comfy, device))
+              caption_channels=32, num_layers=4, connector_attention_head_dim=8, connector_num_attention_heads=4,
+              **_ops(comfy, device))
+    # (the text connectors default to 3840 wide, 709M parameters: 76 s to fill with random values; sized
+    # to caption_channels here, 4 x 8 = 32)
     # x = [video latent, audio latent (8 channels x 16 bins)]; context = video + audio caption channels
     return dit, lambda: (([new(B, 16, T, H, W), new(B, 8, 5, 16)], new(B).abs(), new(B, 7, 64)), {"frame_rate": 25})
 
