@@ -222,11 +222,12 @@ def test_causal_wan_is_refused_with_the_reason():
         find_arch_spec("CausalWanModel")
 
 
-@pytest.mark.parametrize("parallel", ["blocks", "sequence"])
-def test_kandinsky5_through_sharddit_ksampler_equals_core(env, parallel, caplog):
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_kandinsky5_through_sharddit_ksampler_equals_core(env, cfg, caplog):
     """End to end on ComfyUI's own loader and sampler: a tiny Kandinsky 5 file's state dict, core's
-    KSampler at cfg 3 against ShardDiT's on ``cpu,cpu``. `sequence` falls back to `blocks` (the
-    family's reason in the log), so both runs are the unsharded maths: ``torch.equal``."""
+    KSampler against ShardDiT's on ``cpu,cpu`` and ``cpu,cpu,cpu`` in both modes. `sequence` falls
+    back to `blocks` (the family's reason in the log), so every run is the unsharded maths:
+    ``torch.equal``."""
     from harness.sampling import load, ours, stock
 
     import comfy.ops
@@ -240,12 +241,17 @@ def test_kandinsky5_through_sharddit_ksampler_equals_core(env, parallel, caplog)
     assert type(model.model.diffusion_model).__name__ == "Kandinsky5"
     extras = {"tokens": 8, "dim": 3584, "pooled_output": torch.randn(1, 768, generator=torch.Generator().manual_seed(7))}
     latent = torch.zeros(1, 16, 2, 8, 8)
-    ref = stock(env, model, latent, extras)
-    with caplog.at_level("INFO", logger="sharddit"):
-        got = ours(env, model, latent, extras, "cpu,cpu", parallel=parallel)
-    assert torch.equal(got, ref)
-    if parallel == "sequence":
-        assert "Kandinsky 5 runs in blocks mode only" in caplog.text
+    ref = stock(env, model, latent, extras, cfg=cfg)
+    for devices in ("cpu,cpu", "cpu,cpu,cpu"):
+        for parallel in ("blocks", "sequence"):
+            caplog.clear()
+            with caplog.at_level("INFO", logger="sharddit"):
+                got = ours(env, model, latent, extras, devices, cfg=cfg, parallel=parallel)
+            assert torch.equal(got, ref), (devices, parallel)
+            (state,) = model.model.__dict__["_sharddit_states"].values()
+            assert state.router.stats.blocks_run > 0, (devices, parallel)  # the shards ran
+            if parallel == "sequence":
+                assert "Kandinsky 5 runs in blocks mode only" in caplog.text
 
 
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
