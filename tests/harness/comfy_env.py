@@ -23,6 +23,13 @@ def comfy_path() -> Path:
     return Path(path).resolve()
 
 
+def comfy_version() -> str:
+    """``__version__`` of the tree at ``COMFYUI_PATH`` (``comfyui_version.py``), "unknown" if absent."""
+    path = comfy_path() / "comfyui_version.py"
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return text.rsplit("=", 1)[-1].strip().strip('"') if "__version__" in text else "unknown"
+
+
 def load_comfy() -> types.SimpleNamespace:
     """Import real ComfyUI in this process (CPU) with this pack loaded as a custom node."""
     if "env" in _STATE:
@@ -66,8 +73,10 @@ def load_comfy() -> types.SimpleNamespace:
     )
     logging.getLogger().setLevel(logging.INFO)
     from .tiny_te_hook import install_tiny_te_hook
+    from .tiny_vae_hook import install_tiny_vae_hook
 
     install_tiny_te_hook()  # test-only: lets stock CLIPLoader load the harness's tiny text encoder
+    install_tiny_vae_hook()  # test-only: stock VAE loaders build the harness's narrow VAEs (tiny_vaes)
     _STATE["env"] = env
     return env
 
