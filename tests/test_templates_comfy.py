@@ -13,14 +13,23 @@ tests/harness/numerics.py). Measured for the Wan 2.2 template (torch 2.14.1, AMD
 measured for tiny real models across hosts (numerics.py), as other hosts' kernels may differ.
 Each case runs in about a second after the session's ComfyUI import.
 
-Runs so far: Wan 2.2 14B t2v (two experts, KSamplerAdvanced). LTX-2.3, HunyuanVideo 1.5 and
-Kandinsky 5 are converted with the Shard node and checked by ComfyUI's validate_prompt only: their
-text encoders (Gemma 3 12B; Qwen2.5-VL 7B, whose vision tower ComfyUI builds at a fixed 658M
-parameters whatever the config) have no tiny twin in the harness yet. ComfyUI 0.3.64 has neither
-the package nor the nodes the templates use (``ComfySwitchNode``, ``ComfyMathExpression``):
-skipped there.
+All four run (``RUNS``): Wan 2.2 14B t2v (two experts, KSamplerAdvanced); HunyuanVideo 1.5 720p
+t2v (SamplerCustomAdvanced + CFGGuider at cfg 6; its super-resolution stage is bypassed in the
+template and stays so); Kandinsky 5 t2v (KSampler, cfg 5); LTX-2.3 t2v (CheckpointLoaderSimple:
+DiT, video VAE and audio VAE in one file; the distilled LoRA; two SamplerCustomAdvanced stages at
+cfg 1 with the x2 latent upscaler between them). The tiny files are ``harness.tiny_templates``'s,
+under the templates' own names. LTX-2.3's prompt enhancer (Gemma 3 generating a new prompt, behind
+the template's "Enable Prompt Enhance" switch) is switched off: the switch is lazy, so the
+generation, its abliterated-Gemma LoRA and its preview never run; the typed prompt is encoded as
+with the switch off in the UI. Kandinsky 5 and LTX-2 run `blocks` only (parallel/families.py): in
+`sequence` the run must say it fell back and equal the template bit for bit.
+ComfyUI 0.3.64 has neither the package nor the nodes the templates use (``ComfySwitchNode``,
+``ComfyMathExpression``): skipped there.
 """
+import dataclasses
+
 import pytest
+import torch
 from harness import templates as tpl
 from harness.numerics import (
     COMFY_SPLIT_BOUND,
@@ -114,7 +123,92 @@ def test_wan22_template_sharded_matches_the_template(env, wan22, parallel, caplo
         assert_split_close(out, reference, COMFY_SPLIT_BOUND, f"Wan 2.2 template, {parallel}")
 
 
-TEMPLATES = [WAN22, "video_ltx2_3_t2v.json", "video_hunyuan_video_1.5_720p_t2v.json", "video_kandinsky5_t2v.json"]
+LTX23, HV15, K5 = "video_ltx2_3_t2v.json", "video_hunyuan_video_1.5_720p_t2v.json", "video_kandinsky5_t2v.json"
+TEMPLATES = [WAN22, LTX23, HV15, K5]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """How a template is shrunk and what is compared: ``small`` as WAN22_SMALL; ``latents`` the
+    ``(API id, output slot)`` pairs of the final latents; ``splits`` whether `sequence` splits
+    tokens for this family (else it falls back to `blocks`, and says so)."""
+
+    small: dict
+    latents: tuple
+    splits: bool
+
+
+RUNS = {
+    # 128x128 pixels, 5 frames -> latent 1x32x2x8x8 (HunyuanVideo 1.5's x16 VAE); 2 steps; cfg 6
+    HV15: Run({"124": ("EmptyHunyuanVideo15Latent", {"width": 128, "height": 128, "length": 5}),
+               "128": ("BasicScheduler", {"steps": 2})}, (("127", 0),), True),
+    # 64x64 pixels, 5 frames -> latent 1x16x2x8x8; 2 steps of euler_ancestral (seeded); cfg 5
+    K5: Run({"12:5": ("Kandinsky5ImageToVideo", {"width": 64, "height": 64, "length": 5}),
+             "12:8": ("KSampler", {"steps": 2})}, (("12:8", 0),), False),
+    # 128x128 at 8 fps for 1 s -> 9 frames: stage 1 at 64x64 (latent 128x2x2x2 + audio 8x29x16),
+    # the x2 upscaler, stage 2 at 128x128; 2 sigmas steps per stage; the prompt enhancer off (lazy
+    # switch); the unused start image small. Compared: stage 2's video and audio latents.
+    LTX23: Run({"267:257": ("PrimitiveInt", {"value": 128}), "267:258": ("PrimitiveInt", {"value": 128}),
+                "267:225": ("PrimitiveInt", {"value": 1}), "267:260": ("PrimitiveInt", {"value": 8}),
+                "267:252": ("ManualSigmas", {"sigmas": "1.0, 0.725, 0.0"}),
+                "267:211": ("ManualSigmas", {"sigmas": "0.85, 0.4219, 0.0"}),
+                "267:330": ("PrimitiveBoolean", {"value": False}),
+                "267:325": ("EmptyImage", {"width": 64, "height": 64}),
+                "267:235": ("ResizeImagesByLongerEdge", {"longer_edge": 128})},
+               (("267:218", 0), ("267:218", 1)), False),
+}
+
+
+def _run(env, ui, run):
+    api = _small(tpl.ui_to_api(ui, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)), run.small)
+    ids = sorted({i for i, _ in run.latents})
+    out = tpl.run_prompt(api, ids)
+    return [out[i][slot][0]["samples"] for i, slot in run.latents]
+
+
+@pytest.fixture(scope="module")
+def template_models(env, tmp_path_factory):
+    """The tiny files of HV15, K5 and LTX23 under their names, found first by ComfyUI's loaders."""
+    if tpl.template_path(HV15) is None:
+        return {}
+    from harness import tiny_templates
+
+    written = tiny_templates.write_template_models(tmp_path_factory.mktemp("template_models"))
+    getattr(env.folder_paths, "filename_list_cache", {}).clear()
+    return written
+
+
+@pytest.fixture(scope="module")
+def references():
+    """Unsharded final latents per template, run once (by the first test that needs them)."""
+    return {}
+
+
+@pytest.mark.parametrize("parallel", ["blocks", "sequence"])
+@pytest.mark.parametrize("name", list(RUNS))
+def test_template_sharded_matches_the_template(env, template_files, references, name, parallel, caplog):
+    """The template with a Shard node after its DiT loader on ``cpu,cpu`` against the template
+    itself: `blocks` bit-identical; `sequence` within COMFY_SPLIT_BOUND where the family splits
+    tokens, else the log says it fell back to `blocks` and the latents are bit-identical."""
+    ui, run = _template(env, name), RUNS[name]
+    if name not in references:
+        references[name] = _run(env, ui, run)
+    with caplog.at_level("INFO", logger="sharddit"):
+        got = _run(env, tpl.insert_shard(ui, "cpu,cpu", parallel), run)
+    modes = [r.getMessage() for r in caplog.records if f"parallel {parallel} -> " in r.getMessage()]
+    assert modes, f"{name}: the Shard node's model never sampled in {parallel}"
+    split = parallel == "sequence" and run.splits
+    if parallel == "sequence" and not run.splits:
+        assert all("runs in blocks mode only" in m for m in modes), modes
+    else:
+        assert all(f"-> {parallel}:" in m for m in modes), modes
+    for (node, slot), out, ref in zip(run.latents, got, references[name]):
+        what = f"{name} {node}[{slot}] {parallel}"
+        assert torch.isfinite(ref).all() and ref.abs().max() > 0, what
+        if split:
+            assert_split_close(out, ref, COMFY_SPLIT_BOUND, what)
+        else:
+            assert_same_shapes_equal(out, ref, what)
 
 
 # A tiny model kind per folder, for file names that are only validated (the kind is irrelevant).
@@ -122,7 +216,7 @@ ANY_KIND = {"diffusion_models": "wan21_t2v", "text_encoders": "umt5", "vae": "wa
 
 
 @pytest.fixture(scope="module")
-def template_files(env, tiny_models, tmp_path_factory):
+def template_files(env, tiny_models, template_models, tmp_path_factory):
     """Every model file the four templates name is in ComfyUI's lists (symlinks to a tiny file):
     enough for ``validate_prompt``, which checks names, never contents."""
     import folder_paths
@@ -132,7 +226,7 @@ def template_files(env, tiny_models, tmp_path_factory):
         if tpl.template_path(name) is None:
             return
         for folder, file in tpl.model_files(tpl.load_template(name)):
-            if file in tiny_models.aliases:
+            if file in tiny_models.aliases or (folder, file) in template_models:
                 continue
             if folder in ANY_KIND:
                 tiny_models.add_aliases({file: ANY_KIND[folder]})
@@ -147,8 +241,7 @@ def template_files(env, tiny_models, tmp_path_factory):
 def test_template_with_shard_node_passes_comfyui_validation(env, template_files, name):
     """Each template, with a Shard node after each DiT loader (LTX-2.3: on CheckpointLoaderSimple's
     MODEL), converts to an API prompt that ComfyUI's own validate_prompt accepts, and the Shard
-    nodes feed what the loaders fed. (Only Wan 2.2 runs here: the others need tiny Gemma 3 /
-    Qwen2.5-VL text encoders, not built yet.)"""
+    nodes feed what the loaders fed."""
     ui = _template(env, name)
     widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
     plain = tpl.ui_to_api(ui, widgets)
