@@ -66,8 +66,10 @@ def load_comfy() -> types.SimpleNamespace:
     )
     logging.getLogger().setLevel(logging.INFO)
     from .tiny_te_hook import install_tiny_te_hook
+    from .tiny_vae_hook import install_tiny_vae_hook
 
     install_tiny_te_hook()  # test-only: lets stock CLIPLoader load the harness's tiny text encoder
+    install_tiny_vae_hook()  # test-only: stock VAE loaders build the harness's narrow VAEs (tiny_vaes)
     _STATE["env"] = env
     return env
 

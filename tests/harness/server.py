@@ -10,7 +10,7 @@
   ``diffusion_models/ text_encoders/ vae/ loras/`` and ``custom_nodes: <workdir>/custom_nodes``
   (0.3.64 accepts any ``folder_paths`` key there, custom_nodes included), which holds
   ``sharddit`` (a symlink to this repo, as ``git clone`` into custom_nodes would) and
-  ``sharddit_test_hooks`` (test-only: installs ``harness.tiny_te_hook``).
+  ``sharddit_test_hooks`` (test-only: installs ``harness.tiny_te_hook`` and ``harness.tiny_vae_hook``).
 
 It only ever talks to 127.0.0.1. The server log goes to ``<workdir>/comfyui.log``; errors
 include its tail. ``comfy_run`` drives the same server with comfy-cli's ``comfy run --wait``.
@@ -38,15 +38,17 @@ PACK_DIR_NAME = "sharddit"
 HOOKS_DIR_NAME = "sharddit_test_hooks"
 MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
 
-_HOOK_INIT = '''"""Test-only (ShardDiT test harness): let stock loaders read the harness's tiny text encoders."""
+_HOOK_INIT = '''"""Test-only (ShardDiT test harness): let stock loaders read the harness's tiny text encoders and VAEs."""
 import importlib.util
 import sys
 
-_spec = importlib.util.spec_from_file_location("sharddit_test_harness_tiny_te_hook", {path!r})
-_mod = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = _mod
-_spec.loader.exec_module(_mod)
-_mod.install_tiny_te_hook()
+for _name, _path, _install in (("tiny_te_hook", {path!r}, "install_tiny_te_hook"),
+                               ("tiny_vae_hook", {vae_path!r}, "install_tiny_vae_hook")):
+    _spec = importlib.util.spec_from_file_location("sharddit_test_harness_" + _name, _path)
+    _mod = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = _mod
+    _spec.loader.exec_module(_mod)
+    getattr(_mod, _install)()
 NODE_CLASS_MAPPINGS = {{}}
 '''
 
@@ -105,7 +107,8 @@ class ComfyServer:
         hooks = custom_nodes / HOOKS_DIR_NAME
         hooks.mkdir(exist_ok=True)
         hook = Path(__file__).with_name("tiny_te_hook.py")
-        (hooks / "__init__.py").write_text(_HOOK_INIT.format(path=str(hook)))
+        vae_hook = Path(__file__).with_name("tiny_vae_hook.py")
+        (hooks / "__init__.py").write_text(_HOOK_INIT.format(path=str(hook), vae_path=str(vae_hook)))
         # --base-directory's own custom_nodes/ must exist (main.py lists it); it stays empty.
         (self.workdir / "base" / "custom_nodes").mkdir(parents=True, exist_ok=True)
         lines = ["sharddit_tests:"]
