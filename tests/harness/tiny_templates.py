@@ -30,28 +30,28 @@ import torch
 from .pack import import_pack
 
 import_pack()
-from sharddit.loaders.comfy.model_params import fit_params  # noqa: E402
-from sharddit.parallel.random_weights import random_generator, random_state_dict  # noqa: E402
+from sharddit.loaders.comfy.model_params import fit_params
+from sharddit.parallel.random_weights import random_generator, random_state_dict
 
 SEED = 0
 DIT = "model.diffusion_model."
 
 # HunyuanVideo 1.5 as comfy/model_detection.py reads it: 32 latent channels + 32 image + 1 mask
 # in, heads = hidden // 128, double blocks only, vision width 1152 (HunyuanVideo15's unet_config).
-HV15_CONFIG = dict(image_model="hunyuan_video", in_channels=65, out_channels=32, vec_in_dim=None,
-                   hidden_size=256, mlp_ratio=4.0, num_heads=2, depth=2, depth_single_blocks=0,
-                   axes_dim=[16, 56, 56], theta=256, patch_size=[1, 2, 2], qkv_bias=True,
-                   guidance_embed=False, byt5=True, meanflow=False, use_cond_type_embedding=True,
-                   vision_in_dim=1152, meanflow_sum=True)
+HV15_CONFIG = {"image_model": "hunyuan_video", "in_channels": 65, "out_channels": 32, "vec_in_dim": None,
+               "hidden_size": 256, "mlp_ratio": 4.0, "num_heads": 2, "depth": 2, "depth_single_blocks": 0,
+               "axes_dim": [16, 56, 56], "theta": 256, "patch_size": [1, 2, 2], "qkv_bias": True,
+               "guidance_embed": False, "byt5": True, "meanflow": False, "use_cond_type_embedding": True,
+               "vision_in_dim": 1152, "meanflow_sum": True}
 # Kandinsky 5 Lite video as detected: model_dim 64 keeps the detector's default rope axes
 # (16, 24, 24) -> one 64-wide head; text widths stay core's fixed 3584 (Qwen2.5-VL) and 768
 # (CLIP-L pooled); visual_embed_dim 132 = (16 latent + 16 image + 1 mask) x 1 x 2 x 2.
-K5_CONFIG = dict(time_dim=32, model_dim=64, ff_dim=128, num_text_blocks=2, num_visual_blocks=2)
+K5_CONFIG = {"time_dim": 32, "model_dim": 64, "ff_dim": 128, "num_text_blocks": 2, "num_visual_blocks": 2}
 # The x2 spatial latent upscaler of LTX-2 (comfy/ldm/lightricks/latent_upsampler.py); GroupNorm
 # takes 32 groups, so 32 channels is the least width.
-UPSAMPLER_CONFIG = dict(_class_name="LatentUpsampler", in_channels=128, mid_channels=32, num_blocks_per_stage=1,
-                        dims=3, spatial_upsample=True, temporal_upsample=False, spatial_scale=2.0,
-                        rational_resampler=False)
+UPSAMPLER_CONFIG = {"_class_name": "LatentUpsampler", "in_channels": 128, "mid_channels": 32, "num_blocks_per_stage": 1,
+                    "dims": 3, "spatial_upsample": True, "temporal_upsample": False, "spatial_scale": 2.0,
+                    "rational_resampler": False}
 LORA_RANK = 4
 
 
@@ -122,13 +122,13 @@ def ltx23_transformer_config(video_context: int, audio_context: int) -> dict:
     projection; ``preprocess_text_embeds`` splits them): the connectors and cross-attention keep
     those widths, the streams are 4 x 16 (video) and 2 x 16 (audio) wide, 2 dual-stream blocks;
     LTX-2.3's gated attention and cross-attention AdaLN are on."""
-    return dict(in_channels=128, audio_in_channels=128, num_attention_heads=4, attention_head_dim=16,
-                audio_num_attention_heads=2, audio_attention_head_dim=16, cross_attention_dim=video_context,
-                audio_cross_attention_dim=audio_context, caption_channels=video_context, num_layers=2,
-                connector_attention_head_dim=video_context // 4, connector_num_attention_heads=4,
-                audio_connector_attention_head_dim=audio_context // 2, audio_connector_num_attention_heads=2,
-                connector_num_layers=1, caption_proj_before_connector=True, caption_projection_first_linear=False,
-                cross_attention_adaln=True, apply_gated_attention=True)
+    return {"in_channels": 128, "audio_in_channels": 128, "num_attention_heads": 4, "attention_head_dim": 16,
+            "audio_num_attention_heads": 2, "audio_attention_head_dim": 16, "cross_attention_dim": video_context,
+            "audio_cross_attention_dim": audio_context, "caption_channels": video_context, "num_layers": 2,
+            "connector_attention_head_dim": video_context // 4, "connector_num_attention_heads": 4,
+            "audio_connector_attention_head_dim": audio_context // 2, "audio_connector_num_attention_heads": 2,
+            "connector_num_layers": 1, "caption_proj_before_connector": True, "caption_projection_first_linear": False,
+            "cross_attention_adaln": True, "apply_gated_attention": True}
 
 
 # The distilled LoRA patches every attention projection and feed-forward of both blocks, in both streams.
