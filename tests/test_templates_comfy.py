@@ -31,6 +31,7 @@ import dataclasses
 import pytest
 import torch
 from harness import templates as tpl
+from harness.comfy_env import pack_module
 from harness.numerics import (
     COMFY_SPLIT_BOUND,
     assert_same_shapes_equal,
@@ -163,7 +164,7 @@ def _run(env, ui, run, executor):
     api = _small(tpl.ui_to_api(ui, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)), run.small)
     ids = sorted({i for i, _ in run.latents})
     out = tpl.run_prompt(api, ids, executor)
-    return [out[i][slot][0]["samples"] for i, slot in run.latents]
+    return [out[i][slot][0]["samples"] for i, slot in run.latents], api
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +199,10 @@ def test_template_sharded_matches_the_template(env, template_files, references, 
     ui, run = _template(env, name), RUNS[name]
     if name not in references:
         executor = tpl.new_executor()
-        references[name] = executor, _run(env, ui, run, executor)
+        references[name] = executor, _run(env, ui, run, executor)[0]
     executor, reference = references[name]
     with caplog.at_level("INFO", logger="sharddit"):
-        got = _run(env, tpl.insert_shard(ui, "cpu,cpu", parallel), run, executor)
+        got, api = _run(env, tpl.insert_shard(ui, "cpu,cpu", parallel), run, executor)
     modes = [r.getMessage() for r in caplog.records if f"parallel {parallel} -> " in r.getMessage()]
     assert modes, f"{name}: the Shard node's model never sampled in {parallel}"
     split = parallel == "sequence" and run.splits
@@ -209,6 +210,11 @@ def test_template_sharded_matches_the_template(env, template_files, references, 
         assert all("runs in blocks mode only" in m for m in modes), modes
     else:
         assert all(f"-> {parallel}:" in m for m in modes), modes
+    if split:  # the tokens really were split: no block call ran whole
+        (shard,) = tpl.api_ids(api, tpl.SHARD_NODE)
+        model = tpl.cached_outputs(executor, [shard])[shard][0][0]
+        stats = pack_module(env, "loaders.comfy.shard_hooks").get_shard_state(model).router.engine.stats
+        assert stats.fallbacks == 0 and min(stats.blocks_run) > 0, stats
     for (node, slot), out, ref in zip(run.latents, got, reference):
         what = f"{name} {node}[{slot}] {parallel}"
         assert torch.isfinite(ref).all() and ref.abs().max() > 0, what

@@ -295,6 +295,11 @@ def run_prompt(api: dict, outputs: list, executor=None) -> dict:
     errors = [m for m in executor.status_messages if m[0] == "execution_error"]
     assert executor.success and not errors, f"the prompt failed: {json.dumps(errors, default=str)[:3000]}"
 
+    return cached_outputs(executor, outputs)
+
+
+def cached_outputs(executor, node_ids) -> dict:
+    """``{node id: its outputs}`` as ``executor``'s cache holds them after a run."""
     async def fetch():
-        return {k: (await executor.caches.outputs.get(k)).outputs for k in outputs}
+        return {k: (await executor.caches.outputs.get(k)).outputs for k in node_ids}
     return asyncio.run(fetch())
