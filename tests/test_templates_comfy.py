@@ -8,10 +8,15 @@ through ComfyUI's own ``validate_prompt`` + ``PromptExecutor`` with tiny random-
 the same classes saved under the template's file names. The final sampler's latents must be
 bit-identical in ``blocks`` mode (every GEMM sees the shapes of the unsharded run) and within
 ``COMFY_SPLIT_BOUND`` in ``sequence`` mode (tokens split: smaller GEMMs, see
-tests/harness/numerics.py). Measured for the Wan 2.2 template (torch 2.14.1, AMD EPYC AVX2 host):
-``sequence`` max diff 0 with MKL_CBWR default, COMPATIBLE and AVX2; the bound stays the one
-measured for tiny real models across hosts (numerics.py), as other hosts' kernels may differ.
-Each case runs in about a second after the session's ComfyUI import.
+tests/harness/numerics.py). Measured (torch 2.14.1, AMD EPYC AVX2 host, MKL_CBWR default,
+COMPATIBLE and AVX2): ``sequence`` max diff 0 for Wan 2.2 and HunyuanVideo 1.5 (the families
+that split tokens; for HunyuanVideo 1.5 the engine's stats show every block call split); the
+bound stays the one measured for tiny real models across hosts (numerics.py), as other hosts'
+kernels may differ. Time after the session's ComfyUI import, on a 2-core host at load 7: the file
+~60 s, of it LTX-2.3 ~30 s (its tiny Gemma 3 keeps 48 layers and pads every prompt to 1024
+tokens; the positive prompt is encoded again in each sharded run, since the prompt enhancer's
+lazy branch hangs off the sharded model's LoRA and ComfyUI's cache keys on it); first build of
+the tiny files ~8 s more (then cached).
 
 All four run (``RUNS``): Wan 2.2 14B t2v (two experts, KSamplerAdvanced); HunyuanVideo 1.5 720p
 t2v (SamplerCustomAdvanced + CFGGuider at cfg 6; its super-resolution stage is bypassed in the
