@@ -204,7 +204,9 @@ def test_ltxav_loader_refuses_a_checkpoint_without_text_projection(env, encoders
 
 def test_single_loader_offers_core_types(env):
     """ShardDiTLoadTextEncoder's type list is core CLIPLoader's; the dual loader's is DualCLIPLoader's
-    (0.29: hunyuan_video_15 and kandinsky5 exist only there)."""
+    (0.29: hunyuan_video_15 and kandinsky5 exist only there), on any ComfyUI."""
     loading = _pack(env, "loaders.comfy.component_loading")
     assert loading.clip_types() == list(env.nodes.CLIPLoader.INPUT_TYPES()["required"]["type"][0])
+    assert loading.dual_clip_types() == list(env.nodes.DualCLIPLoader.INPUT_TYPES()["required"]["type"][0])
+    _skip_before_2026(env)
     assert {"hunyuan_video_15", "kandinsky5", "ltxv"} <= set(loading.dual_clip_types())
