@@ -13,7 +13,7 @@ the 2026 DiTs hard-code stay: Qwen 3584 (Kandinsky 5's ``in_text_dim``), CLIP-L 
 (``in_text_dim2``), byT5 1472 (HunyuanVideo 1.5's ``ByT5Mapper``). The rest is tiny, through the
 harness's tiny-TE hook (``tiny_te_hook``: each file carries its config override; core's own
 ``<model_name>_model_config``), which also folds the two full-size token tables and shrinks LTX-2's
-3840 x 49 projection to the checkpoint's shape. No vision towers are stored: core builds them
+3840 x 49 projection to the checkpoint's shape and pads Gemma prompts to 64 tokens, not 1024. No vision towers are stored: core builds them
 (uninitialised, untouched for text) and warns that their keys are missing.
 
 Tokenizers work offline: Qwen's, byT5's and CLIP's ship in core's tree; Gemma's SentencePiece
@@ -37,7 +37,7 @@ from typing import Mapping
 import torch
 
 from .tiny_models import SEED, _bytes_tensor, _meta_ops, save_file
-from .tiny_te_hook import TE_CONFIG_KEY, TINY_LTXAV, TINY_VOCAB_ROWS, install_tiny_te_hook
+from .tiny_te_hook import TE_CONFIG_KEY, TINY_LTXAV, TINY_MIN_LENGTH, TINY_VOCAB_ROWS, install_tiny_te_hook
 
 import sharddit.parallel.random_weights as rw  # noqa: E402  (tiny_models imported the pack)
 
@@ -55,6 +55,8 @@ CLIP_L_CONFIG = dict(intermediate_size=32, num_hidden_layers=2)
 # Token-table rows stored for Qwen (152,064 ids) and CLIP-L (49,408): id -> row id % VOCAB_ROWS.
 VOCAB_ROWS = 2048
 LTXAV_VIDEO_DIM, LTXAV_AUDIO_DIM = 64, 32
+# Gemma's tokenizer pads prompts to 1024 tokens (left, masked); the tiny file's pads to this.
+GEMMA_MIN_LENGTH = 64
 
 
 def _text_weights(module: torch.nn.Module, seed: int, dtype, skip=(), folded_vocab: str | None = None) -> dict:
@@ -96,7 +98,8 @@ def gemma3_12b_state_dict(seed: int = SEED, dtype=torch.float32) -> dict:
     model = llama.Gemma3_12B(GEMMA3_12B_CONFIG, dtype, "meta", _meta_ops())
     sd = _text_weights(model, seed, dtype, skip=("vision_model.", "multi_modal_projector."))
     sd["spiece_model"] = _bytes_tensor(gemma_spiece_model())
-    return _with_te_config(sd, {"_model_config": GEMMA3_12B_CONFIG, TINY_LTXAV: 1})
+    return _with_te_config(sd, {"_model_config": GEMMA3_12B_CONFIG, TINY_LTXAV: 1,
+                                TINY_MIN_LENGTH: {"gemma3_12b": GEMMA_MIN_LENGTH}})
 
 
 def ltxav_text_projection_state_dict(seed: int = SEED, dtype=torch.float32, video_dim: int = LTXAV_VIDEO_DIM,
