@@ -28,9 +28,12 @@ class ShardDiTVAEDecodeTiled(io.ComfyNode):
             category=CATEGORY,
             description="Core VAE Decode (Tiled) with the same tiles and result, but equal-shaped tiles are "
                         "decoded in batches, spread over several devices, with progress and interrupt "
-                        "between batches. For video VAEs (Wan 2.1/2.2, LTX-Video, HunyuanVideo).",
+                        "between batches. For video VAEs (Wan 2.1/2.2, LTX-Video, LTX-2, HunyuanVideo 1.0/1.5, "
+                        "Kandinsky 5). Given LTX-2's audio+video latent it decodes the video; decode the audio "
+                        "with core's LTXV Audio VAE Decode.",
             inputs=[
-                io.Latent.Input("samples", tooltip="The latent to decode (5-D video latent for a video VAE)."),
+                io.Latent.Input("samples", tooltip="The latent to decode (5-D video latent for a video VAE; "
+                                                  "of LTX-2's audio+video latent, the video part)."),
                 io.Vae.Input("vae", tooltip="The VAE used for decoding."),
                 io.Int.Input("tile_size", default=512, min=64, max=4096, step=32,
                              tooltip="Tile width and height in pixels (divided by the VAE's spatial compression)."),

@@ -217,6 +217,19 @@ def test_causal_time_without_overlap_raises_instead_of_gaps():
         == [(0, 0, (0, 0, 0), (2, 4, 4), (0, 0, 0), True)]
 
 
+@pytest.mark.parametrize("frames_per_latent,space", [(8, 32), (4, 16)])  # LTX-2 (8t-7, x32), HunyuanVideo 1.5 (4t-3, x16)
+def test_causal_video_vaes_of_2026_tile_every_frame(frames_per_latent, space):
+    """Core's VAEDecodeTiled forces temporal tile >= 2, overlap >= 1: then every frame is decoded."""
+    k = frames_per_latent
+    spec = tiling.TileSpec.build((2, 3, 3), (1, 1, 1), (lambda a: max(0, a * k - (k - 1)), space, space), (k, space, space))
+    shape = (1, 4, 6, 5, 4)
+    assert spec.out_shape(shape, 3) == (1, 3, 5 * k + 1, 5 * space, 4 * space)
+    weights = weight_map(shape, spec)
+    assert weights.min() > 0  # no output voxel left undecoded
+    with pytest.raises(ValueError, match=f"positions {k + 1}..{2 * k - 1} of dim 0 undecoded"):
+        tiling.plan_tiles(shape, tiling.TileSpec.build((2, 3, 3), (0, 1, 1), spec.upscale, spec.index))
+
+
 def test_bad_shapes_and_batch_sizes_raise():
     spec = tiling.TileSpec.build((2, 4, 4), (1, 1, 1), WAN_T, WAN_I)
     with pytest.raises(ValueError, match="has 4 dims"):

@@ -8,7 +8,7 @@ pixels/audio. ComfyUI 0.29 only (the LTX-2 and HunyuanVideo 1.5 VAEs are absent 
 import pytest
 import torch
 
-from harness.comfy_env import load_comfy
+from harness.comfy_env import comfy_version, load_comfy
 
 pytestmark = pytest.mark.comfy
 
@@ -24,7 +24,7 @@ def _require_029():
     import importlib.util
 
     if importlib.util.find_spec("comfy.ldm.lightricks.vae.audio_vae") is None:
-        pytest.skip("this ComfyUI has no LTX-2 audio VAE (added after ComfyUI 0.3.64)")
+        pytest.skip(f"ComfyUI {comfy_version()} has no LTX-2 audio VAE (added after ComfyUI 0.3.64)")
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,11 @@ The geometry and the runner are pure (``parallel/tiling``); this module adapts C
 - one ``comfy.utils.ProgressBar`` step per tile batch, and
   ``throw_exception_if_processing_interrupted()`` between batches.
 
-Latents of image VAEs (no temporal compression) go to core's ``vae.decode_tiled`` unchanged.
+Latents of image VAEs (no temporal compression) and of VAEs that tile themselves go to core's
+``vae.decode_tiled`` unchanged; an LTX-2 audio+video latent decodes its video part, audio VAEs are
+refused (``vae_inputs``). Each decoded tile is cast to core's output dtype (``vae_output_dtype``).
+Checked against core's ``VAEDecodeTiled`` for Wan 2.1/2.2, LTX-Video, LTX-2.3, HunyuanVideo 1.0
+(Kandinsky 5's VAE) and 1.5 (tests/test_vae_decode_comfy.py).
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ from ...parallel.tiling.devices import check_decode_device_count, select_decoder
 from ...parallel.placement.devices import DEVICES_FORM, check_devices_exist, parse_devices
 from ...parallel.placement.inventory import read_inventory
 from .placement import current_inventory
+from .vae_inputs import delegate_to_core, output_dtype, video_latent
 from ...parallel.tiling import TilePlan, TileSpec, plan_decode, run_tiled
 
 log = logging.getLogger("sharddit")
@@ -184,8 +189,8 @@ def _cpu_deepcopy(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _decoder(rep):
-    model, dtype, device = rep.first_stage_model, rep.vae_dtype, rep.device
-    return lambda a: model.decode(a.to(dtype).to(device)).float()  # core's decode_fn
+    model, dtype, device, out_dtype = rep.first_stage_model, rep.vae_dtype, rep.device, output_dtype(rep)
+    return lambda a: model.decode(a.to(dtype).to(device)).to(dtype=out_dtype)  # core's decode_fn
 
 
 def _tile_memory(vae, latent_shape, tile) -> int:
@@ -221,11 +226,11 @@ def decode_tiled(vae, samples: dict, tile_size: int, overlap: int, temporal_size
     (``process_output``: ``add_().div_().clamp_()`` since ComfyUI 0.18), which raises on an
     inference tensor outside inference mode."""
     vae.throw_exception_if_invalid()
-    latent = samples["samples"]
+    latent = video_latent(vae, samples["samples"])
     batch = parse_tile_batch_size(tile_batch_size)
     tile, overlap_l = core_tile_params(vae, tile_size, overlap, temporal_size, temporal_overlap)
-    if len(tile) == 2:
-        return _decode_image_core(vae, latent, tile, overlap_l, tile_batch_size, devices)
+    if delegate_to_core(vae):
+        return _decode_core(vae, latent, tile, overlap_l, tile_batch_size, devices)
     if latent.ndim != 5:
         raise ValueError(
             f"[ShardDiT] latent of shape {tuple(latent.shape)} is {latent.ndim}-D, but this is a video VAE "
@@ -249,11 +254,15 @@ def decode_tiled(vae, samples: dict, tile_size: int, overlap: int, temporal_size
     return images.reshape(-1, images.shape[-3], images.shape[-2], images.shape[-1])
 
 
-def _decode_image_core(vae, latent, tile, overlap, tile_batch_size, devices) -> torch.Tensor:
-    """Image VAEs: core's own 2-D tiled decode (three passes), same result as core's node."""
+def _decode_core(vae, latent, tile, overlap, tile_batch_size, devices) -> torch.Tensor:
+    """Image VAEs (core's 2-D tiled decode, three passes) and VAEs that tile themselves: core's own
+    ``vae.decode_tiled`` with core's node's arguments, same result as core's node."""
     if str(tile_batch_size).strip().lower() != "auto" or str(devices).strip().lower() != "auto":
-        log.warning("[ShardDiT] image VAE: tile_batch_size/devices are ignored; decoding with core's tiler")
-    images = vae.decode_tiled(latent, tile_x=tile[1], tile_y=tile[0], overlap=overlap[0], tile_t=None, overlap_t=None)
+        log.warning("[ShardDiT] %s VAE: tile_batch_size/devices are ignored; decoding with core's tiler",
+                    "image" if len(tile) == 2 else "self-tiling")
+    tile_t, overlap_t = (None, None) if len(tile) == 2 else (tile[0], overlap[0])
+    images = vae.decode_tiled(latent, tile_x=tile[-1], tile_y=tile[-2], overlap=overlap[-1], tile_t=tile_t,
+                              overlap_t=overlap_t)
     if len(images.shape) == 5:
         images = images.reshape(-1, images.shape[-3], images.shape[-2], images.shape[-1])
     return images

@@ -23,6 +23,13 @@ def comfy_path() -> Path:
     return Path(path).resolve()
 
 
+def comfy_version() -> str:
+    """``__version__`` of the tree at ``COMFYUI_PATH`` (``comfyui_version.py``), "unknown" if absent."""
+    path = comfy_path() / "comfyui_version.py"
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return text.rsplit("=", 1)[-1].strip().strip('"') if "__version__" in text else "unknown"
+
+
 def load_comfy() -> types.SimpleNamespace:
     """Import real ComfyUI in this process (CPU) with this pack loaded as a custom node."""
     if "env" in _STATE:

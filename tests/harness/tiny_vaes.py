@@ -218,6 +218,18 @@ def write_tiny_vae(models_dir, kind: str, seed: int = SEED, name: str | None = N
     return path
 
 
-__all__ = ["LTX23_AUDIO_VAE_CONFIG", "LTX23_VAE_CONFIG", "LTX23_VOCODER_CONFIG", "TINY_VAE_KINDS",
-           "hunyuan_video_vae_state_dict", "hv15_vae_state_dict", "ltx23_checkpoint_parts",
-           "ltx2_audio_vae_state_dict", "ltx2_video_vae_state_dict", "tiny_vae_state_dict", "write_tiny_vae"]
+__all__ = [
+    "LTX23_AUDIO_VAE_CONFIG",
+    "LTX23_VAE_CONFIG",
+    "LTX23_VOCODER_CONFIG",
+    "TINY_VAE_KINDS",
+    "hunyuan_video_vae_state_dict",
+    "hv15_vae_state_dict",
+    "ltx2_audio_vae_metadata",
+    "ltx2_audio_vae_state_dict",
+    "ltx2_video_vae_metadata",
+    "ltx2_video_vae_state_dict",
+    "ltx23_checkpoint_parts",
+    "tiny_vae_state_dict",
+    "write_tiny_vae",
+]
