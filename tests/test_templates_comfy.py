@@ -12,10 +12,10 @@ tests/harness/numerics.py). Measured (torch 2.14.1, AMD EPYC AVX2 host, MKL_CBWR
 COMPATIBLE and AVX2): ``sequence`` max diff 0 for Wan 2.2 and HunyuanVideo 1.5 (the families
 that split tokens; for HunyuanVideo 1.5 the engine's stats show every block call split); the
 bound stays the one measured for tiny real models across hosts (numerics.py), as other hosts'
-kernels may differ. Time after the session's ComfyUI import, on a 2-core host at load 7: the file
-~60 s, of it LTX-2.3 ~30 s (its tiny Gemma 3 keeps 48 layers and pads every prompt to 1024
-tokens; the positive prompt is encoded again in each sharded run, since the prompt enhancer's
-lazy branch hangs off the sharded model's LoRA and ComfyUI's cache keys on it); first build of
+kernels may differ. Time after the session's ComfyUI import, on a 2-core host at load 5-7
+(other suites running): the file ~60-70 s, of it LTX-2.3 ~23 s (its positive prompt is encoded
+again in each sharded run: the prompt enhancer's lazy branch hangs off the sharded model's LoRA
+and ComfyUI's cache keys on it); a single LTX-2.3 sharded run alone takes 4.4 s. First build of
 the tiny files ~8 s more (then cached).
 
 All four run (``RUNS``): Wan 2.2 14B t2v (two experts, KSamplerAdvanced); HunyuanVideo 1.5 720p
@@ -190,8 +190,7 @@ def references():
     needs them. The sharded runs go through the same executor, as a server runs a changed prompt:
     ComfyUI's cache hands them the outputs of the template's run for every node whose inputs did
     not change (the loaders, the text encodes not downstream of the model), and everything from
-    the Shard node on runs again. LTX-2.3's Gemma pads every prompt to 1024 tokens: each encode
-    not repeated saves seconds."""
+    the Shard node on runs again."""
     return {}
 
 
