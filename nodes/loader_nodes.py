@@ -83,6 +83,72 @@ class ShardDiTLoadTextEncoder(io.ComfyNode):
         return io.NodeOutput(component_loading.load_text_encoder(clip_name, type, device))
 
 
+class ShardDiTLoadDualTextEncoder(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ShardDiTLoadDualTextEncoder",
+            display_name="Load Dual Text Encoder (ShardDiT)",
+            category=CATEGORY,
+            description="Core 'DualCLIPLoader' (e.g. Qwen2.5-VL 7B + byT5 for HunyuanVideo 1.5, Qwen2.5-VL 7B + "
+                        "CLIP-L for Kandinsky 5) with the device chosen from free VRAM for the pair (or given).",
+            inputs=[
+                io.Combo.Input("clip_name1", options=folder_paths.get_filename_list("text_encoders"),
+                               default=_first_file("text_encoders"),
+                               tooltip="The first text encoder file in ComfyUI/models/text_encoders "
+                                       "(e.g. qwen_2.5_vl_7b_fp8_scaled.safetensors)."),
+                io.Combo.Input("clip_name2", options=folder_paths.get_filename_list("text_encoders"),
+                               default=_first_file("text_encoders"),
+                               tooltip="The second text encoder file (e.g. byt5_small_glyphxl_fp16.safetensors "
+                                       "for HunyuanVideo 1.5, clip_l.safetensors for Kandinsky 5)."),
+                CheckedCombo("type", options=component_loading.dual_clip_types(), default="hunyuan_video_15",
+                             tooltip="The model family the pair is for (core DualCLIPLoader's list)."),
+                devices_input("device", tooltip=DEVICE_TOOLTIP),
+            ],
+            outputs=[io.Clip.Output(tooltip="A CLIP for the text encode nodes; both encoders run on the chosen device.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
+        return validate_one(model_loading.check_component_device, device)
+
+    @classmethod
+    def execute(cls, clip_name1, clip_name2, type, device) -> io.NodeOutput:
+        return io.NodeOutput(component_loading.load_dual_text_encoder(clip_name1, clip_name2, type, device))
+
+
+class ShardDiTLoadLTXAVTextEncoder(io.ComfyNode):
+    @classmethod
+    def define_schema(cls) -> io.Schema:
+        return io.Schema(
+            node_id="ShardDiTLoadLTXAVTextEncoder",
+            display_name="Load LTXV Audio Text Encoder (ShardDiT)",
+            category=CATEGORY,
+            description="Core 'Load LTXV Audio Text Encoder' (LTX-2 / LTX-2.3: Gemma 3 12B + the checkpoint's text "
+                        "projection) with the device chosen from free VRAM (or given).",
+            inputs=[
+                io.Combo.Input("text_encoder", options=folder_paths.get_filename_list("text_encoders"),
+                               default=_first_file("text_encoders"),
+                               tooltip="The Gemma 3 12B file in ComfyUI/models/text_encoders "
+                                       "(e.g. gemma_3_12B_it_fp4_mixed.safetensors)."),
+                io.Combo.Input("ckpt_name", options=folder_paths.get_filename_list("checkpoints"),
+                               default=_first_file("checkpoints"),
+                               tooltip="The LTX-2 checkpoint in ComfyUI/models/checkpoints; only its text "
+                                       "projection is loaded here (and counted for the device)."),
+                devices_input("device", tooltip=DEVICE_TOOLTIP),
+            ],
+            outputs=[io.Clip.Output(tooltip="A CLIP for the text encode nodes; it runs on the chosen device.")],
+        )
+
+    @classmethod
+    def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
+        return validate_one(model_loading.check_component_device, device)
+
+    @classmethod
+    def execute(cls, text_encoder, ckpt_name, device) -> io.NodeOutput:
+        return io.NodeOutput(component_loading.load_ltxav_text_encoder(text_encoder, ckpt_name, device))
+
+
 class ShardDiTLoadVAE(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -108,4 +174,5 @@ class ShardDiTLoadVAE(io.ComfyNode):
         return io.NodeOutput(component_loading.load_vae(vae_name, device))
 
 
-NODES = [ShardDiTLoadDiffusionModel, ShardDiTLoadTextEncoder, ShardDiTLoadVAE]
+NODES = [ShardDiTLoadDiffusionModel, ShardDiTLoadTextEncoder, ShardDiTLoadDualTextEncoder, ShardDiTLoadLTXAVTextEncoder,
+         ShardDiTLoadVAE]

@@ -5,6 +5,7 @@ for text encoders, ``comfy.sd.VAE(device=...)``); ``comfy.model_management`` is 
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -15,9 +16,11 @@ import comfy.utils
 import folder_paths
 
 from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
-from .checks import check_model_file
+from .checks import check_model_file, read_safetensors_header
 from .model_loading import check_component_device, check_file_name
 from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
+
+log = logging.getLogger("sharddit")
 
 def clip_types() -> list[str]:
     """Core CLIPLoader's ``type`` list, read from core so new model types appear automatically."""
@@ -26,22 +29,87 @@ def clip_types() -> list[str]:
     return list(comfy_nodes.CLIPLoader.INPUT_TYPES()["required"]["type"][0])
 
 
+def dual_clip_types() -> list[str]:
+    """Core DualCLIPLoader's ``type`` list (0.29: ``hunyuan_video_15``, ``kandinsky5``, ``ltxv`` ...),
+    read from core: the 2026 video encoders are pairs that core's single CLIPLoader does not offer."""
+    import nodes as comfy_nodes
+
+    return list(comfy_nodes.DualCLIPLoader.INPUT_TYPES()["required"]["type"][0])
+
+
+# Keys of an LTX-2 checkpoint that its text encoder loads (comfy/text_encoders/lt.py
+# LTXAVTEModel.load_sd): the Gemma features' projection; the rest is the DiT, VAE and audio VAE.
+LTXAV_TEXT_PREFIX = "text_embedding_projection."
+
+
 def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
+    """Core CLIPLoader's load, on the device planned for the file's size."""
     path = check_file_name("text_encoders", clip_name)
     check_component_device(device)
     check_model_file(path, clip_name)
-    types = clip_types()
+    _check_type(clip_type, clip_types(), "CLIPLoader")
+    return _load_placed([path], [clip_name], clip_type, os.path.getsize(path), device, reserve_vram_gb)
+
+
+def load_dual_text_encoder(clip_name1: str, clip_name2: str, clip_type: str, device: str,
+                           reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
+    """Core DualCLIPLoader's load; the pair is placed as one model (core builds one CLIP from both
+    files), sized by the sum of the files."""
+    names = [clip_name1, clip_name2]
+    paths = [check_file_name("text_encoders", n) for n in names]
+    check_component_device(device)
+    for path, name in zip(paths, names):
+        check_model_file(path, name)
+    _check_type(clip_type, dual_clip_types(), "DualCLIPLoader")
+    return _load_placed(paths, names, clip_type, sum(os.path.getsize(p) for p in paths), device, reserve_vram_gb)
+
+
+def load_ltxav_text_encoder(text_encoder: str, ckpt_name: str, device: str,
+                            reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
+    """Core LTXAVTextEncoderLoader's load (Gemma 3 12B + the LTX-2 checkpoint's text projection,
+    ``CLIPType.LTXV``), sized by the Gemma file plus only the projection's bytes of the checkpoint."""
+    te_path = check_file_name("text_encoders", text_encoder)
+    ckpt_path = check_file_name("checkpoints", ckpt_name)
+    check_component_device(device)
+    check_model_file(te_path, text_encoder)
+    check_model_file(ckpt_path, ckpt_name)
+    projection = ltxav_text_bytes(ckpt_path, ckpt_name)
+    if projection == 0:
+        raise ValueError(f"[ShardDiT] checkpoint {ckpt_name!r} holds no {LTXAV_TEXT_PREFIX}* tensors, so it is not an "
+                         f"LTX-2 checkpoint: pick the LTX-2 / LTX-2.3 checkpoint the DiT comes from (e.g. "
+                         f"ltx-2.3-22b-dev-fp8.safetensors) as ckpt_name.")
+    nbytes = os.path.getsize(te_path) + projection
+    return _load_placed([te_path, ckpt_path], [text_encoder, ckpt_name], "ltxv", nbytes, device, reserve_vram_gb)
+
+
+def ltxav_text_bytes(path: str, name: str) -> int:
+    """Bytes of the checkpoint's tensors the text encoder takes, from the safetensors header (a
+    22B checkpoint holds ~0.6 GB of them); the whole file where there is no header to read."""
+    if not path.lower().endswith((".safetensors", ".sft")):
+        return os.path.getsize(path)
+    header = read_safetensors_header(path, name)
+    return sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items()
+               if k != "__metadata__" and k.startswith(LTXAV_TEXT_PREFIX))
+
+
+def _check_type(clip_type: str, types: list[str], loader: str) -> None:
     if clip_type not in types:
-        raise ValueError(f"[ShardDiT] text encoder type {clip_type!r} is not one of core's types: {', '.join(types)}")
-    nbytes = os.path.getsize(path)
+        raise ValueError(f"[ShardDiT] text encoder type {clip_type!r} is not one of core {loader}'s types: "
+                         f"{', '.join(types)}. Pick one of those (for a pair of files use the dual loader).")
+
+
+def _load_placed(paths: list[str], names: list[str], clip_type: str, nbytes: int, device: str, reserve_vram_gb: float):
+    """``comfy.sd.load_clip`` with the device ShardDiT's plan picks for ``nbytes``."""
     chosen = plan_component_device("text_encoder", nbytes, device, reserve_vram_gb, current_inventory())
     dev = torch.device(chosen)
     options = {"load_device": dev, "offload_device": dev if dev.type == "cpu" else mm.text_encoder_offload_device()}
-    clip = comfy.sd.load_clip(ckpt_paths=[path], embedding_directory=folder_paths.get_folder_paths("embeddings"),
+    clip = comfy.sd.load_clip(ckpt_paths=paths, embedding_directory=folder_paths.get_folder_paths("embeddings"),
                               clip_type=getattr(comfy.sd.CLIPType, clip_type.upper(), comfy.sd.CLIPType.STABLE_DIFFUSION),
                               model_options=options)
     setattr(clip.patcher.model, SHARDDIT_ATTR, "text_encoder")
     record_component("text_encoder", chosen, clip.patcher.model_size())
+    log.info("[ShardDiT] text encoder %s (type %s, %.2f GiB in %s) on %s", " + ".join(names), clip_type,
+             nbytes / 2**30, "the files" if len(paths) > 1 else "the file", chosen)
     return clip
 
 

@@ -267,26 +267,39 @@ def validate(api: dict) -> tuple:
     return asyncio.run(execution.validate_prompt("sharddit-template", api, None))
 
 
-def run_prompt(api: dict, outputs: list) -> dict:
+def new_executor():
+    """A ``PromptExecutor`` with ComfyUI's classic cache, as the server keeps one across prompts:
+    run a second prompt through it and the nodes whose inputs did not change are not run again."""
+    import execution
+
+    server = types.SimpleNamespace(client_id=None, last_node_id=None, send_sync=lambda *a, **k: None,
+                                   send_progress_text=lambda *a, **k: None)
+    return execution.PromptExecutor(server, cache_type=execution.CacheType.CLASSIC,
+                                    cache_args={"lru": 0, "ram": 0, "ram_inactive": 0})
+
+
+def run_prompt(api: dict, outputs: list, executor=None) -> dict:
     """Run ``api`` in this process through ComfyUI's ``validate_prompt`` and ``PromptExecutor``
     (ComfyUI >= 0.29); ``{node id: that node's outputs} (one list per output slot, as ComfyUI caches them)`` for the ids in ``outputs``.
 
     The whole prompt is validated (every output node and what feeds it), but only ``outputs``
     and their inputs run: the tests compare latents, so the VAE decode and video save are skipped.
+    ``executor`` (``new_executor()``) keeps the outputs of earlier prompts, as a server does;
+    default a fresh one.
 
     Raises AssertionError with ComfyUI's own messages when validation or a node fails."""
-    import execution
-
     valid = validate(api)
     assert valid[0], f"ComfyUI rejected the prompt: {valid[1]} {json.dumps(valid[3], default=str)[:2000]}"
-    server = types.SimpleNamespace(client_id=None, last_node_id=None, send_sync=lambda *a, **k: None,
-                                   send_progress_text=lambda *a, **k: None)
-    executor = execution.PromptExecutor(server, cache_type=execution.CacheType.CLASSIC,
-                                        cache_args={"lru": 0, "ram": 0, "ram_inactive": 0})
+    executor = executor or new_executor()
     executor.execute(api, "sharddit-template", {}, list(outputs))
     errors = [m for m in executor.status_messages if m[0] == "execution_error"]
     assert executor.success and not errors, f"the prompt failed: {json.dumps(errors, default=str)[:3000]}"
 
+    return cached_outputs(executor, outputs)
+
+
+def cached_outputs(executor, node_ids) -> dict:
+    """``{node id: its outputs}`` as ``executor``'s cache holds them after a run."""
     async def fetch():
-        return {k: (await executor.caches.outputs.get(k)).outputs for k in outputs}
+        return {k: (await executor.caches.outputs.get(k)).outputs for k in node_ids}
     return asyncio.run(fetch())
