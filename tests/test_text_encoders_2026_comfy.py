@@ -118,9 +118,12 @@ def _encoder_bytes(env, encoders, clip_type):
     """What the placement must size: both files; of the LTX-2 checkpoint only its text projection."""
     from harness.tiny_encoders import ENCODER_PAIRS
 
+    from harness.tiny_encoders import ltxav_text_projection_state_dict
+
     first, second = (encoders[k] for k in ENCODER_PAIRS[clip_type])
     if clip_type == "ltxv":
-        return first.stat().st_size + _pack(env, "loaders.comfy.component_loading").ltxav_text_bytes(str(second), second.name)
+        projection = ltxav_text_projection_state_dict()
+        return first.stat().st_size + sum(t.numel() * t.element_size() for t in projection.values())
     return first.stat().st_size + second.stat().st_size
 
 
@@ -184,6 +187,17 @@ def test_bad_input_fails_before_loading(env, encoders, node, args, match):
     with pytest.raises(ValueError, match=match):
         env.nodes.NODE_CLASS_MAPPINGS[node].execute(*args)
     assert [id(m) for m in env.mm.loaded_models()] == before
+
+
+def test_ltxav_size_counts_only_the_checkpoints_text_projection(env, tmp_path):
+    """A 22B LTX-2 checkpoint holds the DiT and VAEs too: only text_embedding_projection.* is the
+    text encoder's (here 2 x 64 fp32 of a 3 x 4096 file)."""
+    from harness.tiny_models import save_file
+
+    path = tmp_path / "ltx.safetensors"
+    save_file({"text_embedding_projection.aggregate_embed.weight": torch.zeros(2, 64),
+               "model.diffusion_model.big.weight": torch.zeros(3, 4096)}, path)
+    assert _pack(env, "loaders.comfy.component_loading").ltxav_text_bytes(str(path), path.name) == 2 * 64 * 4
 
 
 def test_ltxav_loader_refuses_a_checkpoint_without_text_projection(env, encoders, tmp_path):

@@ -22,6 +22,7 @@ from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, 
 
 log = logging.getLogger("sharddit")
 
+
 def clip_types() -> list[str]:
     """Core CLIPLoader's ``type`` list, read from core so new model types appear automatically."""
     import nodes as comfy_nodes

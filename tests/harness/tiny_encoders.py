@@ -12,9 +12,14 @@ layer 1, HunyuanImage's byT5 by its o weight): so Gemma keeps 48 layers, Qwen 4 
 the 2026 DiTs hard-code stay: Qwen 3584 (Kandinsky 5's ``in_text_dim``), CLIP-L 768
 (``in_text_dim2``), byT5 1472 (HunyuanVideo 1.5's ``ByT5Mapper``). The rest is tiny, through the
 harness's tiny-TE hook (``tiny_te_hook``: each file carries its config override; core's own
-``<model_name>_model_config``), which also folds the two full-size token tables and shrinks LTX-2's
-3840 x 49 projection to the checkpoint's shape and pads Gemma prompts to 64 tokens, not 1024. No vision towers are stored: core builds them
-(uninitialised, untouched for text) and warns that their keys are missing.
+``<model_name>_model_config``), which also folds the two full-size token tables, shrinks LTX-2's
+3840 x 49 projection to the checkpoint's shape and pads Gemma prompts to 64 tokens, not 1024. No
+vision towers are stored: core builds them (uninitialised, untouched for text) and warns that their
+keys are missing.
+
+For the templates: the LTX-2.3 checkpoint a tiny DiT file stands for must carry
+``ltxav_text_projection_state_dict(video_dim=<DiT video width>, audio_dim=<DiT audio width>)``
+(top-level keys) so that ``LTXAVTextEncoderLoader`` finds its projection there.
 
 Tokenizers work offline: Qwen's, byT5's and CLIP's ship in core's tree; Gemma's SentencePiece
 model travels in the file (``spiece_model``), trained here with Gemma's special ids.
