@@ -101,7 +101,8 @@ class ShardDiTLoadDualTextEncoder(io.ComfyNode):
                                default=_first_file("text_encoders"),
                                tooltip="The second text encoder file (e.g. byt5_small_glyphxl_fp16.safetensors "
                                        "for HunyuanVideo 1.5, clip_l.safetensors for Kandinsky 5)."),
-                CheckedCombo("type", options=component_loading.dual_clip_types(), default="hunyuan_video_15",
+                CheckedCombo("type", options=component_loading.dual_clip_types(),
+                             default=component_loading.default_dual_clip_type(),
                              tooltip="The model family the pair is for (core DualCLIPLoader's list)."),
                 devices_input("device", tooltip=DEVICE_TOOLTIP),
             ],

@@ -219,5 +219,8 @@ def test_single_loader_offers_core_types(env):
     loading = _pack(env, "loaders.comfy.component_loading")
     assert loading.clip_types() == list(env.nodes.CLIPLoader.INPUT_TYPES()["required"]["type"][0])
     assert loading.dual_clip_types() == list(env.nodes.DualCLIPLoader.INPUT_TYPES()["required"]["type"][0])
+    # the dual loader's default is one of this ComfyUI's types (0.3.64 has no hunyuan_video_15)
+    assert loading.default_dual_clip_type() in loading.dual_clip_types()
     _skip_before_2026(env)
     assert {"hunyuan_video_15", "kandinsky5", "ltxv"} <= set(loading.dual_clip_types())
+    assert loading.default_dual_clip_type() == "hunyuan_video_15"

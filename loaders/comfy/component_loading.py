@@ -38,6 +38,12 @@ def dual_clip_types() -> list[str]:
     return list(comfy_nodes.DualCLIPLoader.INPUT_TYPES()["required"]["type"][0])
 
 
+def default_dual_clip_type() -> str:
+    """HunyuanVideo 1.5's pair where this ComfyUI has it (0.29), else the first of core's list (0.3.64)."""
+    types = dual_clip_types()
+    return "hunyuan_video_15" if "hunyuan_video_15" in types else types[0]
+
+
 # Keys of an LTX-2 checkpoint that its text encoder loads (comfy/text_encoders/lt.py
 # LTXAVTEModel.load_sd): the Gemma features' projection; the rest is the DiT, VAE and audio VAE.
 LTXAV_TEXT_PREFIX = "text_embedding_projection."
