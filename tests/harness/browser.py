@@ -190,3 +190,24 @@ def focus_node(page, node_id: int, margin: int = 40) -> None:
       app.canvas.setDirty(true, true);
     }""", [node_id, margin])
     page.wait_for_timeout(500)
+
+
+def write_thumbnail(page, screen, jpg: Path, shots: Path) -> None:
+    """The graph alone (no minimap, no toolbars) as the template card's JPEG."""
+    from PIL import Image
+
+    x0, y0 = max(0, min(b[0] for b in screen) - 8), max(0, min(b[1] for b in screen) - 8)
+    x1 = min(WINDOW["width"], max(b[0] + b[2] for b in screen) + 8)
+    y1 = min(WINDOW["height"], max(b[1] + b[3] for b in screen) + 8)
+    hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox"
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden');
+        app.canvas.show_info = false; app.canvas.setDirty(true, true); }}""")  # no canvas info in the corner
+    page.wait_for_timeout(300)
+    png = shots / f"{jpg.stem}_thumb.png"
+    page.screenshot(path=str(png), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '');
+        app.canvas.show_info = true; app.canvas.setDirty(true, true); }}""")
+    with Image.open(png) as im:
+        im.thumbnail((800, 500), Image.LANCZOS)
+        im.convert("RGB").save(jpg, quality=85)
+    print(f"[ShardDiT] thumbnail: {jpg}")
