@@ -166,6 +166,52 @@ def test_sharded_template_loads_cleanly(ui, shots, comfy_server, template_workfl
         browser.write_thumbnail(ui, screen, ui_path.with_suffix(".jpg"), shots)
 
 
+OPEN_SHARD_GRAPH = """() => {
+  const inner = (g) => g.nodes.find(n => n.type === 'ShardDiTShardModel');
+  if (!inner(app.graph)) {
+    const host = app.graph.nodes.find(n => n.subgraph && inner(n.subgraph));
+    app.canvas.openSubgraph(host.subgraph, host);
+  }
+}"""
+# After the subgraph's own saved view is applied: the first Shard node and its neighbours at 80 %.
+SHOW_SHARD = """() => {
+  const g = app.canvas.graph, s = g.nodes.find(n => n.type === 'ShardDiTShardModel');
+  const [x, y, w, h] = Array.from(s.getBounding());
+  const ds = app.canvas.ds;
+  ds.scale = 0.8; ds.offset[0] = 800 / 0.8 - (x + w / 2); ds.offset[1] = 500 / 0.8 - (y + h / 2);
+  app.canvas.setDirty(true, true);
+  return g.nodes.map(n => ({id: n.id, type: n.type, title: n.title, bounding: Array.from(n.getBounding()),
+                            widgets: (n.widgets || []).filter(w => w.serialize !== false).map(w => w.value)}));
+}"""
+
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_FILES))
+def test_sharded_template_shard_nodes_in_the_frontend(ui, shots, comfy_server, template_workflow_models, name):
+    """Inside the graph that holds them (the template's subgraph, opened as a user does by its
+    icon), the Shard nodes show ``auto``/1.0/``auto`` and overlap no other node as the frontend
+    draws them (the generator opened a row for each below its loader)."""
+    from harness import templates as tpl
+
+    ui_path, _ = TEMPLATE_FILES[name]
+    missing = sorted(tpl.node_types(wt.load(ui_path)) - set(comfy_server.object_info()))
+    if missing:
+        pytest.skip(f"this ComfyUI lacks the nodes {missing} of {name} (added after ComfyUI 0.3.64)")
+    browser.drop_workflow(ui, ui_path)
+    try:
+        ui.evaluate(OPEN_SHARD_GRAPH)
+        ui.wait_for_timeout(1000)
+        nodes = ui.evaluate(SHOW_SHARD)
+        ui.wait_for_timeout(500)
+        browser.screenshot(ui, shots / f"{name}_shard.png")
+    finally:
+        ui.evaluate("() => app.canvas.graph !== app.graph && app.canvas.setGraph(app.graph)")
+    shards = [n for n in nodes if n["type"] == "ShardDiTShardModel"]
+    assert shards and all(s["widgets"] == ["auto", 1.0, "auto"] for s in shards), shards
+    for s in shards:
+        for n in nodes:
+            assert n is s or not browser.overlaps(s["bounding"], n["bounding"]), f"Shard node {s['id']} overlaps {n['title']!r}"
+
+
 def test_plan_node_shows_its_picture_and_table(ui, shots):
     """Un-mute the Plan node (select it, Ctrl+M) and run just it: the picture and the table appear in it."""
     state = _load(ui, "wan2.1_t2v_14B_2gpu")
