@@ -112,3 +112,11 @@ def test_sharddit_column_has_the_will_it_fit_note_and_overlaps_nothing(name):
     for g in ui["groups"]:
         x, y, w, h = g["bounding"]
         assert g is group or x + w <= gx or x >= gx + gw or y + h <= gy or y >= gy + gh, f"group {g['title']!r} under the ShardDiT column"
+
+
+def test_readme_shows_every_workflow_with_its_thumbnail():
+    """README's Workflows section: each UI workflow (both kinds) by name, with its JPEG."""
+    text = (wt.REPO / "README.md").read_text()
+    for name, ui, _ in wt.workflow_pairs(kind="all"):
+        assert f'<img src="workflows/{name}.jpg"' in text and f"`{name}`" in text, name
+        assert ui.with_suffix(".jpg").is_file(), name
