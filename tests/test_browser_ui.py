@@ -33,7 +33,8 @@ WAN21_TINY = {"EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5
 
 
 @pytest.fixture(scope="module")
-def ui(comfy_server, workflow_models):
+def ui(comfy_server, workflow_models, template_workflow_models):
+    # every model file of every workflow is on the server before the page first asks for the lists
     from playwright.sync_api import sync_playwright
 
     browser.prepare_server(comfy_server.url)
@@ -140,6 +141,7 @@ def test_sharded_template_loads_cleanly(ui, shots, comfy_server, template_workfl
     state = browser.graph_state(ui)
     shot = browser.screenshot(ui, shots / f"{name}.png")
     assert browser.open_dialogs(ui) == [], f"a dialog opened on drop (missing nodes or models?): {shot}"
+    assert browser.error_notices(ui) == [], f"the frontend reports errors in the workflow: {shot}"
     assert sorted(str(n["id"]) for n in state["nodes"]) == sorted(str(n["id"]) for n in saved["nodes"])
     plan = next(n for n in state["nodes"] if n["type"] == "ShardDiTPlan")
     plan_saved = next(n for n in saved["nodes"] if n["type"] == "ShardDiTPlan")

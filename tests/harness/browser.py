@@ -132,6 +132,17 @@ def open_dialogs(page) -> list:
         .filter(e => e.offsetParent !== null).map(e => e.innerText.slice(0, 500))""")
 
 
+def error_notices(page) -> list:
+    """Text of visible toasts and alerts, and any "N errors found" notice: the 0.29 frontend
+    reports a workflow's missing models this way (a toast and red nodes), not in a dialog."""
+    return page.evaluate("""() => {
+      const shown = Array.from(document.querySelectorAll('.p-toast-message, [role=alert]'))
+        .filter(e => e.offsetParent !== null).map(e => e.innerText.slice(0, 300));
+      const found = document.body.innerText.match(/\\b\\d+ errors? found\\b[^\\n]*/g) || [];
+      return [...shown, ...found];
+    }""")
+
+
 GRAPH_STATE = """() => {
   const ctx = document.createElement("canvas").getContext("2d");
   const rect = document.querySelector("#graph-canvas").getBoundingClientRect();
