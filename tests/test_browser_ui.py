@@ -326,10 +326,18 @@ def test_template_browser_offers_the_ui_workflows_with_thumbnails(ui, shots, com
     ui.get_by_role("button", name="Templates").first.click()
     ui.get_by_text("sharddit", exact=True).first.click()
     names = everything
-    ui.wait_for_function("""(names) => { const d = document.querySelector('[role=dialog]');
-        return d && names.every(n => d.innerText.includes(n)) &&
-               [...d.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 0).length >= names.length; }""",
+    ui.wait_for_function("(names) => names.every(n => document.querySelector('[role=dialog]')?.innerText.includes(n))",
                          arg=names, timeout=15_000)
+    # a card fetches its picture when scrolled into view (the 1.27 dialog shows six, and drops those it
+    # scrolls away from): wheel down the grid until every picture was fetched, then back up
+    ui.mouse.move(950, 700)
+    for _ in range(60):
+        if all(f"{n}.jpg" in thumbs for n in names):
+            break
+        ui.mouse.wheel(0, 400)
+        ui.wait_for_timeout(250)
+    ui.mouse.wheel(0, -10_000)
+    ui.wait_for_timeout(500)
     text = ui.evaluate("() => document.querySelector('[role=dialog]').innerText")
     browser.screenshot(ui, shots / "templates.png")
     ui.keyboard.press("Escape")
