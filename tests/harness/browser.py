@@ -222,3 +222,37 @@ def write_thumbnail(page, screen, jpg: Path, shots: Path) -> None:
         im.thumbnail((800, 500), Image.LANCZOS)
         im.convert("RGB").save(jpg, quality=85)
     print(f"[ShardDiT] thumbnail: {jpg}")
+
+
+# The graph that holds the Shard nodes: the top level, or the subgraph opened as its icon opens it.
+_OPEN_SHARD_GRAPH = """() => {
+  const inner = (g) => g.nodes.find(n => n.type === 'ShardDiTShardModel');
+  if (!inner(app.graph)) {
+    const host = app.graph.nodes.find(n => n.subgraph && inner(n.subgraph));
+    app.canvas.openSubgraph(host.subgraph, host);
+  }
+}"""
+# After the subgraph's own saved view is applied: the first Shard node and its neighbours at 80 %.
+_SHOW_SHARD = """() => {
+  const g = app.canvas.graph, s = g.nodes.find(n => n.type === 'ShardDiTShardModel');
+  const [x, y, w, h] = Array.from(s.getBounding());
+  const ds = app.canvas.ds;
+  ds.scale = 0.8; ds.offset[0] = 800 / 0.8 - (x + w / 2); ds.offset[1] = 500 / 0.8 - (y + h / 2);
+  app.canvas.setDirty(true, true);
+  return g.nodes.map(n => ({id: n.id, type: n.type, title: n.title, bounding: Array.from(n.getBounding()),
+                            widgets: (n.widgets || []).filter(w => w.serialize !== false).map(w => w.value)}));
+}"""
+
+
+def shard_graph_nodes(page, shot: Path) -> list:
+    """Open the graph holding the ShardDiT Shard nodes, screenshot them at 80 %, go back to the top
+    level; its nodes as ``{id, type, title, bounding, widgets (serialized values)}``."""
+    try:
+        page.evaluate(_OPEN_SHARD_GRAPH)
+        page.wait_for_timeout(1000)   # the subgraph's own saved view is applied first
+        nodes = page.evaluate(_SHOW_SHARD)
+        page.wait_for_timeout(500)
+        screenshot(page, shot)
+    finally:
+        page.evaluate("() => app.canvas.graph !== app.graph && app.canvas.setGraph(app.graph)")
+    return nodes
