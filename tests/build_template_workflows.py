@@ -71,8 +71,8 @@ TEMPLATES = [
     Template("video_wan2_2_14B_t2v.json", "wan2.2-t2v-a14b", "wan2.2-t2v-a14b", 640, 640, 81, "fp8", 3.5,
              "Wan 2.2 14B text to video",
              "Both experts (high and low noise) get a Shard node; ComfyUI keeps one expert on the GPUs at a "
-             "time. With the Lightning LoRA switched on (cfg 1), `parallel` auto picks `sequence`: core's "
-             "cond/uncond split has nothing to split there."),
+             "time. With the Lightning LoRA switched on (4 steps, cfg 1) only `sequence` makes a step faster "
+             "than one GPU; `parallel` auto takes it where the cost model predicts a gain."),
     # 1280x720 is the high-resolution stage's size (the first stage samples at half of it); frames:
     # duration 5 s x 25 fps + 1 = 126, which EmptyLTXVLatentVideo rounds to 8k+1 = 121
     Template("video_ltx2_3_t2v.json", "ltx-2.3", "ltxv-13b", 1280, 720, 121, "fp8", 1.0,
