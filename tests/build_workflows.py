@@ -70,10 +70,6 @@ HF = "https://huggingface.co"
 URLS = {
     "wan2.1_t2v_14B_fp8_scaled.safetensors":
         f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/diffusion_models/wan2.1_t2v_14B_fp8_scaled.safetensors",
-    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
-        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
-    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
-        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
     "umt5_xxl_fp8_e4m3fn_scaled.safetensors":
         f"{HF}/Comfy-Org/Wan_2.1_ComfyUI_repackaged/resolve/main/split_files/text_encoders/umt5_xxl_fp8_e4m3fn_scaled.safetensors",
     "wan_2.1_vae.safetensors":
@@ -395,58 +391,6 @@ def wan21_t2v(t) -> Graph:
     return g
 
 
-def wan22_t2v(t) -> Graph:
-    g = Graph("wan2.2_t2v_A14B_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2202", t)
-    files = [("diffusion_models", "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"),
-             ("diffusion_models", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
-             ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
-    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, None), title="High-noise expert (ShardDiT)",
-           models=[files[0]], unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
-           parallel="auto")
-    g.node(2, "ShardDiTLoadDiffusionModel", (0, 180), (400, None), title="Low-noise expert (ShardDiT)",
-           models=[files[1]], unet_name=files[1][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0,
-           parallel="auto")
-    g.node(3, "ShardDiTLoadTextEncoder", (0, 360), (400, None), models=[files[2]],
-           clip_name=files[2][1], type="wan", device="auto")
-    g.node(4, "ShardDiTLoadVAE", (0, 520), (400, None), models=[files[3]], vae_name=files[3][1], device="auto")
-    g.node(5, "EmptyHunyuanLatentVideo", (0, 730), (400, None), width=640, height=640, length=81, batch_size=1)
-    g.node(6, "CLIPTextEncode", (440, 0), (400, 180), title="Positive prompt",
-           text="A lighthouse on a rocky coast during a storm, huge waves crashing against the rocks, the beam "
-                "sweeping through rain, slow dolly-in, cinematic, highly detailed")
-    g.node(7, "CLIPTextEncode", (440, 230), (400, 180), title="Negative prompt", text=WAN_NEGATIVE)
-    g.link(3, 0, 6, "clip")
-    g.link(3, 0, 7, "clip")
-    g.node(8, "ModelSamplingSD3", (880, 0), (300, None), title="Shift (high noise)", shift=8.0)
-    g.node(9, "ModelSamplingSD3", (1210, 0), (300, None), title="Shift (low noise)", shift=8.0)
-    g.link(1, 0, 8, "model")
-    g.link(2, 0, 9, "model")
-    g.node(10, "KSamplerAdvanced", (880, 110), (300, None), title="Steps 0-10: high-noise expert",
-           add_noise="enable", noise_seed=42, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
-           start_at_step=0, end_at_step=10, return_with_leftover_noise="enable")
-    g.node(11, "KSamplerAdvanced", (1210, 110), (300, None), title="Steps 10-20: low-noise expert",
-           add_noise="disable", noise_seed=0, steps=20, cfg=3.5, sampler_name="euler", scheduler="simple",
-           start_at_step=10, end_at_step=10000, return_with_leftover_noise="disable")
-    for sampler, shift in ((10, 8), (11, 9)):
-        g.link(shift, 0, sampler, "model")
-        g.link(6, 0, sampler, "positive")
-        g.link(7, 0, sampler, "negative")
-    g.link(5, 0, 10, "latent_image")
-    g.link(10, 0, 11, "latent_image")
-    decode_nodes(g, 12, 1550, (11, 0), (4, 0), 16.0, "video/sharddit_wan2.2_t2v_A14B")
-    files_note_node(g, 15, files_note(
-        "Wan 2.2 T2V A14B, 640×640, 81 frames", files,
-        "Two experts: the high-noise one denoises steps 0-10, the low-noise one steps 10-20 (ComfyUI's "
-        "usual split). Each is sharded over the GPUs when it is loaded; ComfyUI moves one out when the "
-        "other needs the room.\n\n" + PLAN_NOTE))
-    plan_node(g, 16, "wan2.2-t2v-a14b", 640, 640, 81, "fp8", 3.5)
-    g.group("1 - Load models (ShardDiT)", [1, 2, 3, 4])
-    g.group("2 - Video size", [5])
-    g.group("3 - Prompt", [6, 7])
-    g.group("4 - Sample: high-noise, then low-noise expert", [8, 9, 10, 11])
-    g.group("5 - Decode and save", [12, 13, 14])
-    return g
-
-
 def ltxv_t2v(t) -> Graph:
     g = Graph("ltxv_13b_t2v_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2303", t)
     files = [("checkpoints", "ltxv-13b-0.9.7-dev.safetensors"), ("text_encoders", "t5xxl_fp16.safetensors")]
@@ -543,7 +487,8 @@ def hunyuan_t2v(t) -> Graph:
     return g
 
 
-GRAPHS = [wan21_t2v, wan22_t2v, ltxv_t2v, hunyuan_t2v]
+# Wan 2.2 T2V A14B: core's own template, sharded (tests/build_template_workflows.py)
+GRAPHS = [wan21_t2v, ltxv_t2v, hunyuan_t2v]
 
 
 def dumps(obj) -> str:

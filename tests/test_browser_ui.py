@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+import build_template_workflows
 import workflow_tools as wt
 from harness import browser
 
@@ -19,6 +20,7 @@ if browser.skip_reason():
     pytestmark.append(pytest.mark.skip(reason=browser.skip_reason()))
 
 UI_FILES = {name: ui for name, ui, _ in wt.workflow_pairs()}
+TEMPLATE_FILES = {name: (ui, api) for name, ui, api in wt.workflow_pairs(kind="template")}
 SHARDDIT_DISPLAY_NAMES = {
     "Load Diffusion Model (ShardDiT)", "Load Text Encoder (ShardDiT)", "Load VAE (ShardDiT)",
     "Shard DiT Blocks (ShardDiT)", "KSampler (ShardDiT)", "VAE Decode Tiled (ShardDiT)", "Placement Plan (ShardDiT)"}
@@ -31,7 +33,8 @@ WAN21_TINY = {"EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 5
 
 
 @pytest.fixture(scope="module")
-def ui(comfy_server, workflow_models):
+def ui(comfy_server, workflow_models, template_workflow_models):
+    # every model file of every workflow is on the server before the page first asks for the lists
     from playwright.sync_api import sync_playwright
 
     browser.prepare_server(comfy_server.url)
@@ -115,27 +118,68 @@ def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, name):
         assert x >= cx and y >= cy and x + w <= 1600 and y + h <= 1000, f"{[x, y, w, h]} off screen at the saved view: {shot}"
         assert minimap is None or not browser.overlaps([x, y, w, h], minimap), f"the minimap covers {[x, y, w, h]}: {shot}"
     if os.environ.get("SHARDDIT_WRITE_THUMBNAILS") == "1":
-        _write_thumbnail(ui, screen, UI_FILES[name].with_suffix(".jpg"), shots)
+        browser.write_thumbnail(ui, screen, UI_FILES[name].with_suffix(".jpg"), shots)
 
 
-def _write_thumbnail(page, screen, jpg, shots):
-    """The graph alone (no minimap, no toolbars) as the template card's JPEG."""
-    from PIL import Image
+GRAPH_TO_PROMPT = "async () => (await app.graphToPrompt()).output"
 
-    x0, y0 = min(b[0] for b in screen) - 8, min(b[1] for b in screen) - 8
-    x1, y1 = max(b[0] + b[2] for b in screen) + 8, max(b[1] + b[3] for b in screen) + 8
-    hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox"
-    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden');
-        app.canvas.show_info = false; app.canvas.setDirty(true, true); }}""")  # no canvas info in the corner
-    page.wait_for_timeout(300)
-    png = shots / f"{jpg.stem}_thumb.png"
-    page.screenshot(path=str(png), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
-    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '');
-        app.canvas.show_info = true; app.canvas.setDirty(true, true); }}""")
-    with Image.open(png) as im:
-        im.thumbnail((800, 500), Image.LANCZOS)
-        im.convert("RGB").save(jpg, quality=85)
-    print(f"[ShardDiT] thumbnail: {jpg}")
+
+@pytest.mark.parametrize("name", sorted(TEMPLATE_FILES))
+def test_sharded_template_loads_cleanly(ui, shots, comfy_server, template_workflow_models, name):
+    """Core's 2026 templates with the Shard node (tests/build_template_workflows.py) open in the
+    frontend without a dialog or error notice, show the ShardDiT column (note, muted Plan node with
+    its values) inside the window, and the frontend queues exactly the API twin: the Shard nodes
+    inside the subgraphs are there, wired after the loaders, with ``auto`` placement; opened, their
+    graph shows them clear of every other node."""
+    from harness import templates as tpl
+
+    ui_path, api_path = TEMPLATE_FILES[name]
+    saved = wt.load(ui_path)
+    missing = sorted(tpl.node_types(saved) - set(comfy_server.object_info()))
+    if missing:
+        pytest.skip(f"this ComfyUI lacks the nodes {missing} of {name} (added after ComfyUI 0.3.64)")
+    browser.drop_workflow(ui, ui_path)
+    state = browser.graph_state(ui)
+    shot = browser.screenshot(ui, shots / f"{name}.png")
+    assert browser.open_dialogs(ui) == [], f"a dialog opened on drop (missing nodes or models?): {shot}"
+    assert browser.error_notices(ui) == [], f"the frontend reports errors in the workflow: {shot}"
+    assert sorted(str(n["id"]) for n in state["nodes"]) == sorted(str(n["id"]) for n in saved["nodes"])
+    plan = next(n for n in state["nodes"] if n["type"] == "ShardDiTPlan")
+    plan_saved = next(n for n in saved["nodes"] if n["type"] == "ShardDiTPlan")
+    assert plan["mode"] == 2 and [w["value"] for w in plan["widgets"] if w["serialize"]] == plan_saved["widgets_values"]
+    column = next(g for g in state["groups"] if g["title"].startswith("ShardDiT"))
+    assert column["title_width"] <= column["bounding"][2]
+    ours = [n["bounding"] for n in state["nodes"] if n["type"] in ("ShardDiTPlan", "MarkdownNote") and n["title"] in
+            ("ShardDiT", plan["title"])]
+    for a in ours:
+        for n in state["nodes"]:
+            assert a == n["bounding"] or not browser.overlaps(a, n["bounding"]), f"{n['title']!r} under the ShardDiT column"
+    screen = [browser.to_screen(state, b) for b in [g["bounding"] for g in state["groups"]] + [n["bounding"] for n in state["nodes"]]]
+    x0, y0, x1, y1 = build_template_workflows.WINDOW   # right of the side bar, below the tabs and the Run bar
+    cx, cy = state["canvas"][:2]
+    for x, y, w, h in screen:
+        assert x >= cx + x0 - 2 and y >= cy + y0 - 2 and x + w <= cx + x1 + 2 and y + h <= cy + y1 + 2, \
+            f"{[x, y, w, h]} outside the window at the saved view: {shot}"
+    queued, twin = wt.strip_meta(ui.evaluate(GRAPH_TO_PROMPT)), wt.strip_meta(wt.load(api_path))
+    differ = {k: (queued.get(k), twin.get(k)) for k in sorted(set(queued) | set(twin)) if queued.get(k) != twin.get(k)}
+    assert not differ, f"the frontend queues another graph than the API twin (frontend, twin): {differ}"
+    shards = [v for v in queued.values() if v["class_type"] == "ShardDiTShardModel"]
+    assert shards and all(v["inputs"]["devices"] == "auto" and v["inputs"]["parallel"] == "auto" for v in shards)
+    if os.environ.get("SHARDDIT_WRITE_THUMBNAILS") == "1":
+        browser.write_thumbnail(ui, screen, ui_path.with_suffix(".jpg"), shots)
+    _check_shard_nodes_in_their_graph(ui, shots / f"{name}_shard.png")
+
+
+def _check_shard_nodes_in_their_graph(page, shot):
+    """Inside the graph that holds them (the template's subgraph, opened as its icon opens it),
+    the Shard nodes show ``auto``/1.0/``auto`` and overlap no other node as the frontend draws them
+    (the generator opened a row for each below its loader)."""
+    nodes = browser.shard_graph_nodes(page, shot)
+    shards = [n for n in nodes if n["type"] == "ShardDiTShardModel"]
+    assert shards and all(s["widgets"] == ["auto", 1.0, "auto"] for s in shards), shards
+    for s in shards:
+        for n in nodes:
+            assert n is s or not browser.overlaps(s["bounding"], n["bounding"]), f"Shard node {s['id']} overlaps {n['title']!r}: {shot}"
 
 
 def test_plan_node_shows_its_picture_and_table(ui, shots):
@@ -241,18 +285,27 @@ def _empty_spot(state):
 
 
 def test_template_browser_offers_the_ui_workflows_with_thumbnails(ui, shots, comfy_server):
-    """Templates -> Custom Nodes -> sharddit: the 4 UI workflows, each card with its JPEG; no API twin."""
-    assert sorted(comfy_server._get("/workflow_templates")["sharddit"]) == sorted(UI_FILES)
+    """Templates -> Custom Nodes -> sharddit: every UI workflow, each card with its JPEG; no API twin."""
+    everything = sorted([*UI_FILES, *TEMPLATE_FILES])
+    assert sorted(comfy_server._get("/workflow_templates")["sharddit"]) == everything
     thumbs = {}
     ui.on("response", lambda r: "/workflow_templates/sharddit/" in r.url and thumbs.setdefault(r.url.split("/")[-1], r.status))
     ui.keyboard.press("Escape")
     ui.get_by_role("button", name="Templates").first.click()
     ui.get_by_text("sharddit", exact=True).first.click()
-    names = sorted(UI_FILES)
-    ui.wait_for_function("""(names) => { const d = document.querySelector('[role=dialog]');
-        return d && names.every(n => d.innerText.includes(n)) &&
-               [...d.querySelectorAll('img')].filter(i => i.complete && i.naturalWidth > 0).length >= names.length; }""",
+    names = everything
+    ui.wait_for_function("(names) => names.every(n => document.querySelector('[role=dialog]')?.innerText.includes(n))",
                          arg=names, timeout=15_000)
+    # a card fetches its picture when scrolled into view (the 1.27 dialog shows six, and drops those it
+    # scrolls away from): wheel down the grid until every picture was fetched, then back up
+    ui.mouse.move(950, 700)
+    for _ in range(60):
+        if all(f"{n}.jpg" in thumbs for n in names):
+            break
+        ui.mouse.wheel(0, 400)
+        ui.wait_for_timeout(250)
+    ui.mouse.wheel(0, -10_000)
+    ui.wait_for_timeout(500)
     text = ui.evaluate("() => document.querySelector('[role=dialog]').innerText")
     browser.screenshot(ui, shots / "templates.png")
     ui.keyboard.press("Escape")

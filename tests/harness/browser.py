@@ -132,6 +132,17 @@ def open_dialogs(page) -> list:
         .filter(e => e.offsetParent !== null).map(e => e.innerText.slice(0, 500))""")
 
 
+def error_notices(page) -> list:
+    """Text of visible toasts and alerts, and any "N errors found" notice: the 0.29 frontend
+    reports a workflow's missing models this way (a toast and red nodes), not in a dialog."""
+    return page.evaluate("""() => {
+      const shown = Array.from(document.querySelectorAll('.p-toast-message, [role=alert]'))
+        .filter(e => e.offsetParent !== null).map(e => e.innerText.slice(0, 300));
+      const found = document.body.innerText.match(/\\b\\d+ errors? found\\b[^\\n]*/g) || [];
+      return [...shown, ...found];
+    }""")
+
+
 GRAPH_STATE = """() => {
   const ctx = document.createElement("canvas").getContext("2d");
   const rect = document.querySelector("#graph-canvas").getBoundingClientRect();
@@ -190,3 +201,58 @@ def focus_node(page, node_id: int, margin: int = 40) -> None:
       app.canvas.setDirty(true, true);
     }""", [node_id, margin])
     page.wait_for_timeout(500)
+
+
+def write_thumbnail(page, screen, jpg: Path, shots: Path) -> None:
+    """The graph alone (no minimap, no toolbars) as the template card's JPEG."""
+    from PIL import Image
+
+    x0, y0 = max(0, min(b[0] for b in screen) - 8), max(0, min(b[1] for b in screen) - 8)
+    x1 = min(WINDOW["width"], max(b[0] + b[2] for b in screen) + 8)
+    y1 = min(WINDOW["height"], max(b[1] + b[3] for b in screen) + 8)
+    hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox"
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden');
+        app.canvas.show_info = false; app.canvas.setDirty(true, true); }}""")  # no canvas info in the corner
+    page.wait_for_timeout(300)
+    png = shots / f"{jpg.stem}_thumb.png"
+    page.screenshot(path=str(png), clip={"x": x0, "y": y0, "width": x1 - x0, "height": y1 - y0})
+    page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = '');
+        app.canvas.show_info = true; app.canvas.setDirty(true, true); }}""")
+    with Image.open(png) as im:
+        im.thumbnail((800, 500), Image.LANCZOS)
+        im.convert("RGB").save(jpg, quality=85)
+    print(f"[ShardDiT] thumbnail: {jpg}")
+
+
+# The graph that holds the Shard nodes: the top level, or the subgraph opened as its icon opens it.
+_OPEN_SHARD_GRAPH = """() => {
+  const inner = (g) => g.nodes.find(n => n.type === 'ShardDiTShardModel');
+  if (!inner(app.graph)) {
+    const host = app.graph.nodes.find(n => n.subgraph && inner(n.subgraph));
+    app.canvas.openSubgraph(host.subgraph, host);
+  }
+}"""
+# After the subgraph's own saved view is applied: the first Shard node and its neighbours at 80 %.
+_SHOW_SHARD = """() => {
+  const g = app.canvas.graph, s = g.nodes.find(n => n.type === 'ShardDiTShardModel');
+  const [x, y, w, h] = Array.from(s.getBounding());
+  const ds = app.canvas.ds;
+  ds.scale = 0.8; ds.offset[0] = 800 / 0.8 - (x + w / 2); ds.offset[1] = 500 / 0.8 - (y + h / 2);
+  app.canvas.setDirty(true, true);
+  return g.nodes.map(n => ({id: n.id, type: n.type, title: n.title, bounding: Array.from(n.getBounding()),
+                            widgets: (n.widgets || []).filter(w => w.serialize !== false).map(w => w.value)}));
+}"""
+
+
+def shard_graph_nodes(page, shot: Path) -> list:
+    """Open the graph holding the ShardDiT Shard nodes, screenshot them at 80 %, go back to the top
+    level; its nodes as ``{id, type, title, bounding, widgets (serialized values)}``."""
+    try:
+        page.evaluate(_OPEN_SHARD_GRAPH)
+        page.wait_for_timeout(1000)   # the subgraph's own saved view is applied first
+        nodes = page.evaluate(_SHOW_SHARD)
+        page.wait_for_timeout(500)
+        screenshot(page, shot)
+    finally:
+        page.evaluate("() => app.canvas.graph !== app.graph && app.canvas.setGraph(app.graph)")
+    return nodes

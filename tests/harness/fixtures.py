@@ -116,3 +116,30 @@ def workflow_models(tiny_models, comfy_server):
     missing = sorted(wanted - set(tiny_models.aliases) - set(CHECKPOINT_NAMES))
     assert not missing, f"no tiny model under these workflow file names: {missing} (add them to WORKFLOW_NAMES)"
     return tiny_models
+
+
+# A tiny model per folder for the files core's templates name (the sharded template workflows):
+# the browser only needs the names in ComfyUI's lists (no missing-models dialog), nothing loads them.
+TEMPLATE_FOLDER_KINDS = {"diffusion_models": "wan21_t2v", "text_encoders": "umt5", "vae": "wan21_vae",
+                         "loras": "wan21_lora"}
+
+
+@pytest.fixture(scope="session")
+def template_workflow_models(tiny_models, comfy_server):
+    """Every model file the sharded template workflows name is in ``comfy_server``'s lists
+    (symlinks to tiny files; folders the tiny models lack, such as ``checkpoints`` and
+    ``latent_upscale_models``, go in the server's own models dir)."""
+    import workflow_tools as wt
+    from harness import templates as tpl
+
+    base = comfy_server.workdir / "base" / "models"
+    for _, ui, _ in wt.workflow_pairs(kind="template"):
+        for folder, name in tpl.model_files(wt.load(ui)):
+            if name in tiny_models.aliases or name in CHECKPOINT_NAMES:
+                continue
+            if folder in TEMPLATE_FOLDER_KINDS:
+                tiny_models.add_aliases({name: TEMPLATE_FOLDER_KINDS[folder]})
+            elif not (base / folder / name).exists():
+                (base / folder).mkdir(parents=True, exist_ok=True)
+                os.symlink(tiny_models.path("umt5"), base / folder / name)
+    return tiny_models
