@@ -45,13 +45,6 @@ def _plan(*args, comfy=True):
     return _done(_start(*args, comfy=comfy))
 
 
-def _plan_text_and_json(*args):
-    """The report as text and as JSON, the two ``plan`` runs side by side (each simulation is one
-    busy core for tens of seconds)."""
-    procs = _start(*args), _start(*args, "--json")
-    return tuple(_done(p) for p in procs)
-
-
 @pytest.mark.comfy
 def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
     """cfg 1 (batch 1). Formula check of the simulated sequence peaks per device:
@@ -112,22 +105,28 @@ def test_wan14b_720p_cfg6_fits_four_12gib_in_lean_sequence(sim):
     assert st.to_dict()["sequence_lean"] is True
 
 
-def _strategies(out):
-    data = json.loads(out.stdout)["parallel"]
-    return data["chosen"], data["strategies"]
+def _text_and_json(report):
+    """The report as ``plan`` prints it and as ``plan --json`` prints it (``cli/plan_command``: the
+    text, or ``json.dumps(report.to_dict())``; it exits 0 exactly when ``report.fits``). In process:
+    the CLI's own flags and exit codes are test_simulator_comfy's and the tests below."""
+    return report.to_text(), json.loads(json.dumps(report.to_dict()))
+
+
+def _strategies(data):
+    return data["parallel"]["chosen"], data["parallel"]["strategies"]
 
 
 @pytest.mark.comfy
-@pytest.mark.parametrize("cfg,least", [("1", 1.8), ("6", 1.9)])
-def test_done_when_two_4090s_720p_auto_picks_sequence(cfg, least):
-    args = ("--devices", "cuda:0=24GiB,cuda:1=24GiB", "--size", "1280x720", "--frames", "81",
-            "--parallel", "auto", "--gpu", "RTX 4090", "--cfg", cfg)
-    out, as_json = _plan_text_and_json(*args)
-    assert out.returncode == 0, out.stdout + out.stderr
-    lines = out.stdout.splitlines()
+@pytest.mark.parametrize("cfg,least", [(1, 1.8), (6, 1.9)])
+def test_done_when_two_4090s_720p_auto_picks_sequence(sim, cfg, least):
+    report = sim.simulate("wan2.1-t2v-14b", "cuda:0=24GiB,cuda:1=24GiB", 1280, 720, 81, parallel="auto", cfg=cfg,
+                          gpu="RTX 4090")
+    text, as_json = _text_and_json(report)
+    assert report.fits, text
+    lines = text.splitlines()
     # per-device peak GiB (the name column is as wide as the longest row name: core_cfg_split on 0.29)
-    assert any(re.match(r"sequence +\| 13\.", line) for line in lines), out.stdout
-    assert "Simulated forward (sequence, per device):" in out.stdout
+    assert any(re.match(r"sequence +\| 13\.", line) for line in lines), text
+    assert "Simulated forward (sequence, per device):" in text
     decision = next(line for line in lines if line.startswith("auto → "))
     assert decision.startswith("auto → sequence: predicted"), decision
     chosen, rows = _strategies(as_json)
@@ -139,18 +138,17 @@ def test_done_when_two_4090s_720p_auto_picks_sequence(cfg, least):
 
 
 @pytest.mark.comfy
-def test_four_cards_480p_33_frames_on_pcie_says_whether_sequence_pays():
+def test_four_cards_480p_33_frames_on_pcie_says_whether_sequence_pays(sim):
     """Short video (9 x 30 x 52 = 14040 tokens) on a 12 GB/s link: the pick is the fastest row
     that fits, and the decision line carries its predicted speed-up."""
-    args = ("--devices", "cuda:0=24GiB,cuda:1=24GiB,cuda:2=24GiB,cuda:3=24GiB", "--size", "832x480",
-            "--frames", "33", "--parallel", "auto", "--gpu", "RTX 4090", "--link-gbps", "12", "--cfg", "1")
-    plain, out = _plan_text_and_json(*args)
-    assert out.returncode == 0, out.stdout + out.stderr
-    chosen, rows = _strategies(out)
+    report = sim.simulate("wan2.1-t2v-14b", "cuda:0=24GiB,cuda:1=24GiB,cuda:2=24GiB,cuda:3=24GiB", 832, 480, 33,
+                          parallel="auto", cfg=1, gpu="RTX 4090", link_gbps=12)
+    text, as_json = _text_and_json(report)
+    assert report.fits, text
+    chosen, rows = _strategies(as_json)
     fitting = {k: v for k, v in rows.items() if v["fits"]}
     assert chosen == min(fitting, key=lambda k: fitting[k]["seconds_per_step"])
     assert rows["sequence"]["devices"] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
-    text = plain.stdout
     assert f"auto → {chosen}: predicted {rows[chosen]['speedup']:.2f}× vs 1 GPU" in text
     assert "link 12 GB/s (given)" in text
 
