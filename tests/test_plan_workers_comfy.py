@@ -20,15 +20,27 @@ BLOCK = (5120 * 5120 * 8 + 2 * 5120 * 13824) * 2  # weights of one Wan 14B block
 ARGS = ("--size", "832x480", "--cfg", "6", "--net-gbps", "10", "--gpu", "RTX 4090")
 
 
-def _plan(devices, *args, env=None):
+def _start(devices, *args, env=None):
     run_env = {k: v for k, v in os.environ.items() if k != "SHARDDIT_DIST_WEIGHTS"} | (env or {})
-    return subprocess.run([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-14b", "--devices", devices,
-                           *ARGS, *args], capture_output=True, text=True, env=run_env, cwd=str(REPO), timeout=900)
+    return subprocess.Popen([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-14b", "--devices", devices,
+                             *ARGS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env,
+                            cwd=str(REPO))
+
+
+def _done(proc):
+    out, err = proc.communicate(timeout=900)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def _plan(devices, *args, env=None):
+    return _done(_start(devices, *args, env=env))
 
 
 @pytest.mark.comfy
 def test_one_worker_with_room_gets_the_second_half_and_the_network_per_step():
-    out = _plan("cuda:0=24GiB,box2/cuda:0=24GiB", "--json")
+    # the JSON and the text report side by side (each simulation is one busy core for tens of seconds)
+    procs = _start("cuda:0=24GiB,box2/cuda:0=24GiB", "--json"), _start("cuda:0=24GiB,box2/cuda:0=24GiB")
+    out, text = (_done(p) for p in procs)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     w = report["workers"]
@@ -53,7 +65,6 @@ def test_one_worker_with_room_gets_the_second_half_and_the_network_per_step():
     assert net["seconds"] == pytest.approx(net["bytes_per_worker"] * 8 / 10e9) and net["net_gbps"] == 10
     assert report["fits"]
 
-    text = _plan("cuda:0=24GiB,box2/cuda:0=24GiB")
     assert text.returncode == 0, text.stdout + text.stderr
     lines = text.stdout.splitlines()
     assert "SHARDDIT_DIST_WEIGHTS auto -> share: each worker keeps its share" in text.stdout
@@ -66,12 +77,13 @@ def test_one_worker_with_room_gets_the_second_half_and_the_network_per_step():
 
 @pytest.mark.comfy
 def test_a_worker_short_of_memory_exits_3_naming_the_gib_missing():
-    out = _plan("cuda:0=24GiB,box2/cuda:0=12GiB", "--json")
+    procs = (_start("cuda:0=24GiB,box2/cuda:0=12GiB", "--json"),
+             _start("cuda:0=24GiB,box2/cuda:0=24GiB", env={"SHARDDIT_DIST_WEIGHTS": "all"}))
+    out, text = (_done(p) for p in procs)
     assert out.returncode == 3, out.stdout + out.stderr
     row = json.loads(out.stdout)["workers"]["devices"]["box2/cuda:0"]
     assert not row["fits"] and row["short_bytes"] == row["need_bytes"] - 12 * GiB > 3 * GiB
     # SHARDDIT_DIST_WEIGHTS=all on the host: every worker must hold every block + 2 -> 24 GiB is short too
-    text = _plan("cuda:0=24GiB,box2/cuda:0=24GiB", env={"SHARDDIT_DIST_WEIGHTS": "all"})
     assert text.returncode == 3, text.stdout + text.stderr
     assert "SHARDDIT_DIST_WEIGHTS all: every worker keeps every block (sent once); nothing streams per step" in text.stdout
     assert "DOES NOT FIT: box2/cuda:0 short by 3.5 GiB." in text.stdout
