@@ -52,6 +52,24 @@ _HUNYUAN = dict(image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2
                 vec_in_dim=768, axes_dim=[16, 56, 56], meanflow=False, context_in_dim=4096,
                 hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=20, depth_single_blocks=40,
                 theta=256, qkv_bias=True, byt5=False, guidance_embed=True)
+# HunyuanVideo 1.5 (8.3B), the 720p t2v file core's template loads (hunyuanvideo1.5_720p_t2v_fp16.safetensors):
+# 16 heads x 128 = 2048 wide, 54 double-stream blocks and no single-stream ones, patch 1x1x1, 65 input
+# channels (32 latent + 32 image condition + 1 mask), 32 out, Qwen2.5-VL 7B text (3584), byT5 glyph text,
+# SigLIP vision (1152), no guidance embedding: the published transformer config (diffusers
+# ``HunyuanVideo15Transformer3DModel``: in_channels 65, out_channels 32, num_attention_heads 16,
+# attention_head_dim 128, num_layers 54, text_embed_2_dim 1472, image_embed_dim 1152, rope_axes_dim 16/56/56)
+# in the keys ComfyUI 0.29's model_detection.py (the "Hunyuan Video" branch) derives from the weights:
+# hidden_size = img_in width, num_heads = hidden_size // 128, byt5 from ``byt5_in``, vision_in_dim from
+# ``vision_in`` (1152, which supported_models.HunyuanVideo15 matches), use_cond_type_embedding,
+# meanflow_sum set together with vision_in.
+_HUNYUAN_15 = dict(_HUNYUAN, in_channels=65, patch_size=[1, 1, 1], out_channels=32, vec_in_dim=None,
+                   context_in_dim=3584, hidden_size=2048, num_heads=16, depth=54, depth_single_blocks=0,
+                   byt5=True, guidance_embed=False, use_cond_type_embedding=True, vision_in_dim=1152,
+                   meanflow_sum=True)
+# Kandinsky 5 Video (kandinskylab/kandinsky-5 configs/*.yaml ``dit_params``): Qwen2.5-VL 7B text (3584), CLIP-L
+# pooled (768), 16 latent channels; ``visual_cond`` adds the image latent and a mask: (16 * 2 + 1) * 1*2*2 = 132
+_KANDINSKY5 = dict(image_model="kandinsky5", visual_embed_dim=132, patch_size=(1, 2, 2), in_text_dim=3584,
+                   in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)
 
 def _preset(name: str, unet: dict, experts: int = 1) -> ModelSpec:
     """A preset of ``unet``'s family (``image_model``), with the family's geometry for that config."""
@@ -72,12 +90,17 @@ PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
     # Wan 2.2 I2V A14B: the 14B shape with 36 input channels (16 latent + 4 mask + 16 image) and no CLIP
     # image embedding, which ComfyUI's model_detection.py reads as model_type "t2v", in_dim 36
     _preset("wan2.2-i2v-a14b", dict(_WAN_14B, in_dim=36), experts=2),
-    # Kandinsky 5 Video Lite (2B): ComfyUI's Kandinsky5 constructor defaults (comfy/ldm/kandinsky5/model.py;
-    # model_detection.py: model_dim 1792 = "lite video", axes 16/24/24)
-    _preset("kandinsky5-lite", dict(image_model="kandinsky5", model_dim=1792, ff_dim=7168, time_dim=512,
-                                    visual_embed_dim=132, patch_size=(1, 2, 2), num_text_blocks=2,
-                                    num_visual_blocks=32, axes_dims=(16, 24, 24), in_text_dim=3584,
-                                    in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)),
+    # Kandinsky 5 Video Lite (2B): kandinskylab/kandinsky-5 configs/k5_lite_t2v_5s_distil_sd.yaml ``dit_params``,
+    # also ComfyUI's Kandinsky5 constructor defaults (comfy/ldm/kandinsky5/model.py; model_detection.py:
+    # model_dim 1792 = "lite video", axes 16/24/24)
+    _preset("kandinsky5-lite", dict(_KANDINSKY5, model_dim=1792, ff_dim=7168, time_dim=512, num_text_blocks=2,
+                                    num_visual_blocks=32, axes_dims=(16, 24, 24))),
+    # Kandinsky 5 Video Pro (19B): kandinskylab/kandinsky-5 configs/k5_pro_t2v_5s_sft_sd.yaml ``dit_params``
+    # (model_dim 4096, ff_dim 16384, time_dim 1024, 4 text + 60 visual blocks, axes 32/48/48, visual_cond);
+    # ComfyUI's model_detection.py reads model_dim 4096 as "pro video" with axes (32, 48, 48)
+    _preset("kandinsky5-pro", dict(_KANDINSKY5, model_dim=4096, ff_dim=16384, time_dim=1024, num_text_blocks=4,
+                                   num_visual_blocks=60, axes_dims=(32, 48, 48))),
+    _preset("hunyuanvideo-1.5", _HUNYUAN_15),
 )}
 
 _ST_DTYPES = {
