@@ -40,7 +40,8 @@ class ModelSpec:
     experts: int = 1
     """Models of this shape loaded in turn (Wan 2.2 A14B: 2); the peak holds one."""
     file_dtype: str | None = None
-    """Weight dtype stored in the file (``bf16``/``fp16``/``fp8``/``fp32``), None for presets."""
+    """Weight dtype stored in the file (``bf16``/``fp16``/``fp8``/``fp32``); for a preset, that of the
+    published file it stands for where it is not bf16 (``ltx-2.3-fp8``), else None."""
     state_dict: dict = field(default_factory=dict, compare=False, repr=False)
     """Meta state dict of a file (ComfyUI's config matching may look at keys)."""
 
@@ -66,15 +67,32 @@ _HUNYUAN_15 = dict(_HUNYUAN, in_channels=65, patch_size=[1, 1, 1], out_channels=
                    context_in_dim=3584, hidden_size=2048, num_heads=16, depth=54, depth_single_blocks=0,
                    byt5=True, guidance_embed=False, use_cond_type_embedding=True, vision_in_dim=1152,
                    meanflow_sum=True)
+# LTX-2.3 (ltx-2.3-22b-dev): ComfyUI 0.29's model_detection.py (the "Lightricks ltxv" branch) reads
+# image_model "ltxav" (audio_adaln_single present), num_layers 48 (transformer_blocks), attention_head_dim
+# 4096 // 32 = 128 and cross_attention_dim 4096 (attn2.to_k), then updates the config with the file's
+# embedded ``config["transformer"]``. LTX-2.3's values (those of ltx-2.3-22b-dev, quoted in NVIDIA
+# TensorRT-LLM's LTX-2 connector tests and Lightricks' LTX-2 ltx-core configurator): gated attention,
+# cross-attention AdaLN, the caption projection before 8-layer gated connectors of 32 heads (video 128
+# wide, audio 64), split rope, middle-index grid. Audio stream: LTXAVModel's defaults (32 heads x 64,
+# cross 2048, 128 channels). ComfyUI's class then has 21.0B parameters; the published 22B adds the text
+# projection (3840 x 49 -> 4096 + 2048, 1.16B) that ComfyUI loads with the text encoder (``dual_linear``).
+_LTX_23 = dict(image_model="ltxav", num_layers=48, attention_head_dim=128, cross_attention_dim=4096,
+               apply_gated_attention=True, cross_attention_adaln=True, caption_proj_before_connector=True,
+               caption_projection_first_linear=False, caption_projection_second_linear=False,
+               connector_num_layers=8, connector_num_attention_heads=32, connector_attention_head_dim=128,
+               audio_connector_num_attention_heads=32, audio_connector_attention_head_dim=64,
+               connector_apply_gated_attention=True, connector_num_learnable_registers=128,
+               use_middle_indices_grid=True, rope_type="split")
 # Kandinsky 5 Video (kandinskylab/kandinsky-5 configs/*.yaml ``dit_params``): Qwen2.5-VL 7B text (3584), CLIP-L
 # pooled (768), 16 latent channels; ``visual_cond`` adds the image latent and a mask: (16 * 2 + 1) * 1*2*2 = 132
 _KANDINSKY5 = dict(image_model="kandinsky5", visual_embed_dim=132, patch_size=(1, 2, 2), in_text_dim=3584,
                    in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)
 
-def _preset(name: str, unet: dict, experts: int = 1) -> ModelSpec:
-    """A preset of ``unet``'s family (``image_model``), with the family's geometry for that config."""
+def _preset(name: str, unet: dict, experts: int = 1, dtype: str | None = None) -> ModelSpec:
+    """A preset of ``unet``'s family (``image_model``), with the family's geometry for that config;
+    ``dtype``: the weight dtype of the published file (``ltx-2.3-fp8``), else None (bf16 unless told)."""
     family = family_of(unet, name)
-    return ModelSpec(name, family, unet, geometry_of(family, unet), experts)
+    return ModelSpec(name, family, unet, geometry_of(family, unet), experts, dtype)
 
 
 PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
@@ -101,6 +119,10 @@ PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
     _preset("kandinsky5-pro", dict(_KANDINSKY5, model_dim=4096, ff_dim=16384, time_dim=1024, num_text_blocks=4,
                                    num_visual_blocks=60, axes_dims=(32, 48, 48))),
     _preset("hunyuanvideo-1.5", _HUNYUAN_15),
+    _preset("ltx-2.3", _LTX_23),
+    # Lightricks/LTX-2.3-fp8 ltx-2.3-22b-dev-fp8.safetensors, the file core's video_ltx2_3_t2v.json template
+    # loads with CheckpointLoaderSimple: the same DiT in 1-byte weights (ComfyUI computes in bf16)
+    _preset("ltx-2.3-fp8", _LTX_23, dtype="fp8"),
 )}
 
 _ST_DTYPES = {

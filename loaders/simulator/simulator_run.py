@@ -107,11 +107,12 @@ def call_dit(ctx: SimContext, dit, batch: int, home: torch.device):
     def empty(*shape, dt=dtype):  # one per sample: the batch comes first
         return torch.empty((batch, *shape), dtype=dt, device=home)
 
-    x = torch.empty(g.latent_shape(*ctx.size, batch), dtype=dtype, device=home)
+    family = comfy_family(spec.family)
+    x = family.sim_latent(torch.empty(g.latent_shape(*ctx.size, batch), dtype=dtype, device=home), ctx.size[2], empty)
     t = empty(dt=torch.float32)
     context = empty(g.context_tokens, g.context_dim)
     options = {"optimized_attention_override": _attention_override}
-    kwargs = comfy_family(spec.family).sim_inputs(spec.unet_config, g, empty)
+    kwargs = family.sim_inputs(spec.unet_config, g, empty)
     with modules_move_in_place(dit):
         return dit(x, t, context, transformer_options=options, **kwargs)
 
