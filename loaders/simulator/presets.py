@@ -14,6 +14,7 @@ resident would need twice the weights).
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from ...parallel.families import Geometry, family_of, geometry_of
 from ..comfy import checks
 from ..comfy.model_params import fit_params_for
 
-__all__ = ["Geometry", "ModelSpec", "PRESETS", "preset_names", "resolve_model",
+__all__ = ["Geometry", "ModelSpec", "PRESETS", "check_comfyui_has", "comfyui_has", "preset_names", "resolve_model",
            "read_safetensors_header", "meta_state_dict", "build_meta_model", "spec_from_model_config"]
 
 
@@ -42,6 +43,9 @@ class ModelSpec:
     file_dtype: str | None = None
     """Weight dtype stored in the file (``bf16``/``fp16``/``fp8``/``fp32``); for a preset, that of the
     published file it stands for where it is not bf16 (``ltx-2.3-fp8``), else None."""
+    requires: str | None = None
+    """``module:Class`` this ComfyUI must have to build the model (newer than some ComfyUI versions:
+    ``check_comfyui_has`` refuses with the reason instead of building an older class's subset)."""
     state_dict: dict = field(default_factory=dict, compare=False, repr=False)
     """Meta state dict of a file (ComfyUI's config matching may look at keys)."""
 
@@ -88,11 +92,32 @@ _LTX_23 = dict(image_model="ltxav", num_layers=48, attention_head_dim=128, cross
 _KANDINSKY5 = dict(image_model="kandinsky5", visual_embed_dim=132, patch_size=(1, 2, 2), in_text_dim=3584,
                    in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)
 
-def _preset(name: str, unet: dict, experts: int = 1, dtype: str | None = None) -> ModelSpec:
+_K5, _LTXAV = "comfy.ldm.kandinsky5.model:Kandinsky5", "comfy.ldm.lightricks.av_model:LTXAVModel"
+
+
+def _preset(name: str, unet: dict, experts: int = 1, dtype: str | None = None, requires: str | None = None) -> ModelSpec:
     """A preset of ``unet``'s family (``image_model``), with the family's geometry for that config;
     ``dtype``: the weight dtype of the published file (``ltx-2.3-fp8``), else None (bf16 unless told)."""
     family = family_of(unet, name)
-    return ModelSpec(name, family, unet, geometry_of(family, unet), experts, dtype)
+    return ModelSpec(name, family, unet, geometry_of(family, unet), experts, dtype, requires)
+
+
+def comfyui_has(requires: str | None) -> bool:
+    """Whether the running ComfyUI has ``module:Class`` (None: nothing required)."""
+    if requires is None:
+        return True
+    module, _, name = requires.partition(":")
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False
+
+
+def check_comfyui_has(spec: ModelSpec) -> None:
+    """ValueError naming what this ComfyUI lacks for ``spec`` (a preset of a newer model)."""
+    if not comfyui_has(spec.requires):
+        raise ValueError(f"[ShardDiT] {spec.name} needs ComfyUI's {spec.requires.replace(':', '.')}, which this "
+                         "ComfyUI does not have (added after ComfyUI 0.3.64): update ComfyUI to plan it")
 
 
 PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
@@ -112,17 +137,17 @@ PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
     # also ComfyUI's Kandinsky5 constructor defaults (comfy/ldm/kandinsky5/model.py; model_detection.py:
     # model_dim 1792 = "lite video", axes 16/24/24)
     _preset("kandinsky5-lite", dict(_KANDINSKY5, model_dim=1792, ff_dim=7168, time_dim=512, num_text_blocks=2,
-                                    num_visual_blocks=32, axes_dims=(16, 24, 24))),
+                                    num_visual_blocks=32, axes_dims=(16, 24, 24)), requires=_K5),
     # Kandinsky 5 Video Pro (19B): kandinskylab/kandinsky-5 configs/k5_pro_t2v_5s_sft_sd.yaml ``dit_params``
     # (model_dim 4096, ff_dim 16384, time_dim 1024, 4 text + 60 visual blocks, axes 32/48/48, visual_cond);
     # ComfyUI's model_detection.py reads model_dim 4096 as "pro video" with axes (32, 48, 48)
     _preset("kandinsky5-pro", dict(_KANDINSKY5, model_dim=4096, ff_dim=16384, time_dim=1024, num_text_blocks=4,
-                                   num_visual_blocks=60, axes_dims=(32, 48, 48))),
-    _preset("hunyuanvideo-1.5", _HUNYUAN_15),
-    _preset("ltx-2.3", _LTX_23),
+                                   num_visual_blocks=60, axes_dims=(32, 48, 48)), requires=_K5),
+    _preset("hunyuanvideo-1.5", _HUNYUAN_15, requires="comfy.supported_models:HunyuanVideo15"),
+    _preset("ltx-2.3", _LTX_23, requires=_LTXAV),
     # Lightricks/LTX-2.3-fp8 ltx-2.3-22b-dev-fp8.safetensors, the file core's video_ltx2_3_t2v.json template
     # loads with CheckpointLoaderSimple: the same DiT in 1-byte weights (ComfyUI computes in bf16)
-    _preset("ltx-2.3-fp8", _LTX_23, dtype="fp8"),
+    _preset("ltx-2.3-fp8", _LTX_23, dtype="fp8", requires=_LTXAV),
 )}
 
 _ST_DTYPES = {

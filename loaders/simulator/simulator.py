@@ -111,6 +111,7 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
         batch = 1 if cfg <= 1 else 2  # sequence runs cond + uncond together, split over the ranks
         inventory, devices = _host_devices(devices, inventory, n_workers)
     spec = _resolve(model)
+    presets.check_comfyui_has(spec)
     _check_size(spec, width, height, frames)
     _dtypes(dtype or spec.file_dtype or "bf16", spec)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
