@@ -211,7 +211,7 @@ def spec_from_safetensors(path: str) -> ModelSpec:
     unet = {k: v for k, v in config.unet_config.items() if k not in ("dtype", "device", "operations")}
     family = family_of(unet, path)
     dtype = _DTYPE_NAMES.get(comfy.utils.weight_dtype(sd))
-    return ModelSpec(os.path.basename(path), family, unet, geometry_of(family, unet), 1, dtype, sd)
+    return ModelSpec(os.path.basename(path), family, unet, geometry_of(family, unet), 1, dtype, state_dict=sd)
 
 
 def spec_from_model_config(model_config) -> ModelSpec:
