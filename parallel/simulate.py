@@ -91,7 +91,8 @@ def modules_move_in_place(module: torch.nn.Module):
     ``nn.Module.to`` swaps parameter objects when the new tensor is a tensor subclass such as
     ``FakeTensor`` (``torch.utils.swap_tensors``), which fails while the simulation holds other
     references to them; a weight already on that device is left as it is (what ``to`` does on a
-    GPU), another is moved through ``.data``. Restored on exit.
+    GPU), another is replaced by a moved copy (``.data =`` keeps a fake tensor's device). Restored
+    on exit.
     """
     patched = [m for m in module.modules() if "to" not in m.__dict__]
 
@@ -103,11 +104,9 @@ def modules_move_in_place(module: torch.nn.Module):
                     for name, t in tensors.items():
                         if t is not None and ((device is not None and t.device != device)
                                               or (dtype is not None and t.is_floating_point() and t.dtype != dtype)):
-                            moved = t.data.to(device=device or t.device, dtype=dtype if t.is_floating_point() else None)
-                            if isinstance(t, torch.nn.Parameter):
-                                t.data = moved
-                            else:
-                                tensors[name] = moved
+                            moved = t.detach().to(device=device or t.device, dtype=dtype if t.is_floating_point() else None)
+                            is_param = isinstance(t, torch.nn.Parameter)
+                            tensors[name] = torch.nn.Parameter(moved, requires_grad=False) if is_param else moved
             return mod
         return to
 

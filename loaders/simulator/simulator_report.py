@@ -159,7 +159,10 @@ class SimulationReport:
             lines += ["", self.strategies.to_text()]
         if self.workers is not None:
             lines += ["", self.workers.to_text()]
-        lines += ["", self._verdict(), f"({NOT_MODELLED}; simulated in {self.seconds:.1f} s)"]
+        not_counted = NOT_MODELLED
+        if self.text_encoder is not None:
+            not_counted = not_counted.replace("the text encoder", "the text encoder (its line above)")
+        lines += ["", self._verdict(), f"({not_counted}; simulated in {self.seconds:.1f} s)"]
         return "\n".join(lines)
 
     def _device_table(self) -> str:
