@@ -176,7 +176,7 @@ def test_cli_plan_fits_on_two_gpus_exit_0(sim):
                env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
     assert out.returncode == 0, out.stdout + out.stderr
     blocks_table = out.stdout.split("Strategies")[0]
-    rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", blocks_table, re.M)
+    rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", blocks_table, re.MULTILINE)
     assert [(r[0], r[1].strip()) for r in rows] == [("cuda:0", "home + blocks 0-19"), ("cuda:1", "blocks 20-39")]
     _, second_half, first_and_home = _wan14b_weight_gib(sim[1])
     assert [float(r[2]) for r in rows] == pytest.approx([first_and_home, second_half], rel=0.1)
@@ -224,7 +224,7 @@ def test_cli_plan_every_preset_exits_0_or_3(sim, name, capsys):
     out = capsys.readouterr()
     assert rc in (0, 3), out.out + out.err
     assert ("FITS:" in out.out) if rc == 0 else ("DOES NOT FIT" in out.out), out.out
-    assert re.search(r"^text encoder: .+ \d+\.\d GiB bf16", out.out, re.M), out.out  # beside the DiT
+    assert re.search(r"^text encoder: .+ \d+\.\d GiB bf16", out.out, re.MULTILINE), out.out  # beside the DiT
 
 
 def test_cli_without_comfyui_path_says_how_to_set_it():
