@@ -108,6 +108,32 @@ def _ltxv_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> Mode
     return ModelShape(name, d, heads, blocks, text_tokens, spatial, temporal, (1, 1, 1))
 
 
+# ---- LTX-2 / LTX-2.3 (0.29 comfy/ldm/lightricks/av_model.py ``LTXAVModel``, ``BasicAVTransformerBlock``) ----
+def _ltxav_geometry(unet: dict) -> Geometry:
+    """The video latent (LTXV's: 128 channels, 32x spatial, 8x temporal); the audio latent beside it is
+    built by the simulator's inputs. Text: Gemma 3 12B, padded to 1024 tokens (``Gemma3_12BTokenizer``
+    min_length), given to the DiT after ``preprocess_text_embeds``: video + audio widths side by side
+    (LTX-2.3, ``caption_proj_before_connector``: 4096 + 2048) or two 3840-wide copies (LTX-2)."""
+    if unet.get("caption_proj_before_connector"):
+        width = unet.get("cross_attention_dim", 4096) + unet.get("audio_cross_attention_dim", 2048)
+    else:
+        width = 2 * unet.get("caption_channels", 3840)
+    return Geometry(unet.get("in_channels", 128), 32, 8, context_tokens=1024, context_dim=width)
+
+
+def _ltxav_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> ModelShape:
+    """Video stream as LTXV plus the audio->video cross-attention's q/out on every video token; the
+    audio stream's own work runs on ~25 tokens a second of video (frames, not frames x pixels):
+    under 1% of the video's at 704p, left out of the per-token FLOPs but in the bytes."""
+    heads = cfg.get("num_attention_heads", 32)
+    d = heads * cfg.get("attention_head_dim", 128)
+    da = cfg.get("audio_num_attention_heads", 32) * cfg.get("audio_attention_head_dim", 64)
+    cross_modal = 2 * (2 * d * da + 2 * da * da)  # a2v and v2a: q/out on one side, k/v on the other (width da)
+    blocks = (BlockShape(cfg.get("num_layers", 48), 14 * d * d + 2 * d * da, 2 * d * d + 2 * da * da,
+                         16 * d * d + 16 * da * da + cross_modal),)
+    return ModelShape(name, d, heads, blocks, text_tokens, spatial, temporal, (1, 1, 1))
+
+
 # ---- HunyuanVideo (comfy/ldm/flux/layers.py ``DoubleStreamBlock``, ``SingleStreamBlock``) ----
 def _hunyuan_geometry(unet: dict) -> Geometry:
     """HunyuanVideo 1.5 (a vision projection: ``vision_in_dim``, ComfyUI 0.29 supported_models.py
@@ -179,6 +205,7 @@ _ENTRIES = (
     # ``BasicAVTransformerBlock``s called as ``block((vx, ax), v_context=..., a_pe=..., ...)``: the
     # stream is the (video, audio) pair, returned as a pair.
     Family("ltxav", "LTX-2 (audio+video)", ("transformer_blocks",), (("x",),), image_models=("ltxav",),
+           geometry=_ltxav_geometry, cost_shape=_ltxav_cost,
            why_blocks_only="its blocks carry the video and the audio tokens together and cross-attend "
                            "between them; sequence mode does not split that pair yet"),
     # Kandinsky 5 (0.29 comfy/ldm/kandinsky5/model.py): text blocks ``block(x, time_embed, freqs)``

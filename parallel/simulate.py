@@ -37,6 +37,7 @@ __all__ = [
     "fake_device_mode",
     "flash_attention_standin",
     "materialize_module",
+    "modules_move_in_place",
 ]
 
 
@@ -80,6 +81,42 @@ def fake_device_mode():
             yield mode
     finally:
         torch.__future__.set_swap_module_params_on_conversion(swap)
+
+
+@contextlib.contextmanager
+def modules_move_in_place(module: torch.nn.Module):
+    """``m.to(device)`` on ``module`` and its sub-modules moves the tensors in place while the
+    simulation runs (HunyuanVideo 1.5's forward calls ``self.cond_type_embedding.to(txt.device)``).
+
+    ``nn.Module.to`` swaps parameter objects when the new tensor is a tensor subclass such as
+    ``FakeTensor`` (``torch.utils.swap_tensors``), which fails while the simulation holds other
+    references to them; a weight already on that device is left as it is (what ``to`` does on a
+    GPU), another is replaced by a moved copy (``.data =`` keeps a fake tensor's device). Restored
+    on exit.
+    """
+    patched = [m for m in module.modules() if "to" not in m.__dict__]
+
+    def mover(mod):
+        def to(*args, **kwargs):
+            device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+            for sub in mod.modules():
+                for tensors in (sub._parameters, sub._buffers):
+                    for name, t in tensors.items():
+                        if t is not None and ((device is not None and t.device != device)
+                                              or (dtype is not None and t.is_floating_point() and t.dtype != dtype)):
+                            moved = t.detach().to(device=device or t.device, dtype=dtype if t.is_floating_point() else None)
+                            is_param = isinstance(t, torch.nn.Parameter)
+                            tensors[name] = torch.nn.Parameter(moved, requires_grad=False) if is_param else moved
+            return mod
+        return to
+
+    for m in patched:
+        m.to = mover(m)
+    try:
+        yield
+    finally:
+        for m in patched:
+            m.__dict__.pop("to", None)
 
 
 def materialize_module(module: torch.nn.Module, device, exclude=(), memo=None) -> None:

@@ -12,6 +12,7 @@ from sharddit.parallel.simulate import (
     fake_device_mode,
     flash_attention_standin,
     materialize_module,
+    modules_move_in_place,
 )
 
 BF16 = torch.bfloat16
@@ -100,3 +101,19 @@ def test_flash_standin_rejects_mixed_devices():
         k = torch.empty(1, 16, 64, dtype=BF16, device="cuda:1")
         with pytest.raises(RuntimeError, match="same device"):
             flash_attention_standin(q, k, k, heads=1)
+
+
+def test_module_to_inside_a_forward_moves_in_place():
+    """HunyuanVideo 1.5's forward calls ``self.cond_type_embedding.to(txt.device)``: on fake devices
+    ``nn.Module.to`` tries to swap the parameter objects, which fails while others hold them (in the
+    simulation: "_apply(): Couldn't swap Embedding.weight"); ``modules_move_in_place`` keeps a weight
+    that is already there and replaces one that moves."""
+    model, memo = _toy(), {}
+    with fake_device_mode():
+        materialize_module(model, "cuda:0", memo=memo)
+        weight = model[0].weight
+        with modules_move_in_place(model):
+            assert model[0].to("cuda:0") is model[0] and model[0].weight is weight  # already there: as it was
+            model[1].to(torch.device("cuda:1"))
+            assert _bytes_by_device(model) == {"cuda:0": 16640, "cuda:1": 16512}
+        assert "to" not in model[0].__dict__  # restored

@@ -8,7 +8,6 @@ Expected figures (Wan 2.1 14B, bf16, 20/20 blocks on two fake GPUs, per device),
   75,600. The one measured figure they scale from is ``ACT_480P_B1_GIB`` (tests/README.md, "The
   simulator's reference figure"). Each simulation takes ~10-30 s of CPU here.
 """
-import importlib.util
 import os
 import re
 import subprocess
@@ -177,7 +176,7 @@ def test_cli_plan_fits_on_two_gpus_exit_0(sim):
                env_extra={"COMFYUI_PATH": os.environ["COMFYUI_PATH"]})
     assert out.returncode == 0, out.stdout + out.stderr
     blocks_table = out.stdout.split("Strategies")[0]
-    rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", blocks_table, re.M)
+    rows = re.findall(r"^(cuda:\d) \| (.+?) \| +([\d.]+) \| +([\d.]+) \|", blocks_table, re.MULTILINE)
     assert [(r[0], r[1].strip()) for r in rows] == [("cuda:0", "home + blocks 0-19"), ("cuda:1", "blocks 20-39")]
     _, second_half, first_and_home = _wan14b_weight_gib(sim[1])
     assert [float(r[2]) for r in rows] == pytest.approx([first_and_home, second_half], rel=0.1)
@@ -198,16 +197,8 @@ def test_cli_plan_single_24gib_exit_3_with_shortfall(sim):
 
 
 PRESETS = ("wan2.1-t2v-14b", "wan2.1-t2v-1.3b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b", "ltxv-13b", "ltxv-2b",
-           "hunyuanvideo-13b", "wan2.2-i2v-a14b", "kandinsky5-lite")
-NEW_CLASSES = {"kandinsky5-lite": "comfy.ldm.kandinsky5.model"}
-"""Presets of model classes that ComfyUI 0.3.64 does not have: `plan` answers them from 0.29 on."""
-
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # a parent package is missing
-        return False
+           "hunyuanvideo-13b", "wan2.2-i2v-a14b", "kandinsky5-lite", "kandinsky5-pro", "hunyuanvideo-1.5", "ltx-2.3",
+           "ltx-2.3-fp8")
 
 
 def test_preset_list_is_complete():
@@ -217,18 +208,23 @@ def test_preset_list_is_complete():
 
 
 @pytest.mark.comfy
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", [p for p in PRESETS if p != "ltx-2.3-fp8"])  # planned in test_presets_2026_comfy.py
 def test_cli_plan_every_preset_exits_0_or_3(sim, name, capsys):
     """``plan`` answers for every preset on this ComfyUI (in-process: one ComfyUI import for all;
     an exception here is the traceback a user would see). Small size: the answer, not the figures."""
     from sharddit.loaders.cli.main import main
 
-    if name in NEW_CLASSES and not _importable(NEW_CLASSES[name]):
-        pytest.skip(f"{NEW_CLASSES[name]} is absent from this ComfyUI (added after ComfyUI 0.3.64)")
+    _, presets = sim
+    requires = presets.PRESETS[name].requires
+    if not presets.comfyui_has(requires):  # a newer model: plan refuses it with the reason (exit 2)
+        assert main(["plan", "--model", name, "--devices", TWO_24]) == 2
+        assert "added after ComfyUI 0.3.64" in capsys.readouterr().err
+        pytest.skip(f"{requires} is absent from this ComfyUI (added after ComfyUI 0.3.64)")
     rc = main(["plan", "--model", name, "--devices", TWO_24, "--size", "256x256", "--frames", "9"])
     out = capsys.readouterr()
     assert rc in (0, 3), out.out + out.err
     assert ("FITS:" in out.out) if rc == 0 else ("DOES NOT FIT" in out.out), out.out
+    assert re.search(r"^text encoder: .+ \d+\.\d GiB bf16", out.out, re.MULTILINE), out.out  # beside the DiT
 
 
 def test_cli_without_comfyui_path_says_how_to_set_it():

@@ -138,6 +138,17 @@ def _hunyuan_inputs(unet: dict, g, empty) -> dict:
     return out
 
 
+def _video_only(x, frames: int, empty):
+    return x
+
+
+def _ltxav_latent(x, frames: int, empty):
+    """LTX-2's DiT input: [video latent, audio latent] (``model_base`` unpacks the packed latent by
+    ``latent_shapes``); the audio latent is [B, 8, n, 16] with n = ceil(frames / frame rate * 25)
+    (``LTXVEmptyLatentAudio``: 16 kHz, hop 160, 4x down = 25 latents a second), at 25 fps = frames."""
+    return [x, empty(8, frames, 16, dt=x.dtype)]
+
+
 @dataclass(frozen=True)
 class ComfyFamily:
     """ComfyUI's side of one family (see the module docstring)."""
@@ -149,6 +160,8 @@ class ComfyFamily:
     sim_inputs: Callable[[dict, object, Callable], dict] = _no_inputs
     """``(unet_config, geometry, empty) -> kwargs`` beyond ``x, t, context`` for one forward;
     ``empty(*shape, dt=...)`` makes a tensor with the batch prepended."""
+    sim_latent: Callable[[torch.Tensor, int, Callable], object] = _video_only
+    """``(video latent, frames, empty) -> x`` as the sampler gives it to the DiT (LTX-2: with its audio)."""
     refused: Mapping[str, str] = field(default_factory=dict)
     """ComfyUI classes of this family that cannot be sharded -> why (the error says it)."""
 
@@ -173,7 +186,8 @@ COMFY_FAMILIES: dict[str, ComfyFamily] = {f.family: f for f in (
     ComfyFamily(_HY, (ArchSpec("HunyuanVideo", _HY, ("HunyuanVideo",), token_order=read_text_order),),
                 params_class="comfy.ldm.hunyuan_video.model.HunyuanVideo", sim_inputs=_hunyuan_inputs),
     ComfyFamily("flux", (ArchSpec("Flux", "flux", ("Flux",)),), params_class="comfy.ldm.flux.model.Flux"),
-    ComfyFamily("ltxav", (ArchSpec("LTX-2", "ltxav", ("LTXAVModel",)),)),
+    ComfyFamily("ltxav", (ArchSpec("LTX-2", "ltxav", ("LTXAVModel",)),), sim_inputs=_ltxv_inputs,
+                sim_latent=_ltxav_latent),
     ComfyFamily("kandinsky5", (ArchSpec("Kandinsky 5", "kandinsky5", ("Kandinsky5",)),),
                 sim_inputs=lambda unet, g, empty: {"y": empty(g.pooled_dim)}),
 )}

@@ -14,6 +14,7 @@ resident would need twice the weights).
 """
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from ...parallel.families import Geometry, family_of, geometry_of
 from ..comfy import checks
 from ..comfy.model_params import fit_params_for
 
-__all__ = ["Geometry", "ModelSpec", "PRESETS", "preset_names", "resolve_model",
+__all__ = ["Geometry", "ModelSpec", "PRESETS", "check_comfyui_has", "comfyui_has", "preset_names", "resolve_model",
            "read_safetensors_header", "meta_state_dict", "build_meta_model", "spec_from_model_config"]
 
 
@@ -40,7 +41,11 @@ class ModelSpec:
     experts: int = 1
     """Models of this shape loaded in turn (Wan 2.2 A14B: 2); the peak holds one."""
     file_dtype: str | None = None
-    """Weight dtype stored in the file (``bf16``/``fp16``/``fp8``/``fp32``), None for presets."""
+    """Weight dtype stored in the file (``bf16``/``fp16``/``fp8``/``fp32``); for a preset, that of the
+    published file it stands for where it is not bf16 (``ltx-2.3-fp8``), else None."""
+    requires: str | None = None
+    """``module:Class`` this ComfyUI must have to build the model (newer than some ComfyUI versions:
+    ``check_comfyui_has`` refuses with the reason instead of building an older class's subset)."""
     state_dict: dict = field(default_factory=dict, compare=False, repr=False)
     """Meta state dict of a file (ComfyUI's config matching may look at keys)."""
 
@@ -52,11 +57,67 @@ _HUNYUAN = dict(image_model="hunyuan_video", in_channels=16, patch_size=[1, 2, 2
                 vec_in_dim=768, axes_dim=[16, 56, 56], meanflow=False, context_in_dim=4096,
                 hidden_size=3072, mlp_ratio=4.0, num_heads=24, depth=20, depth_single_blocks=40,
                 theta=256, qkv_bias=True, byt5=False, guidance_embed=True)
+# HunyuanVideo 1.5 (8.3B), the 720p t2v file core's template loads (hunyuanvideo1.5_720p_t2v_fp16.safetensors):
+# 16 heads x 128 = 2048 wide, 54 double-stream blocks and no single-stream ones, patch 1x1x1, 65 input
+# channels (32 latent + 32 image condition + 1 mask), 32 out, Qwen2.5-VL 7B text (3584), byT5 glyph text,
+# SigLIP vision (1152), no guidance embedding: the published transformer config (diffusers
+# ``HunyuanVideo15Transformer3DModel``: in_channels 65, out_channels 32, num_attention_heads 16,
+# attention_head_dim 128, num_layers 54, text_embed_2_dim 1472, image_embed_dim 1152, rope_axes_dim 16/56/56)
+# in the keys ComfyUI 0.29's model_detection.py (the "Hunyuan Video" branch) derives from the weights:
+# hidden_size = img_in width, num_heads = hidden_size // 128, byt5 from ``byt5_in``, vision_in_dim from
+# ``vision_in`` (1152, which supported_models.HunyuanVideo15 matches), use_cond_type_embedding,
+# meanflow_sum set together with vision_in.
+_HUNYUAN_15 = dict(_HUNYUAN, in_channels=65, patch_size=[1, 1, 1], out_channels=32, vec_in_dim=None,
+                   context_in_dim=3584, hidden_size=2048, num_heads=16, depth=54, depth_single_blocks=0,
+                   byt5=True, guidance_embed=False, use_cond_type_embedding=True, vision_in_dim=1152,
+                   meanflow_sum=True)
+# LTX-2.3 (ltx-2.3-22b-dev): ComfyUI 0.29's model_detection.py (the "Lightricks ltxv" branch) reads
+# image_model "ltxav" (audio_adaln_single present), num_layers 48 (transformer_blocks), attention_head_dim
+# 4096 // 32 = 128 and cross_attention_dim 4096 (attn2.to_k), then updates the config with the file's
+# embedded ``config["transformer"]``. LTX-2.3's values (those of ltx-2.3-22b-dev, quoted in NVIDIA
+# TensorRT-LLM's LTX-2 connector tests and Lightricks' LTX-2 ltx-core configurator): gated attention,
+# cross-attention AdaLN, the caption projection before 8-layer gated connectors of 32 heads (video 128
+# wide, audio 64), split rope, middle-index grid. Audio stream: LTXAVModel's defaults (32 heads x 64,
+# cross 2048, 128 channels). ComfyUI's class then has 21.0B parameters; the published 22B adds the text
+# projection (3840 x 49 -> 4096 + 2048, 1.16B) that ComfyUI loads with the text encoder (``dual_linear``).
+_LTX_23 = dict(image_model="ltxav", num_layers=48, attention_head_dim=128, cross_attention_dim=4096,
+               apply_gated_attention=True, cross_attention_adaln=True, caption_proj_before_connector=True,
+               caption_projection_first_linear=False, caption_projection_second_linear=False,
+               connector_num_layers=8, connector_num_attention_heads=32, connector_attention_head_dim=128,
+               audio_connector_num_attention_heads=32, audio_connector_attention_head_dim=64,
+               connector_apply_gated_attention=True, connector_num_learnable_registers=128,
+               use_middle_indices_grid=True, rope_type="split")
+# Kandinsky 5 Video (kandinskylab/kandinsky-5 configs/*.yaml ``dit_params``): Qwen2.5-VL 7B text (3584), CLIP-L
+# pooled (768), 16 latent channels; ``visual_cond`` adds the image latent and a mask: (16 * 2 + 1) * 1*2*2 = 132
+_KANDINSKY5 = dict(image_model="kandinsky5", visual_embed_dim=132, patch_size=(1, 2, 2), in_text_dim=3584,
+                   in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)
 
-def _preset(name: str, unet: dict, experts: int = 1) -> ModelSpec:
-    """A preset of ``unet``'s family (``image_model``), with the family's geometry for that config."""
+_K5, _LTXAV = "comfy.ldm.kandinsky5.model:Kandinsky5", "comfy.ldm.lightricks.av_model:LTXAVModel"
+
+
+def _preset(name: str, unet: dict, experts: int = 1, dtype: str | None = None, requires: str | None = None) -> ModelSpec:
+    """A preset of ``unet``'s family (``image_model``), with the family's geometry for that config;
+    ``dtype``: the weight dtype of the published file (``ltx-2.3-fp8``), else None (bf16 unless told)."""
     family = family_of(unet, name)
-    return ModelSpec(name, family, unet, geometry_of(family, unet), experts)
+    return ModelSpec(name, family, unet, geometry_of(family, unet), experts, dtype, requires)
+
+
+def comfyui_has(requires: str | None) -> bool:
+    """Whether the running ComfyUI has ``module:Class`` (None: nothing required)."""
+    if requires is None:
+        return True
+    module, _, name = requires.partition(":")
+    try:
+        return hasattr(importlib.import_module(module), name)
+    except ImportError:
+        return False
+
+
+def check_comfyui_has(spec: ModelSpec) -> None:
+    """ValueError naming what this ComfyUI lacks for ``spec`` (a preset of a newer model)."""
+    if not comfyui_has(spec.requires):
+        raise ValueError(f"[ShardDiT] {spec.name} needs ComfyUI's {spec.requires.replace(':', '.')}, which this "
+                         "ComfyUI does not have (added after ComfyUI 0.3.64): update ComfyUI to plan it")
 
 
 PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
@@ -72,12 +133,21 @@ PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
     # Wan 2.2 I2V A14B: the 14B shape with 36 input channels (16 latent + 4 mask + 16 image) and no CLIP
     # image embedding, which ComfyUI's model_detection.py reads as model_type "t2v", in_dim 36
     _preset("wan2.2-i2v-a14b", dict(_WAN_14B, in_dim=36), experts=2),
-    # Kandinsky 5 Video Lite (2B): ComfyUI's Kandinsky5 constructor defaults (comfy/ldm/kandinsky5/model.py;
-    # model_detection.py: model_dim 1792 = "lite video", axes 16/24/24)
-    _preset("kandinsky5-lite", dict(image_model="kandinsky5", model_dim=1792, ff_dim=7168, time_dim=512,
-                                    visual_embed_dim=132, patch_size=(1, 2, 2), num_text_blocks=2,
-                                    num_visual_blocks=32, axes_dims=(16, 24, 24), in_text_dim=3584,
-                                    in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)),
+    # Kandinsky 5 Video Lite (2B): kandinskylab/kandinsky-5 configs/k5_lite_t2v_5s_distil_sd.yaml ``dit_params``,
+    # also ComfyUI's Kandinsky5 constructor defaults (comfy/ldm/kandinsky5/model.py; model_detection.py:
+    # model_dim 1792 = "lite video", axes 16/24/24)
+    _preset("kandinsky5-lite", dict(_KANDINSKY5, model_dim=1792, ff_dim=7168, time_dim=512, num_text_blocks=2,
+                                    num_visual_blocks=32, axes_dims=(16, 24, 24)), requires=_K5),
+    # Kandinsky 5 Video Pro (19B): kandinskylab/kandinsky-5 configs/k5_pro_t2v_5s_sft_sd.yaml ``dit_params``
+    # (model_dim 4096, ff_dim 16384, time_dim 1024, 4 text + 60 visual blocks, axes 32/48/48, visual_cond);
+    # ComfyUI's model_detection.py reads model_dim 4096 as "pro video" with axes (32, 48, 48)
+    _preset("kandinsky5-pro", dict(_KANDINSKY5, model_dim=4096, ff_dim=16384, time_dim=1024, num_text_blocks=4,
+                                   num_visual_blocks=60, axes_dims=(32, 48, 48)), requires=_K5),
+    _preset("hunyuanvideo-1.5", _HUNYUAN_15, requires="comfy.supported_models:HunyuanVideo15"),
+    _preset("ltx-2.3", _LTX_23, requires=_LTXAV),
+    # Lightricks/LTX-2.3-fp8 ltx-2.3-22b-dev-fp8.safetensors, the file core's video_ltx2_3_t2v.json template
+    # loads with CheckpointLoaderSimple: the same DiT in 1-byte weights (ComfyUI computes in bf16)
+    _preset("ltx-2.3-fp8", _LTX_23, dtype="fp8", requires=_LTXAV),
 )}
 
 _ST_DTYPES = {
@@ -141,7 +211,7 @@ def spec_from_safetensors(path: str) -> ModelSpec:
     unet = {k: v for k, v in config.unet_config.items() if k not in ("dtype", "device", "operations")}
     family = family_of(unet, path)
     dtype = _DTYPE_NAMES.get(comfy.utils.weight_dtype(sd))
-    return ModelSpec(os.path.basename(path), family, unet, geometry_of(family, unet), 1, dtype, sd)
+    return ModelSpec(os.path.basename(path), family, unet, geometry_of(family, unet), 1, dtype, state_dict=sd)
 
 
 def spec_from_model_config(model_config) -> ModelSpec:

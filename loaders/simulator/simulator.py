@@ -30,6 +30,7 @@ from .simulator_report import DeviceReport, SimulationReport
 from .simulator_run import SimContext, first_blocks_only, run_fake_forward
 from .simulator_strategies import DEFAULT_CFG, check_cfg, compute_strategies
 from .simulator_workers import compute_worker_report
+from .text_encoders import place_text_encoder
 
 log = logging.getLogger("sharddit")
 
@@ -110,6 +111,7 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
         batch = 1 if cfg <= 1 else 2  # sequence runs cond + uncond together, split over the ranks
         inventory, devices = _host_devices(devices, inventory, n_workers)
     spec = _resolve(model)
+    presets.check_comfyui_has(spec)
     _check_size(spec, width, height, frames)
     _dtypes(dtype or spec.file_dtype or "bf16", spec)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
@@ -140,8 +142,24 @@ def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=Non
         report.strategies = compute_strategies(ctx, report, parallel, cfg, gpu, link_gbps)
     if workers:
         report.workers = compute_worker_report(ctx, report, workers, dist_weights, cfg, gpu, net_gbps)
+    report.text_encoder = _text_encoder(ctx, report)
     report.seconds = time.monotonic() - started
     return report
+
+
+def _text_encoder(ctx: SimContext, report: SimulationReport):
+    """The model's text encoder, placed beside the DiT of the chosen strategy (``sequence``: every GPU
+    it runs on; else the blocks plan's devices, home first) as ShardDiT's text encoder loader would."""
+    st = report.strategies
+    if st is not None and st.chosen == "sequence":
+        devices = list(st.devices.get("sequence", []))
+    elif report.plan is not None:
+        devices = list(dict.fromkeys([report.plan.home_device, *report.plan.dit_devices]))
+    else:
+        devices = []
+    activation = max((d.peak_activations for d in report.devices), default=0)
+    return place_text_encoder(ctx.spec, ctx.inventory, ctx.request, ctx.block_bytes, ctx.home_bytes, activation,
+                              devices)
 
 
 def _host_devices(devices: str, inventory, n_workers: int) -> tuple[Inventory, str]:

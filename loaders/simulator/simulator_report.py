@@ -83,6 +83,8 @@ class SimulationReport:
     """``simulator_strategies.StrategyReport`` when a parallel mode was asked for."""
     workers: object = None
     """``simulator_workers.WorkerReport`` when worker devices were listed (distributed `sequence`)."""
+    text_encoder: object = None
+    """``text_encoders.TextEncoderReport``: the model's text encoder, its size and device (None: unknown)."""
 
     @property
     def fits(self) -> bool:
@@ -118,6 +120,7 @@ class SimulationReport:
             "latent_shape": list(self.latent_shape), "fits": self.fits,
             "parallel": self.strategies.to_dict() if self.strategies is not None else None,
             "workers": self.workers.to_dict() if self.workers is not None else None,
+            "text_encoder": self.text_encoder.to_dict() if self.text_encoder is not None else None,
             "plan": self.plan.to_dict() if self.plan is not None else None,
             "devices": {d.device: {"weights": d.weights, "peak_activations": d.peak_activations,
                                    "usable": d.usable, "shortfall": d.shortfall, "blocks": d.blocks}
@@ -134,6 +137,8 @@ class SimulationReport:
             tail = f"parallel sequence with worker devices (this machine keeps their shares in RAM, on cpu); {tail}"
         lines = [f"[ShardDiT] plan: {self.model} ({self.family}), {self.dtype}, {w}x{h}x{f} frames, "
                  f"latent {'x'.join(map(str, self.latent_shape))}, {tail}"]
+        if self.text_encoder is not None:
+            lines.append(self.text_encoder.to_text())
         if self.experts > 1:
             lines.append(f"{self.experts} experts of this shape, loaded in turn by ComfyUI: the peak holds one "
                          f"(keeping all {self.experts} resident needs {self.experts}x the weights)")
@@ -154,7 +159,10 @@ class SimulationReport:
             lines += ["", self.strategies.to_text()]
         if self.workers is not None:
             lines += ["", self.workers.to_text()]
-        lines += ["", self._verdict(), f"({NOT_MODELLED}; simulated in {self.seconds:.1f} s)"]
+        not_counted = NOT_MODELLED
+        if self.text_encoder is not None:
+            not_counted = not_counted.replace("the text encoder", "the text encoder (its line above)")
+        lines += ["", self._verdict(), f"({not_counted}; simulated in {self.seconds:.1f} s)"]
         return "\n".join(lines)
 
     def _device_table(self) -> str:

@@ -22,7 +22,8 @@ from ...parallel.placement.plan_types import PlacementRequest
 from ...parallel.blocks.routing import BlockLayout
 from ...parallel.blocks.sharding import attach_block_sharding, get_block_list
 from ...parallel.placement.sizing import get_blocks
-from ...parallel.simulate import MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned
+from ...parallel.simulate import (MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned,
+                                  modules_move_in_place)
 from ..comfy.families import comfy_family
 
 __all__ = ["SimContext", "back_to_meta", "call_dit", "first_blocks_only", "run_fake_forward"]
@@ -106,12 +107,14 @@ def call_dit(ctx: SimContext, dit, batch: int, home: torch.device):
     def empty(*shape, dt=dtype):  # one per sample: the batch comes first
         return torch.empty((batch, *shape), dtype=dt, device=home)
 
-    x = torch.empty(g.latent_shape(*ctx.size, batch), dtype=dtype, device=home)
+    family = comfy_family(spec.family)
+    x = family.sim_latent(torch.empty(g.latent_shape(*ctx.size, batch), dtype=dtype, device=home), ctx.size[2], empty)
     t = empty(dt=torch.float32)
     context = empty(g.context_tokens, g.context_dim)
     options = {"optimized_attention_override": _attention_override}
-    kwargs = comfy_family(spec.family).sim_inputs(spec.unet_config, g, empty)
-    return dit(x, t, context, transformer_options=options, **kwargs)
+    kwargs = family.sim_inputs(spec.unet_config, g, empty)
+    with modules_move_in_place(dit):
+        return dit(x, t, context, transformer_options=options, **kwargs)
 
 
 def _attention_override(func, *args, **kwargs):

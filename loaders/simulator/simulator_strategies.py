@@ -85,6 +85,8 @@ class StrategyReport:
     """Strategy -> the devices it runs on."""
     core_note: str = ""
     """Which of core's own options this ComfyUI lacks ('' when it has both)."""
+    sequence_note: str = ""
+    """Why there is no `sequence` row (a family or class that runs blocks only), '' otherwise."""
     sequence_lean: bool = False
     """The `sequence` row is lean (``sequence/lean``): cond and uncond did not fit together, so they
     run one after the other over every GPU (its peaks are one pass's, its cost two passes')."""
@@ -99,6 +101,8 @@ class StrategyReport:
                  format_strategy_rows(self.costs, self.peaks, self.fits, self.baseline_name, self.hardware_note)]
         if self.core_note:
             lines.append(self.core_note)
+        if self.sequence_note:
+            lines.append(self.sequence_note)
         for name, devs in self.devices.items():
             if name in self.costs:
                 lines.append(f"{name} on {','.join(devs)}" + _DEVICE_NOTES.get(name, ""))
@@ -120,7 +124,7 @@ class StrategyReport:
 
     def to_dict(self) -> dict:
         return {"requested": self.requested, "chosen": self.chosen, "reason": self.reason, "cfg": self.cfg,
-                "core_note": self.core_note, "sequence_lean": self.sequence_lean,
+                "core_note": self.core_note, "sequence_note": self.sequence_note, "sequence_lean": self.sequence_lean,
                 "sequence_devices": {p.device: {"weights": p.weights, "activations": p.activations,
                                                 "prefetch": p.prefetch, "usable": self.usable.get(p.device)}
                                      for p in self.sequence_devices},
@@ -219,7 +223,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, sequence_devices=seq,
                          sequence_reports=seq_reports, usable=usable, hardware_note=hw_note,
                          baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices,
-                         core_note=absent_note(), sequence_lean=bool(lean_note))
+                         core_note=absent_note(), sequence_lean=bool(lean_note),
+                         sequence_note=f"no sequence row: {blocks_only}" if seq_specs is None and len(gpus) > 1 else "")
     log.info("[ShardDiT] %s", out.decision_line())
     return out
 
