@@ -73,9 +73,10 @@ TEMPLATES = [
              "Both experts (high and low noise) get a Shard node; ComfyUI keeps one expert on the GPUs at a "
              "time. With the Lightning LoRA switched on (4 steps, cfg 1) only `sequence` makes a step faster "
              "than one GPU; `parallel` auto takes it where the cost model predicts a gain."),
-    # 1280x720 is the high-resolution stage's size (the first stage samples at half of it); frames:
-    # duration 5 s x 25 fps + 1 = 126, which EmptyLTXVLatentVideo rounds to 8k+1 = 121
-    Template("video_ltx2_3_t2v.json", "ltx-2.3", "ltxv-13b", 1280, 720, 121, "fp8", 1.0,
+    # 1280x704: the high-resolution stage's latent (the template's 1280x720 halved for the first stage,
+    # 640x360 -> 20x11 latent cells of 32 px, upscaled x2 -> 40x22 = 1280x704); frames: duration
+    # 5 s x 25 fps + 1 = 126, which EmptyLTXVLatentVideo rounds to 8k+1 = 121
+    Template("video_ltx2_3_t2v.json", "ltx-2.3", "ltxv-13b", 1280, 704, 121, "fp8", 1.0,
              "LTX-2.3 text to video",
              "LTX-2.3's checkpoint holds the DiT, the audio and video VAEs: the Shard node sits on Load "
              "Checkpoint's MODEL output, so both stages (low and high resolution) sample sharded."),

@@ -85,3 +85,26 @@ def test_api_twin_passes_comfyui_validation(comfy029, template_model_names, name
     ok, error, outputs, node_errors = tpl.validate(api)
     assert ok and outputs, f"{name}: {error} {node_errors}"
     assert tpl.api_ids(api, tpl.SHARD_NODE)
+
+
+@pytest.mark.parametrize("name", IDS)
+def test_plan_node_settings_pass_the_plans_checks(comfy029, name):
+    """The muted "Will it fit?" Plan node, once a user unmutes it, plans as set: its preset, size,
+    frames, dtype and cfg pass the simulator's own checks (the preset exists, the size is on the
+    model's token grid: LTX-2.3's 1280x720 template samples a 1280x704 latent). The simulation itself
+    runs per preset in test_simulator_comfy / test_presets_2026_comfy; here only the checks, on two
+    imagined 24 GiB GPUs instead of the node's ``auto``."""
+    from sharddit.loaders.simulator.simulator import check_simulation
+
+    ui = wt.load(next(p[1] for p in PAIRS if p[0] == name))
+    (node,) = [n for n in ui["nodes"] if n["type"] == "ShardDiTPlan"]
+    schema = comfy029.nodes.NODE_CLASS_MAPPINGS["ShardDiTPlan"].define_schema()
+    values = dict(zip([i.id for i in schema.inputs], node["widgets_values"], strict=True))
+    spec = SPECS[name]
+    assert (values["model"], values["width"], values["height"], values["frames"], values["dtype"], values["cfg"]) == \
+        (spec.model, spec.width, spec.height, spec.frames, spec.dtype, spec.cfg)
+    setup = check_simulation(values["model"], "cuda:0=24GiB,cuda:1=24GiB", values["width"], values["height"],
+                             values["frames"], None if values["batch"] == "auto" else int(values["batch"]),
+                             values["dtype"], values["reserve_vram_gb"], parallel=values["parallel"],
+                             cfg=values["cfg"])
+    assert setup is not None

@@ -21,7 +21,7 @@ from ...parallel.cost.inputs import link_bandwidth, normalize_gpu_name
 from ...parallel.placement.devices import with_worker_shares
 from ...parallel.placement.inventory import GiB, Inventory, inventory_from_spec, read_inventory
 from ...parallel.cost.mode import check_parallel
-from ...parallel.families import get_family
+from ...parallel.families import get_family, shape_from_spec
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ...parallel.placement.planner import PlacementRequest
 from . import presets
@@ -200,7 +200,10 @@ def _build_context(spec, width: int, height: int, frames: int, dtype: str | None
 
 def _check_size(spec, width: int, height: int, frames: int) -> None:
     g = spec.geometry
-    step = g.spatial * 2  # the DiT patchifies 2x2 latent cells
+    # one token's cell in pixels: the VAE stride times the DiT's patch (2x2 latent cells for Wan and
+    # HunyuanVideo 1.0, one cell for LTX-Video/LTX-2 and HunyuanVideo 1.5); ComfyUI's latent nodes floor
+    # other sizes to it
+    step = g.spatial * shape_from_spec(spec).patch[1]
     if width < step or height < step or frames < 1:
         raise ValueError(f"[ShardDiT] size {width}x{height}x{frames} is too small for {spec.name}: "
                          f"width and height >= {step} pixels, frames >= 1")
