@@ -254,6 +254,49 @@ def test_kandinsky5_through_sharddit_ksampler_equals_core(env, cfg, caplog):
                 assert "Kandinsky 5 runs in blocks mode only" in caplog.text
 
 
+class _AVLatent:
+    """LTX-2's latent as ComfyUI's sampler takes it: one ``NestedTensor`` of (video, audio), made
+    fresh for each run (the harness clones the latent it is given)."""
+
+    def clone(self):
+        from comfy.nested_tensor import NestedTensor
+
+        return NestedTensor([torch.zeros(1, 128, 2, 4, 4), torch.zeros(1, 8, 5, 16)])
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+def test_ltx2_through_sharddit_ksampler_equals_core(env, cfg, caplog):
+    """LTX-2.3 end to end on ComfyUI's own loader and sampler: a tiny ``LTXAVModel`` (LTX-2.3's gated
+    attention and cross-attention AdaLN, 3 dual-stream blocks; ``harness.tiny_templates``'s
+    configuration) on a (video, audio) latent; core's KSampler against ShardDiT's on ``cpu,cpu``
+    and ``cpu,cpu,cpu`` in both modes. `sequence` falls back to `blocks` (the family's reason in the
+    log), so every run is the unsharded maths: ``torch.equal`` on both latents."""
+    import json
+
+    _class("comfy.ldm.lightricks.av_model", "LTXAVModel")  # or the skip on 0.3.64
+    import comfy.sd
+    from harness import tiny_templates
+    from harness.sampling import ours, stock
+
+    config = dict(tiny_templates.ltx23_transformer_config(64, 32), num_layers=3)
+    sd = random_state_dict(tiny_templates.ltxav_dit(config), seed=0)
+    model = comfy.sd.load_diffusion_model_state_dict(sd, metadata={"config": json.dumps({"transformer": config})})
+    assert type(model.model.diffusion_model).__name__ == "LTXAVModel"
+    extras = {"tokens": 8, "dim": 64 + 32, "frame_rate": 25.0}  # the text projection's video + audio features
+    ref = stock(env, model, _AVLatent(), extras, cfg=cfg)
+    for devices in ("cpu,cpu", "cpu,cpu,cpu"):
+        for parallel in ("blocks", "sequence"):
+            caplog.clear()
+            with caplog.at_level("INFO", logger="sharddit"):
+                got = ours(env, model, _AVLatent(), extras, devices, cfg=cfg, parallel=parallel)
+            assert len(got.tensors) == 2
+            assert all(torch.equal(a, b) for a, b in zip(got.tensors, ref.tensors, strict=True)), (devices, parallel)
+            (state,) = model.model.__dict__["_sharddit_states"].values()
+            assert state.router.stats.blocks_run == 3, (devices, parallel)
+            if parallel == "sequence":
+                assert "LTX-2 runs in blocks mode only" in caplog.text
+
+
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
 @pytest.mark.parametrize("devices", ["cpu,cpu", "cpu,cpu,cpu"])
 def test_hunyuan15_sequence_matches_core(env, cfg, devices):
@@ -261,7 +304,8 @@ def test_hunyuan15_sequence_matches_core(env, cfg, devices):
     ``supported_models.HunyuanVideo15``): double blocks only, the Qwen2.5-VL text after a cond-type
     embedding, text before the image tokens. `sequence` splits its 128 image tokens as for
     HunyuanVideo (the text replicated on every rank); compared with core's KSampler under the
-    pack's measured bound for token and cond/uncond splits (``COMFY_SPLIT_BOUND``)."""
+    pack's measured bound for token and cond/uncond splits (``COMFY_SPLIT_BOUND``); `blocks`
+    bit-identical."""
     from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
     from harness.sampling import load, ours, stock
 
@@ -277,3 +321,5 @@ def test_hunyuan15_sequence_matches_core(env, cfg, devices):
     stats = state.router.engine.stats  # the token split ran (no fallback to whole blocks)
     assert stats.fallbacks == 0 and sum(stats.blocks_run) == 3 * len(stats.blocks_run)
     assert_split_close(got, ref, COMFY_SPLIT_BOUND, f"HunyuanVideo 1.5 {devices} cfg {cfg}")
+    # blocks mode: every GEMM keeps core's shapes, so bit-identical
+    assert torch.equal(ours(env, model, latent, extras, devices, cfg=cfg, parallel="blocks"), ref)
