@@ -53,7 +53,6 @@ class Template:
     """One core template and the Plan node's settings for it (the template's own values)."""
     template: str
     model: str                 # the plan preset for this model
-    fallback: str              # the nearest preset when ``model`` is not one yet (presets are added in turn)
     width: int
     height: int
     frames: int
@@ -68,7 +67,7 @@ class Template:
 
 
 TEMPLATES = [
-    Template("video_wan2_2_14B_t2v.json", "wan2.2-t2v-a14b", "wan2.2-t2v-a14b", 640, 640, 81, "fp8", 3.5,
+    Template("video_wan2_2_14B_t2v.json", "wan2.2-t2v-a14b", 640, 640, 81, "fp8", 3.5,
              "Wan 2.2 14B text to video",
              "Both experts (high and low noise) get a Shard node; ComfyUI keeps one expert on the GPUs at a "
              "time. With the Lightning LoRA switched on (4 steps, cfg 1) only `sequence` makes a step faster "
@@ -76,21 +75,23 @@ TEMPLATES = [
     # 1280x704: the high-resolution stage's latent (the template's 1280x720 halved for the first stage,
     # 640x360 -> 20x11 latent cells of 32 px, upscaled x2 -> 40x22 = 1280x704); frames: duration
     # 5 s x 25 fps + 1 = 126, which EmptyLTXVLatentVideo rounds to 8k+1 = 121
-    Template("video_ltx2_3_t2v.json", "ltx-2.3", "ltxv-13b", 1280, 704, 121, "fp8", 1.0,
+    Template("video_ltx2_3_t2v.json", "ltx-2.3", 1280, 704, 121, "fp8", 1.0,
              "LTX-2.3 text to video",
              "LTX-2.3's checkpoint holds the DiT, the audio and video VAEs: the Shard node sits on Load "
              "Checkpoint's MODEL output, so both stages (low and high resolution) sample sharded."),
-    Template("video_hunyuan_video_1.5_720p_t2v.json", "hunyuanvideo-1.5", "hunyuanvideo-13b", 1280, 720, 121,
+    Template("video_hunyuan_video_1.5_720p_t2v.json", "hunyuanvideo-1.5", 1280, 720, 121,
              "fp16", 6.0, "HunyuanVideo 1.5 720p text to video",
              "The 1080p super-resolution stage (bypassed; Ctrl+B to enable) loads its own model without a "
              "Shard node: add one after its Load Diffusion Model if it does not fit one GPU."),
-    Template("video_kandinsky5_t2v.json", "kandinsky5-lite", "kandinsky5-lite", 768, 512, 121, "bf16", 5.0,
+    Template("video_kandinsky5_t2v.json", "kandinsky5-lite", 768, 512, 121, "bf16", 5.0,
              "Kandinsky 5 Lite text to video"),
 ]
 
 
 def preset_for(t: Template, presets) -> str:
-    return t.model if t.model in presets else t.fallback
+    if t.model not in presets:
+        raise ValueError(f"{t.template}: plan preset {t.model!r} is not among ShardDiT's presets {sorted(presets)}")
+    return t.model
 
 
 # ----------------------------------------------------------------------------- the Shard nodes
@@ -128,7 +129,7 @@ def place_shards(ui: dict, height: int) -> None:
 
 # ----------------------------------------------------------------------------- the ShardDiT column
 def note_text(t: Template, preset: str) -> str:
-    plan = f"`{preset}`" + ("" if preset == t.model else f" (the nearest preset this ShardDiT has to {t.model})")
+    plan = f"`{preset}`"
     lines = [f"## {t.title}, sharded (ShardDiT)", "",
              "ComfyUI's own template, unchanged but for one node: **Shard DiT Blocks (ShardDiT)** right after "
              "the diffusion model loader (open the subgraph to see it). `devices` auto spreads the model's "
