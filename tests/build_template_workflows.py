@@ -35,7 +35,8 @@ TESTS = Path(__file__).resolve().parent
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 from harness import templates as tpl  # noqa: E402
-from workflow_tools import TEMPLATE_SUFFIX, TITLE_H, WORKFLOWS_DIR, min_node_height, node_table  # noqa: E402
+from workflow_tools import (TEMPLATE_SUFFIX, TITLE_H, WORKFLOWS_DIR, min_node_height, node_table,  # noqa: E402
+                            write_or_check)
 
 GAP = 30                     # between a loader and its Shard node, and between columns
 COLUMN_W, NOTE_H, PLAN_H = 540, 320, 780
@@ -239,15 +240,7 @@ def main(argv) -> int:
     env = load_comfy()
     from sharddit.loaders.simulator import presets
 
-    files = render_all(env.nodes.NODE_CLASS_MAPPINGS, presets.preset_names())
-    if "--check" in argv:
-        stale = [str(p) for p, text in files.items() if not p.exists() or p.read_text() != text]
-        print("\n".join(stale) or "template workflows up to date")
-        return 1 if stale else 0
-    for path, text in files.items():
-        path.write_text(text)
-        print("wrote", path)
-    return 0
+    return write_or_check(render_all(env.nodes.NODE_CLASS_MAPPINGS, presets.preset_names()), argv, "template workflows")
 
 
 if __name__ == "__main__":

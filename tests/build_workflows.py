@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from workflow_tools import (CORE_NODES, TITLE_H, WORKFLOWS_DIR, Input, NodeSpec,  # noqa: E402
-                            display_name, min_node_height, node_box, sharddit_schemas)
+                            display_name, min_node_height, node_box, sharddit_schemas, write_or_check)
 
 # Inputs of ShardDiT nodes per DESIGN.md, used only for a node whose file does not define it yet.
 CONTRACT = {n.node_id: n for n in [
@@ -507,15 +507,7 @@ def render_all(out_dir: Path = WORKFLOWS_DIR) -> dict:
 
 
 def main(argv) -> int:
-    files = render_all()
-    if "--check" in argv:
-        stale = [str(p) for p, text in files.items() if not p.exists() or p.read_text() != text]
-        print("\n".join(stale) or "workflows up to date")
-        return 1 if stale else 0
-    for path, text in files.items():
-        path.write_text(text)
-        print("wrote", path)
-    return 0
+    return write_or_check(render_all(), argv, "workflows")
 
 
 if __name__ == "__main__":

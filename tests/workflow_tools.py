@@ -389,3 +389,16 @@ def model_files(ui: dict) -> list:
         for m in node.get("properties", {}).get("models", []) or []:
             out.append((m["directory"], m["name"]))
     return out
+
+
+def write_or_check(files: dict, argv, what: str) -> int:
+    """A generator's ending: with ``--check`` list the committed files that differ from ``files``
+    ({path: text}) and return 1 if any; else write them all. ``what`` names them in the message."""
+    if "--check" in argv:
+        stale = [str(p) for p, text in files.items() if not p.exists() or p.read_text() != text]
+        print("\n".join(stale) or f"{what} up to date")
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.write_text(text)
+        print("wrote", path)
+    return 0
