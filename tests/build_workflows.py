@@ -487,7 +487,6 @@ def hunyuan_t2v(t) -> Graph:
     return g
 
 
-# Wan 2.2 T2V A14B: core's own template, sharded (tests/build_template_workflows.py)
 GRAPHS = [wan21_t2v, ltxv_t2v, hunyuan_t2v]
 
 

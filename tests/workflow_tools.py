@@ -307,20 +307,9 @@ def node_table(sharddit: dict | None = None) -> dict:
 
 
 # ----------------------------------------------------------------------------- workflows
-# ``<core template>_sharddit.json``: core's 2026 templates with the Shard node inserted
-# (tests/build_template_workflows.py; subgraphs and 2026 nodes: ComfyUI >= 0.29). The others are
-# the pack's own graphs (tests/build_workflows.py; ComfyUI >= 0.3.64).
-TEMPLATE_SUFFIX = "_sharddit"
-
-
-def workflow_pairs(directory: Path = WORKFLOWS_DIR, kind: str = "built") -> list:
-    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``api/<name>_api.json``:
-    ``kind`` "built" (the pack's own graphs), "template" (core templates, sharded) or "all"."""
-    pairs = [(ui.stem, ui, directory / "api" / f"{ui.stem}_api.json") for ui in sorted(directory.glob("*.json"))]
-    if kind == "all":
-        return pairs
-    want = kind == "template"
-    return [p for p in pairs if p[0].endswith(TEMPLATE_SUFFIX) == want]
+def workflow_pairs(directory: Path = WORKFLOWS_DIR) -> list:
+    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``api/<name>_api.json``."""
+    return [(ui.stem, ui, directory / "api" / f"{ui.stem}_api.json") for ui in sorted(directory.glob("*.json"))]
 
 
 def load(path: Path) -> dict:
