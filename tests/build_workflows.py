@@ -12,8 +12,13 @@ consistent. Run it after changing a graph or a ShardDiT node's inputs, then revi
 
 Widget order comes from the node tables in ``workflow_tools`` (core nodes: ``CORE_NODES``; ours:
 ``nodes/*.py`` read with ast, falling back to ``CONTRACT`` for a node not written yet). File
-names, resolutions, frames, steps, cfg and shifts follow ComfyUI's own templates
-(comfyui-workflow-templates) for these models; the graphs are ours.
+names, resolutions, frames, steps, cfg and shifts are the models' published settings; the graphs,
+layouts and notes are the pack's own (tests/test_workflows_prose.py checks that no text of core's
+installed templates appears in workflows/).
+
+Each UI workflow carries ``extra.sharddit.min_comfyui``, the oldest ComfyUI it needs (the newest
+``since`` of its core nodes in ``workflow_tools.CORE_NODES``, or later for a model family that
+version lacks).
 """
 from __future__ import annotations
 
@@ -83,11 +88,29 @@ URLS = {
         f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files/text_encoders/llava_llama3_fp8_scaled.safetensors",
     "hunyuan_video_vae_bf16.safetensors":
         f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files/vae/hunyuan_video_vae_bf16.safetensors",
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+    "ltx-2.3-22b-dev-fp8.safetensors": f"{HF}/Lightricks/LTX-2.3-fp8/resolve/main/ltx-2.3-22b-dev-fp8.safetensors",
+    "gemma_3_12B_it_fp4_mixed.safetensors":
+        f"{HF}/Comfy-Org/ltx-2/resolve/main/split_files/text_encoders/gemma_3_12B_it_fp4_mixed.safetensors",
+    "hunyuanvideo1.5_720p_t2v_fp16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/diffusion_models/hunyuanvideo1.5_720p_t2v_fp16.safetensors",
+    "qwen_2.5_vl_7b_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors",
+    "byt5_small_glyphxl_fp16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/text_encoders/byt5_small_glyphxl_fp16.safetensors",
+    "hunyuanvideo15_vae_fp16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/vae/hunyuanvideo15_vae_fp16.safetensors",
+    "kandinsky5lite_t2v_sft_5s.safetensors":
+        f"{HF}/kandinskylab/Kandinsky-5.0-T2V-Lite-sft-5s/resolve/main/model/kandinsky5lite_t2v_sft_5s.safetensors",
 }
-# Wan's own negative prompt (the one ComfyUI's Wan templates and the Wan repo use).
-WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
-                "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，"
-                "杂乱的背景，三条腿，背景人很多，倒着走")
+# The pack's own negative prompt for the Wan graphs (and a shorter one for the others).
+WAN_NEGATIVE = ("blurry, out of focus, overexposed, washed-out colours, flicker, frozen frame, captions, watermark, "
+                "low quality, compression artefacts, malformed hands, extra fingers, distorted face, warped limbs, "
+                "crowded background")
+SHORT_NEGATIVE = "blurry, low quality, flicker, frozen frame, watermark, captions, distorted face, malformed hands"
 
 
 def table() -> dict:
@@ -97,9 +120,10 @@ def table() -> dict:
 class Graph:
     """A workflow described once; ``ui()`` and ``api()`` render the two formats."""
 
-    def __init__(self, name: str, uid: str, nodes_table: dict):
+    def __init__(self, name: str, uid: str, nodes_table: dict, min_comfyui: str = "0.3.64"):
         self.name = name
         self.uid = uid
+        self.min_comfyui = min_comfyui
         self.table = nodes_table
         self.nodes = {}      # id -> dict(type, pos, size, widgets, title, models, control)
         self.links = []      # (link_id, src, src_slot, dst, input_name)
@@ -238,7 +262,8 @@ class Graph:
         groups = self._groups()
         return {"id": self.uid, "revision": 0, "last_node_id": max(self.nodes), "last_link_id": len(self.links),
                 "nodes": nodes, "links": links, "groups": groups, "config": {},
-                "extra": {"ds": self._view(groups), "frontendVersion": FRONTEND_VERSION},
+                "extra": {"ds": self._view(groups), "frontendVersion": FRONTEND_VERSION,
+                          "sharddit": {"min_comfyui": self.min_comfyui}},
                 "version": 0.4}
 
     def _groups(self) -> list:
@@ -301,8 +326,9 @@ def files_note(title: str, files: list, extra: str = "") -> str:
              "Every `devices`/`device` input is `auto`: ShardDiT reads the free VRAM of each GPU and places the "
              "text encoder, the DiT blocks (split over the GPUs) and the VAE. `python custom_nodes/sharddit plan` "
              "prints the plan before you download anything.", "",
-             "Groups 1-5: ShardDiT's loaders place the models on your GPUs, the sampler runs the DiT blocks "
-             "sharded over them, the decoder batches VAE tiles over them.", "", "**Model files**", ""]
+             "The groups are numbered in the order the graph runs: ShardDiT's loaders place the models on your "
+             "GPUs, the DiT's blocks run sharded over them, the decoder batches VAE tiles over them.", "",
+             "**Model files**", ""]
     for folder, name in files:
         lines.append(f"- [{name}]({URLS[name]}) → `models/{folder}/`")
     lines += ["", "```", "ComfyUI/", "└── models/"]
@@ -487,7 +513,63 @@ def hunyuan_t2v(t) -> Graph:
     return g
 
 
-GRAPHS = [wan21_t2v, ltxv_t2v, hunyuan_t2v]
+def wan22_t2v(t) -> Graph:
+    """Wan 2.2 T2V A14B: two experts of the same shape, the high-noise one for the first half of
+    the steps, the low-noise one for the rest (two KSamplerAdvanced over one 20-step schedule)."""
+    g = Graph("wan2.2_t2v_A14B_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2202", t)
+    files = [("diffusion_models", "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors"),
+             ("diffusion_models", "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors"),
+             ("text_encoders", "umt5_xxl_fp8_e4m3fn_scaled.safetensors"), ("vae", "wan_2.1_vae.safetensors")]
+    for nid, (title, f), y in ((1, ("High-noise expert", files[0]), 0), (2, ("Low-noise expert", files[1]), 180)):
+        g.node(nid, "ShardDiTLoadDiffusionModel", (0, y), (400, None), title=title, models=[f],
+               unet_name=f[1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0, parallel="auto")
+    g.node(3, "ShardDiTLoadTextEncoder", (0, 360), (400, None), models=[files[2]],
+           clip_name=files[2][1], type="wan", device="auto")
+    g.node(4, "ShardDiTLoadVAE", (0, 520), (400, None), models=[files[3]], vae_name=files[3][1], device="auto")
+    g.node(5, "EmptyHunyuanLatentVideo", (0, 720), (400, None), width=832, height=480, length=81, batch_size=1)
+    g.node(6, "CLIPTextEncode", (440, 0), (400, 200), title="Positive prompt",
+           text="An old lighthouse keeper climbs a spiral iron staircase carrying an oil lamp, the flame swaying "
+                "with each step, stormy sea visible through the narrow windows, the camera rising with him, "
+                "warm lamplight against cold blue dusk")
+    g.node(7, "CLIPTextEncode", (440, 250), (400, 180), title="Negative prompt", text=WAN_NEGATIVE)
+    g.link(3, 0, 6, "clip")
+    g.link(3, 0, 7, "clip")
+    common = dict(steps=20, cfg=3.5, sampler_name="euler", scheduler="simple")
+    for ms, ks, loader, y, first in ((8, 9, 1, 0, True), (10, 11, 2, 520, False)):
+        g.node(ms, "ModelSamplingSD3", (880, y), (330, None), shift=8.0)
+        g.link(loader, 0, ms, "model")
+        g.node(ks, "KSamplerAdvanced", (880, y + 110), (330, None), title="High noise: steps 0-10" if first
+               else "Low noise: steps 10-20", add_noise="enable" if first else "disable", noise_seed=42 if first else 0,
+               start_at_step=0 if first else 10, end_at_step=10 if first else 10000,
+               return_with_leftover_noise="enable" if first else "disable", **common)
+        g.link(ms, 0, ks, "model")
+        g.link(6, 0, ks, "positive")
+        g.link(7, 0, ks, "negative")
+    g.link(5, 0, 9, "latent_image")
+    g.link(9, 0, 11, "latent_image")
+    decode_nodes(g, 12, 1250, (11, 0), (4, 0), 16.0, "video/sharddit_wan2.2_t2v_A14B")
+    files_note_node(g, 15, files_note("Wan 2.2 T2V A14B, 832×480, 81 frames", files, WAN22_NOTE + "\n\n" + PLAN_NOTE))
+    plan_node(g, 16, "wan2.2-t2v-a14b", 832, 480, 81, "fp8", 3.5)
+    g.group("1 - Load models (ShardDiT)", [1, 2, 3, 4])
+    g.group("2 - Video size", [5])
+    g.group("3 - Prompt", [6, 7])
+    g.group("4 - High-noise expert", [8, 9])
+    g.group("5 - Low-noise expert", [10, 11])
+    g.group("6 - Decode and save", [12, 13, 14])
+    return g
+
+
+WAN22_NOTE = (
+    "Wan 2.2 A14B is two 14B DiTs of the same shape: the high-noise expert lays out the motion in steps 0-10, "
+    "the low-noise expert refines the detail in steps 10-20. Each loader shards its own expert; the second "
+    "KSampler (Advanced) continues from the first one's latent without adding noise.\n\n"
+    "**VRAM per GPU** (`plan`, two 16 GiB cards, fp8, per expert): cuda:0 6.8 GiB weights + 2.7 activations "
+    "+ 0.7 prefetch, cuda:1 6.5 + 2.7 + 0.7. One 16 GiB card cannot hold an expert (18.6 GiB). `parallel` "
+    "`auto` picks **sequence** here (cond and uncond on their own GPU: 1.99× one GPU predicted); "
+    "`blocks` fits too (12.1 GiB on cuda:0) but runs no faster than one GPU.")
+
+
+GRAPHS = [wan21_t2v, ltxv_t2v, hunyuan_t2v, wan22_t2v]
 
 
 def dumps(obj) -> str:
