@@ -14,7 +14,8 @@ from sharddit.parallel.placement.devices import parse_component_device, parse_de
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 
-EXPECTED = {"wan2.1_t2v_14B_2gpu", "ltxv_13b_t2v_2gpu", "hunyuan_video_t2v_2gpu", "wan2.2_t2v_A14B_2gpu"}
+EXPECTED = {"wan2.1_t2v_14B_2gpu", "ltxv_13b_t2v_2gpu", "hunyuan_video_t2v_2gpu", "wan2.2_t2v_A14B_2gpu",
+            "ltx2.3_t2v_2gpu", "hunyuan_video_1.5_720p_t2v_2gpu", "kandinsky5_lite_t2v_2gpu"}
 PAIRS = wt.workflow_pairs()
 IDS = [name for name, _, _ in PAIRS]
 MODEL_FOLDERS = {"diffusion_models", "text_encoders", "vae", "checkpoints", "loras"}
