@@ -65,9 +65,15 @@ GROUP_TOP, GROUP_PAD = 96, 10
 NODE_GAP, GROUP_GAP = 20, 20
 TITLE_CHAR_W = 0.55 * GROUP_FONT   # Arial, mixed case: a safe upper bound per character
 # The saved view shows the whole graph in a 1600 x 1000 window at a zoom where the frontend still
-# draws text (it drops it below about 0.57). Its canvas starts right of the side bar (64 px) and
-# below the top bar (78 px): 1536 x 922 CSS pixels; view offsets are relative to the canvas.
-WINDOW = (12, 12, 1524, 910)       # x0, y0, x1, y1 inside the canvas, CSS pixels
+# draws text (it drops it below about 0.57); view offsets are relative to the canvas. The frontend
+# of the workflow's oldest ComfyUI sets the window (x0, y0, x1, y1 inside the canvas, CSS pixels):
+# - 0.3.64 (frontend 1.27): the canvas starts right of the side bar (64 px) and below the top bar
+#   (78 px): 1536 x 922;
+# - 0.29.0: the canvas fills the window; the tabs (to y 38), the side bar (to x 59), the breadcrumb
+#   and the Run bar (to y 90) float over it, the minimap over its bottom-right corner (MINIMAP).
+WINDOWS = {"0.3.64": (12, 12, 1524, 910), "0.29.0": (70, 96, 1590, 990)}
+MINIMAP = {"0.29.0": (1335, 735, 1600, 1000)}
+WINDOW = WINDOWS["0.3.64"]
 MIN_SCALE, MAX_SCALE = 0.6, 0.8
 # Columns of the pipeline (x) and the left column (note and Plan node).
 LEFT_X, LEFT_W = -580, 540
@@ -283,12 +289,13 @@ class Graph:
         return groups
 
     def _view(self, groups) -> dict:
-        """Zoom and offset that show every group and node inside ``WINDOW`` (centred)."""
+        """Zoom and offset that show every group and node inside the window of the workflow's
+        frontend (``WINDOWS``, centred), clear of its minimap."""
         boxes = [g["bounding"] for g in groups] + [
             [n["pos"][0], n["pos"][1] - 54, n["size"][0], n["size"][1] + 54] for n in self.nodes.values()]
         x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
         x1, y1 = max(b[0] + b[2] for b in boxes), max(b[1] + b[3] for b in boxes)
-        wx0, wy0, wx1, wy1 = WINDOW
+        wx0, wy0, wx1, wy1 = WINDOWS[self.min_comfyui]
         scale = min(MAX_SCALE, (wx1 - wx0) / (x1 - x0), (wy1 - wy0) / (y1 - y0))
         if scale < MIN_SCALE:
             raise ValueError(f"{self.name}: the graph ({x1 - x0}x{y1 - y0}) needs zoom {scale:.2f} to fit a 1600x1000 "
@@ -296,6 +303,13 @@ class Graph:
         scale = round(scale, 3)
         ox = (wx0 + (wx1 - wx0 - (x1 - x0) * scale) / 2) / scale - x0
         oy = (wy0 + (wy1 - wy0 - (y1 - y0) * scale) / 2) / scale - y0
+        if self.min_comfyui in MINIMAP:
+            mx0, my0, mx1, my1 = MINIMAP[self.min_comfyui]
+            for bx, by, bw, bh in boxes:
+                sx0, sy0, sx1, sy1 = ((bx + ox) * scale, (by + oy) * scale, (bx + bw + ox) * scale, (by + bh + oy) * scale)
+                if sx0 < mx1 and mx0 < sx1 and sy0 < my1 and my0 < sy1:
+                    raise ValueError(f"{self.name}: the box {[bx, by, bw, bh]} lies under the minimap at the saved view "
+                                     f"({[round(v) for v in (sx0, sy0, sx1, sy1)]} on screen): make the right column shorter")
         return {"scale": scale, "offset": [round(ox, 1), round(oy, 1)]}
 
     def api(self) -> dict:
@@ -613,19 +627,19 @@ def ltx23_t2v(t) -> Graph:
     g.link(12, 0, 15, "sampler")
     g.link(11, 0, 15, "sigmas")
     g.link(7, 0, 15, "latent_image")
-    g.node(16, "LTXVSeparateAVLatent", (1240, 0), (360, None))
+    g.node(16, "LTXVSeparateAVLatent", (880, 780), (320, None))
     g.link(15, 0, 16, "av_latent")
-    g.node(17, "ShardDiTVAEDecodeTiled", (1240, 120), (360, None), tile_size=512, overlap=64, temporal_size=64,
+    g.node(17, "ShardDiTVAEDecodeTiled", (1240, 0), (360, None), tile_size=512, overlap=64, temporal_size=64,
            temporal_overlap=8, tile_batch_size="auto", devices="auto")
     g.link(16, 0, 17, "samples")
     g.link(1, 2, 17, "vae")
-    g.node(18, "LTXVAudioVAEDecode", (1240, 420), (360, None))
+    g.node(18, "LTXVAudioVAEDecode", (1240, 250), (360, None))
     g.link(16, 1, 18, "samples")
     g.link(4, 0, 18, "audio_vae")
-    g.node(19, "CreateVideo", (1240, 540), (360, CREATE_VIDEO_H), fps=25.0)
+    g.node(19, "CreateVideo", (1240, 350), (360, CREATE_VIDEO_H), fps=25.0)
     g.link(17, 0, 19, "images")
     g.link(18, 0, 19, "audio")
-    g.node(20, "SaveVideo", (1240, 680), (360, 470), filename_prefix="video/sharddit_ltx2.3_t2v", format="auto",
+    g.node(20, "SaveVideo", (1240, 500), (360, 420), filename_prefix="video/sharddit_ltx2.3_t2v", format="auto",
            codec="auto")
     g.link(19, 0, 20, "video")
     files_note_node(g, 21, files_note("LTX-2.3 T2V with sound, 768×512, 97 frames", files, LTX23_NOTE + "\n\n" + PLAN_NOTE))
@@ -633,8 +647,8 @@ def ltx23_t2v(t) -> Graph:
     g.group("1 - Load models (ShardDiT)", [1, 2, 3, 4])
     g.group("2 - Video and sound", [5, 6, 7])
     g.group("3 - Prompt", [8, 9, 10])
-    g.group("4 - Sample", [11, 12, 13, 14, 15])
-    g.group("5 - Decode and save", [16, 17, 18, 19, 20])
+    g.group("4 - Sample", [11, 12, 13, 14, 15, 16])
+    g.group("5 - Decode and save", [17, 18, 19, 20])
     return g
 
 

@@ -238,25 +238,7 @@ def test_comfy_cli_converts_ui_workflow_to_its_api_twin(pair, object_info):
     _skip_if_too_new(pair[0])
     converted = convert_ui_to_api(wt.load(pair[1]), object_info)
     twin = wt.strip_meta(wt.load(pair[2]))
-    assert _without_new_optional_defaults(wt.strip_meta(converted), twin, object_info) == twin
-
-
-def _without_new_optional_defaults(api: dict, twin: dict, object_info: dict) -> dict:
-    """``api`` less the inputs the twin lacks that are optional widgets at their default on this
-    ComfyUI (the converter fills in inputs a newer core appended, e.g. 0.29's CreateVideo
-    ``bit_depth``: the workflow means the same)."""
-    out = {}
-    for nid, node in api.items():
-        optional = object_info.get(node["class_type"], {}).get("input", {}).get("optional", {})
-        known = twin.get(nid, {}).get("inputs", {})
-
-        def new_default(name, value):
-            spec = optional.get(name)
-            return name not in known and spec is not None and len(spec) > 1 and \
-                isinstance(spec[1], dict) and spec[1].get("default") == value
-
-        out[nid] = {**node, "inputs": {k: v for k, v in node["inputs"].items() if not new_default(k, v)}}
-    return out
+    assert wt.without_new_optional_defaults(wt.strip_meta(converted), twin, object_info) == twin
 
 
 @pytest.mark.parametrize("name", IDS)

@@ -425,6 +425,24 @@ def strip_meta(api: dict) -> dict:
     return {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
 
 
+def without_new_optional_defaults(api: dict, twin: dict, object_info: dict) -> dict:
+    """``api`` less the inputs the twin lacks that are optional widgets at their default on this
+    ComfyUI (the converter fills in inputs a newer core appended, e.g. 0.29's CreateVideo
+    ``bit_depth``: the workflow means the same)."""
+    out = {}
+    for nid, node in api.items():
+        optional = object_info.get(node["class_type"], {}).get("input", {}).get("optional", {})
+        known = twin.get(nid, {}).get("inputs", {})
+
+        def new_default(name, value):
+            spec = optional.get(name)
+            return name not in known and spec is not None and len(spec) > 1 and \
+                isinstance(spec[1], dict) and spec[1].get("default") == value
+
+        out[nid] = {**node, "inputs": {k: v for k, v in node["inputs"].items() if not new_default(k, v)}}
+    return out
+
+
 def model_files(ui: dict) -> list:
     """``[(directory, name)]`` from the loaders' ``properties.models`` (what the frontend offers to download)."""
     out = []
