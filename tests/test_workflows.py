@@ -292,6 +292,16 @@ def test_widget_map_handles_control_after_generate():
         wt.widget_map(spec, ["enable", 5, 20, 3.5, "euler", "simple", 0, 10, "enable"])
 
 
+def test_readme_shows_every_workflow_with_its_thumbnail_and_comfyui():
+    """README's Workflows section: a row per UI workflow with its JPEG, its name and its mark."""
+    text = (wt.REPO / "README.md").read_text()
+    section = text[text.index("## Workflows\n"):text.index("\n## ", text.index("## Workflows\n") + 1)]
+    for name, ui, _ in PAIRS:
+        row = next((line for line in section.splitlines() if f"`{name}`" in line), "")
+        assert f'<img src="workflows/{name}.jpg"' in row, f"README: no row with {name}'s thumbnail"
+        assert f"| {wt.min_comfyui(wt.load(ui))} |" in row, f"README: {name}'s row lacks its ComfyUI version"
+
+
 def test_readme_commands_name_files_that_exist_from_the_comfyui_folder():
     """README and workflows/README tell users to run ``comfy run --workflow PATH`` (and ``cat PATH``)
     from the ComfyUI folder, with the pack in custom_nodes/sharddit: every such PATH exists."""
