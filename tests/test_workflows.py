@@ -178,6 +178,18 @@ def test_version_marks_compare_as_versions():
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_the_shard_transform_finds_nothing_to_add(pair):
+    """Every DiT of a shipped workflow is sharded already (ShardDiT's loader, or a Shard node after
+    core's): the pack's own shard transform leaves both twins unchanged."""
+    from sharddit.loaders.workflow.shard import shard_workflow
+
+    for path in pair[1:]:
+        workflow = wt.load(path)
+        result = shard_workflow(workflow)
+        assert result.added == [] and result.workflow == workflow, f"{path.name}: {result.message}"
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
 def test_all_placement_inputs_are_auto(pair, ours, table):
     ui, api = _load(pair)
     for node_id, node in {**wt.ui_to_api(ui, table, include_muted=True), **api}.items():
