@@ -421,7 +421,7 @@ def wan21_t2v(t) -> Graph:
     g.link(6, 0, 8, "negative")
     g.link(4, 0, 8, "latent_image")
     decode_nodes(g, 9, 1250, (8, 0), (3, 0), 16.0, "video/sharddit_wan2.1_t2v_14B")
-    files_note_node(g, 12, files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, PLAN_NOTE))
+    files_note_node(g, 12, files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, WAN21_NOTE + "\n\n" + PLAN_NOTE))
     plan_node(g, 13, "wan2.1-t2v-14b", 832, 480, 81, "fp8", 6.0)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
@@ -470,7 +470,7 @@ def ltxv_t2v(t) -> Graph:
         "LTX-Video 13B T2V, 768×512, 97 frames", files,
         "The LTX-Video checkpoint holds the DiT and the VAE: core's Load Checkpoint reads it from "
         "`models/checkpoints/`, **Shard DiT Blocks (ShardDiT)** spreads its blocks over the GPUs. Its "
-        "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts.\n\n" + PLAN_NOTE))
+        "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts.\n\n" + LTXV_NOTE + "\n\n" + PLAN_NOTE))
     plan_node(g, 15, "ltxv-13b", 768, 512, 97, "bf16", 3.0)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
@@ -517,7 +517,8 @@ def hunyuan_t2v(t) -> Graph:
     files_note_node(g, 16, files_note(
         "HunyuanVideo T2V 720p model, 848×480, 73 frames", files,
         "HunyuanVideo's two text encoders load through core's DualCLIPLoader (ShardDiT's text encoder "
-        "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt.\n\n" + PLAN_NOTE))
+        "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt.\n\n" + HY_NOTE + "\n\n"
+        + PLAN_NOTE))
     plan_node(g, 17, "hunyuanvideo-13b", 848, 480, 73, "bf16", 1.0, batch="1")
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
@@ -525,6 +526,21 @@ def hunyuan_t2v(t) -> Graph:
     g.group("4 - Sample", [7, 8, 9, 10, 11, 12])
     g.group("5 - Decode and save", [13, 14, 15])
     return g
+
+
+# VRAM per GPU and the mode `auto` picks: `plan` on ComfyUI 0.29.0 (workflows/README.md has the commands).
+WAN21_NOTE = (
+    "**VRAM per GPU** (`plan`, two 16 GiB cards, fp8): cuda:0 6.8 GiB weights + 2.7 activations + 0.7 "
+    "prefetch, cuda:1 6.5 + 2.7 + 0.7; one 16 GiB card is short (18.6 GiB). `parallel` `auto` picks "
+    "**sequence** (cond and uncond each on its own GPU: 1.99× one GPU predicted).")
+LTXV_NOTE = (
+    "**VRAM per GPU** (`plan`, two 16 GiB cards, bf16): cuda:0 12.3 GiB weights + 0.6 activations + 1.0 "
+    "prefetch, cuda:1 12.0 + 0.5 + 1.0; one card is short (25.2 GiB). `parallel` `auto` picks **sequence** "
+    "(1.53× one GPU predicted; streaming the weights bounds it).")
+HY_NOTE = (
+    "**VRAM per GPU** (`plan`, two 24 GiB cards, bf16, batch 1): cuda:0 12.1 GiB weights + 1.8 activations "
+    "+ 1.8 prefetch, cuda:1 11.8 + 1.8 + 1.3; one 24 GiB card is short (26.2 GiB). `parallel` `auto` picks "
+    "**sequence** (the video's tokens split over the GPUs: 1.70× one GPU predicted).")
 
 
 def wan22_t2v(t) -> Graph:
