@@ -167,7 +167,8 @@ CORE_DISPLAY_NAMES = {"CheckpointLoaderSimple": "Load Checkpoint", "CLIPTextEnco
                       "LTXVEmptyLatentAudio": "LTXV Empty Latent Audio", "LTXVAudioVAEDecode": "LTXV Audio VAE Decode",
                       "EmptyHunyuanVideo15Latent": "Empty HunyuanVideo 1.5 Latent"}
 NEWER_DISPLAY_NAMES = {"DualCLIPLoader": "Load CLIP (Dual)", "EmptyHunyuanLatentVideo": "Empty HunyuanVideo 1.0 Latent",
-                       "BasicGuider": "Basic Guider", "CFGGuider": "CFG Guider"}
+                       "BasicGuider": "Basic Guider", "CFGGuider": "CFG Guider",
+                       "LTXVConcatAVLatent": "Concat AV Latent", "LTXVSeparateAVLatent": "Separate AV Latent"}  # 0.33
 
 
 def display_name(spec: NodeSpec) -> str:
