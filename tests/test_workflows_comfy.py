@@ -257,6 +257,26 @@ def test_wan21_workflow_runs_end_to_end_on_cpu(comfy_server, real_names):
     assert files[0].is_file() and files[0].stat().st_size > 0
 
 
+def test_wan22_workflow_runs_both_experts_end_to_end_on_cpu(comfy_server, real_names):
+    """The two-expert graph runs: tiny Wan 2.2 high- and low-noise DiTs under the real file names
+    (``harness.fixtures.TEMPLATE_NAMES``), each loaded and sharded by its own ShardDiT loader, 64×64,
+    5 frames, 4 steps split 2 + 2 between the two KSampler (Advanced) nodes; both experts are sharded
+(two loader log lines) and the .mp4 exists."""
+    api = _small(wt.load(wt.API_DIR / "wan2.2_t2v_A14B_2gpu_api.json"), WAN21_SMALL)
+    experts = sorted((n["inputs"]["start_at_step"], i) for i, n in api.items() if n["class_type"] == "KSamplerAdvanced")
+    (_, high), (_, low) = experts
+    api[high]["inputs"].update(steps=4, end_at_step=2)
+    api[low]["inputs"].update(steps=4, start_at_step=2)
+    before = len(comfy_server.messages())
+    prompt_id = comfy_server.queue_prompt(api)
+    comfy_server.wait(prompt_id, timeout=600)
+    files = comfy_server.output_files(prompt_id)
+    assert [f.suffix for f in files] == [".mp4"], files
+    assert files[0].is_file() and files[0].stat().st_size > 0
+    sharded = [m for m in comfy_server.messages()[before:] if "[ShardDiT] WanModel:" in m and "blocks sharded" in m]
+    assert len(sharded) == 2, f"expected both experts loaded and sharded, got {sharded}\n{comfy_server.log_tail()}"
+
+
 def test_comfy_cli_run_wait(comfy_server, real_names, tmp_path):
     """comfy-cli: ``comfy run --workflow <api json> --wait`` against the test server; output exists."""
     from harness.server import comfy_run, parse_comfy_run_events
