@@ -26,6 +26,9 @@ import types
 from pathlib import Path
 
 TEMPLATES_PACKAGE = "comfyui_workflow_templates_json"
+# loader type -> its MODEL output slot: read only by the old sharded-template workflows' tests
+# (tests/test_template_workflows.py), removed with them (issue 29 item 1)
+DIT_LOADERS = {"UNETLoader": 0, "CheckpointLoaderSimple": 0}
 SHARD_NODE = "ShardDiTShardModel"
 FRONTEND_ONLY = {"Note", "MarkdownNote"}
 # Frontend nodes never sent: a reroute passes its link on, a legacy PrimitiveNode's value is
