@@ -127,7 +127,7 @@ def test_ui_idempotent_and_exact_inverse(sharded):
     again = shard_workflow(result.workflow)
     assert again.added == [] and again.workflow == result.workflow
     assert [c.loader_id for c in again.already] == [1, 6, 20]
-    assert again.reason.startswith("already sharded: 3 Shard nodes in place")
+    assert again.reason.startswith("already sharded: 3 diffusion models go through a Shard node")
     back = unshard_workflow(result.workflow)
     assert back.workflow == ui
     assert sorted(c.shard_id for c in back.added) == sorted(c.shard_id for c in result.added)
@@ -171,6 +171,21 @@ def test_nothing_to_shard_is_a_reason_not_an_error():
     result = shard_workflow(ui)
     assert result.workflow == ui and result.added == [] and result.already == []
     assert result.reason.startswith("nothing to shard: no diffusion-model loader") and result.message == result.reason
+
+
+def test_a_workflow_on_sharddits_own_loader_is_already_sharded():
+    """Load Diffusion Model (ShardDiT) shards what it loads: nothing to add, and the reason says
+    so (not "no diffusion-model loader"); UI and API alike."""
+    ui = {"nodes": [node(1, "ShardDiTLoadDiffusionModel", (0, 0), outputs=[("MODEL", "MODEL", [1])],
+                         widgets=["wan.safetensors"]),
+                    node(2, "KSampler", (0, 200), inputs=[("model", "MODEL", 1)])],
+          "links": [[1, 1, 0, 2, 0, "MODEL"]], "groups": []}
+    api = {"1": {"class_type": "ShardDiTLoadDiffusionModel", "inputs": {"unet_name": "wan.safetensors"}},
+           "2": {"class_type": "KSampler", "inputs": {"model": ["1", 0]}}}
+    for wf in (ui, api):
+        result = shard_workflow(wf)
+        assert result.workflow == wf and result.added == [] and [c.loader_id for c in result.already] == [1 if wf is ui else "1"]
+        assert result.reason.startswith("already sharded: 1 diffusion model goes through a Shard node or ShardDiT's own loader (wan)")
 
 
 @pytest.mark.parametrize("data", [[], "text", 3, {}, {"a": 1}, {"nodes": {}, "links": []}, {"1": {"inputs": {}}}],
