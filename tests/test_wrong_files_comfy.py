@@ -1,0 +1,230 @@
+"""Wrong files and values given to ShardDiT's loaders and decode: refused before any weight is
+read, with a message naming the file, what it holds and what the input takes (real ComfyUI,
+in-process, tiny files).
+
+Every refusal runs with ``comfy.utils.load_torch_file`` and ``torch.load`` replaced by a tripwire
+(``no_weights_read``): a check that lets the file through reaches core's loading and the test
+fails there (core would build a random 15 GB Qwen2.5-VL for two CLIP-L files). Each loader then
+loads a right file in the same session (``test_*_loads_after_refusals``): ComfyUI stays usable.
+The wrong files are symlinks to the harness's tiny files (``tiny_models``, ``tiny_encoders``) in
+the folder of another loader, and garbage written as ``.ckpt``.
+"""
+import os
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.comfy
+
+GARBAGE = b"<!DOCTYPE html><html><body>404 Not Found</body></html>\n" * 20
+FAST_S = 2.0  # a header read takes milliseconds; loading any of these files takes far longer
+
+
+def _skip_before_2026():
+    import comfyui_version
+
+    if comfyui_version.__version__.startswith("0.3."):
+        pytest.skip(f"ComfyUI {comfyui_version.__version__} has no LTX-2 / HunyuanVideo 1.5 / Kandinsky 5 text "
+                    "encoders (added after ComfyUI 0.3.64)")
+
+
+@pytest.fixture(scope="module")
+def wrong(comfy_env, tiny_models, tmp_path_factory):
+    """The models dir of this module: tiny files under wrong folders, garbage ``.ckpt`` files,
+    and (ComfyUI 0.29+) the tiny 2026 encoders; registered with folder_paths."""
+    import folder_paths
+
+    root = tmp_path_factory.mktemp("wrong_files")
+    links = {"text_encoders/dit_as_te.safetensors": "wan21_t2v", "text_encoders/vae_as_te.safetensors": "wan21_vae",
+             "text_encoders/lora_as_te.safetensors": "wan21_lora", "vae/dit_as_vae.safetensors": "wan21_t2v",
+             "vae/te_as_vae.safetensors": "umt5"}
+    for rel, kind in links.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(tiny_models.path(kind), root / rel)
+    for folder in ("diffusion_models", "text_encoders", "checkpoints"):
+        (root / folder).mkdir(exist_ok=True)
+        (root / folder / "garbage.ckpt").write_bytes(GARBAGE)
+    import comfyui_version
+
+    if not comfyui_version.__version__.startswith("0.3."):
+        from harness import tiny_encoders as te
+
+        paths = te.write_tiny_encoders(root)
+        os.symlink(paths["clip_l"], root / "text_encoders" / "clip_l_copy.safetensors")
+    for folder in ("diffusion_models", "text_encoders", "vae", "checkpoints"):
+        folder_paths.add_model_folder_path(folder, str(root / folder), is_default=True)
+    cache = getattr(folder_paths, "filename_list_cache", None)
+    if isinstance(cache, dict):
+        cache.clear()
+    return root
+
+
+@pytest.fixture
+def no_weights_read(monkeypatch):
+    """Core's weight reading is a tripwire for the test's duration."""
+    import comfy.utils
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError(f"weights were read ({args[:1]}): the file was not refused before loading")
+
+    monkeypatch.setattr(comfy.utils, "load_torch_file", tripwire)
+    monkeypatch.setattr(torch, "load", tripwire)
+
+
+def refused(call, *parts) -> str:
+    """The ValueError of ``call()``, raised fast, whose message holds every one of ``parts``."""
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as err:
+        call()
+    took = time.perf_counter() - start
+    message = str(err.value)
+    assert took < FAST_S, f"refused after {took:.1f} s: {message}"
+    assert message.startswith("[ShardDiT]"), message
+    missing = [p for p in parts if p not in message]
+    assert not missing, f"{missing} not in: {message}"
+    return message
+
+
+def _node(env, node_id):
+    return env.nodes.NODE_CLASS_MAPPINGS[node_id]
+
+
+# ----------------------------------------------------------------------------- text encoder loader
+TE_CASES = {  # file -> what the message says it is
+    "dit_as_te.safetensors": ("a diffusion model (WAN21_T2V)", "models/diffusion_models/"),
+    "vae_as_te.safetensors": ("a VAE", "models/vae/"),
+    "lora_as_te.safetensors": ("a LoRA", "models/loras/"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TE_CASES))
+def test_text_encoder_loader_refuses_dit_vae_lora(comfy_env, wrong, no_weights_read, name):
+    node = _node(comfy_env, "ShardDiTLoadTextEncoder")
+    refused(lambda: node.execute(name, "wan", "cpu"), repr(name), *TE_CASES[name], "takes a text encoder file",
+            "T5/UMT5")
+
+
+def test_text_encoder_loader_refuses_clip_l_as_wan(comfy_env, wrong, no_weights_read):
+    _skip_before_2026()
+    node = _node(comfy_env, "ShardDiTLoadTextEncoder")
+    refused(lambda: node.execute("tiny_clip_l.safetensors", "wan", "cpu"), "'tiny_clip_l.safetensors'",
+            "a CLIP-L text encoder", "type 'wan'", "a T5/UMT5 file (e.g. umt5_xxl")
+
+
+def test_text_encoder_loader_refuses_garbage_ckpt(comfy_env, wrong, no_weights_read):
+    node = _node(comfy_env, "ShardDiTLoadTextEncoder")
+    refused(lambda: node.execute("garbage.ckpt", "wan", "cpu"), "'garbage.ckpt'", "is not a PyTorch checkpoint",
+            "HTML")
+
+
+def test_text_encoder_loader_loads_after_refusals(comfy_env, tiny_models, wrong):
+    node = _node(comfy_env, "ShardDiTLoadTextEncoder")
+    with pytest.raises(ValueError):
+        node.execute("dit_as_te.safetensors", "wan", "cpu")
+    clip = node.execute(tiny_models.names["umt5"], "wan", "cpu").result[0]
+    assert "umt5xxl" in clip.tokenize("a fox")
+
+
+# ----------------------------------------------------------------------------- dual loader
+@pytest.mark.parametrize("clip_type,wants", [("hunyuan_video_15", "byT5 (glyph)"), ("kandinsky5", "CLIP-L")])
+def test_dual_loader_refuses_two_clip_l(comfy_env, wrong, no_weights_read, clip_type, wants):
+    _skip_before_2026()
+    node = _node(comfy_env, "ShardDiTLoadDualTextEncoder")
+    refused(lambda: node.execute("tiny_clip_l.safetensors", "clip_l_copy.safetensors", clip_type, "cpu"),
+            f"type {clip_type!r}", "a Qwen2.5-VL 7B file", f"a {wants} file", "'tiny_clip_l.safetensors' is a CLIP-L",
+            "'clip_l_copy.safetensors' is a CLIP-L")
+
+
+def test_dual_loader_refuses_a_dit(comfy_env, wrong, no_weights_read):
+    _skip_before_2026()
+    node = _node(comfy_env, "ShardDiTLoadDualTextEncoder")
+    refused(lambda: node.execute("tiny_qwen_2.5_vl_7b.safetensors", "dit_as_te.safetensors", "kandinsky5", "cpu"),
+            "'dit_as_te.safetensors' is a diffusion model", "takes a text encoder file")
+
+
+def test_dual_loader_loads_after_refusals(comfy_env, wrong):
+    _skip_before_2026()
+    node = _node(comfy_env, "ShardDiTLoadDualTextEncoder")
+    with pytest.raises(ValueError):
+        node.execute("tiny_clip_l.safetensors", "clip_l_copy.safetensors", "kandinsky5", "cpu")
+    clip = node.execute("tiny_qwen_2.5_vl_7b.safetensors", "tiny_byt5_small_glyphxl.safetensors",
+                        "hunyuan_video_15", "cpu").result[0]
+    [(cond, _)] = clip.encode_from_tokens_scheduled(clip.tokenize("a fox"))
+    assert cond.shape[-1] == 3584
+
+
+# ----------------------------------------------------------------------------- LTX-2 text encoder loader
+PROJECTION = "tiny_ltx-2.3_text_projection.safetensors"
+
+
+@pytest.mark.parametrize("name,what", [("dit_as_te.safetensors", "a diffusion model (WAN21_T2V)"),
+                                       ("tiny_clip_l.safetensors", "a CLIP-L text encoder")])
+def test_ltxav_loader_refuses_dit_and_clip_l(comfy_env, wrong, no_weights_read, name, what):
+    _skip_before_2026()
+    node = _node(comfy_env, "ShardDiTLoadLTXAVTextEncoder")
+    refused(lambda: node.execute(name, PROJECTION, "cpu"), repr(name), what, "a Gemma 3 12B file (e.g. gemma_3_12B")
+
+
+@pytest.mark.parametrize("which", ["text_encoder", "ckpt_name"])
+def test_ltxav_loader_refuses_garbage_ckpt(comfy_env, wrong, no_weights_read, which):
+    _skip_before_2026()
+    node = _node(comfy_env, "ShardDiTLoadLTXAVTextEncoder")
+    args = ("garbage.ckpt", PROJECTION) if which == "text_encoder" else ("tiny_gemma_3_12B_it.safetensors",
+                                                                         "garbage.ckpt")
+    refused(lambda: node.execute(*args, "cpu"), "'garbage.ckpt'", "is not a PyTorch checkpoint")
+
+
+def test_ltxav_loader_loads_after_refusals(comfy_env, wrong):
+    _skip_before_2026()
+    node = _node(comfy_env, "ShardDiTLoadLTXAVTextEncoder")
+    with pytest.raises(ValueError):
+        node.execute("tiny_clip_l.safetensors", PROJECTION, "cpu")
+    clip = node.execute("tiny_gemma_3_12B_it.safetensors", PROJECTION, "cpu").result[0]
+    assert "gemma3_12b" in clip.tokenize("a fox")
+
+
+# ----------------------------------------------------------------------------- diffusion model loader
+def test_dit_loader_refuses_garbage_ckpt_and_loads_after(comfy_env, tiny_models, wrong, monkeypatch):
+    import comfy.utils
+
+    node = _node(comfy_env, "ShardDiTLoadDiffusionModel")
+    read = comfy.utils.load_torch_file
+    with monkeypatch.context() as patch:
+        patch.setattr(comfy.utils, "load_torch_file", lambda *a, **k: pytest.fail(f"weights were read: {a[:1]}"))
+        patch.setattr(torch, "load", lambda *a, **k: pytest.fail(f"torch.load reached: {a[:1]}"))
+        refused(lambda: node.execute("garbage.ckpt", "default", "cpu", 0.0), "'garbage.ckpt'",
+                "is not a PyTorch checkpoint", "neither a zip archive (torch.save) nor a pickle")
+    assert comfy.utils.load_torch_file is read
+    model = node.execute(tiny_models.names["wan21_t2v"], "default", "cpu", 0.0).result[0]
+    assert type(model.model.diffusion_model).__name__ == "WanModel"
+
+
+# ----------------------------------------------------------------------------- VAE loader and decode
+@pytest.mark.parametrize("name,what", [("dit_as_vae.safetensors", "a diffusion model (WAN21_T2V)"),
+                                       ("te_as_vae.safetensors", "a T5/UMT5 text encoder")])
+def test_vae_loader_refuses_dit_and_text_encoder(comfy_env, wrong, no_weights_read, name, what):
+    node = _node(comfy_env, "ShardDiTLoadVAE")
+    refused(lambda: node.execute(name, "cpu"), repr(name), what, "takes a VAE file")
+
+
+def test_vae_loader_loads_and_decode_refuses_other_channels(comfy_env, tiny_models, wrong, monkeypatch):
+    """After a refusal the VAE loader loads the tiny Wan VAE; its tiled decode refuses LTX's
+    128-channel latent before any VAE copy or tile, then decodes a 16-channel one."""
+    load, decode = _node(comfy_env, "ShardDiTLoadVAE"), _node(comfy_env, "ShardDiTVAEDecodeTiled")
+    with pytest.raises(ValueError):
+        load.execute("dit_as_vae.safetensors", "cpu")
+    vae = load.execute(tiny_models.names["wan21_vae"], "cpu").result[0]
+    from harness.comfy_env import pack_module
+
+    vae_decode = pack_module(comfy_env, "loaders.comfy.vae_decode")
+    copies = []
+    real_copy = vae_decode.make_replica
+    monkeypatch.setattr(vae_decode, "make_replica", lambda *a: copies.append(a) or real_copy(*a))
+    with torch.inference_mode():
+        refused(lambda: decode.execute({"samples": torch.zeros(1, 128, 2, 4, 4)}, vae, 64, 32, 8, 4,
+                                       devices="cpu,cpu"),
+                "128 channels", "(1, 128, 2, 4, 4)", "WanVAE", "decodes 16-channel latents", "LTX-Video / LTX-2")
+        assert not copies  # refused before any VAE copy
+        images = decode.execute({"samples": torch.zeros(1, 16, 1, 4, 4)}, vae, 64, 32, 8, 4).result[0]
+    assert images.shape == (1, 32, 32, 3)
