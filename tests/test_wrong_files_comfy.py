@@ -228,3 +228,43 @@ def test_vae_loader_loads_and_decode_refuses_other_channels(comfy_env, tiny_mode
         assert not copies  # refused before any VAE copy
         images = decode.execute({"samples": torch.zeros(1, 16, 1, 4, 4)}, vae, 64, 32, 8, 4).result[0]
     assert images.shape == (1, 32, 32, 3)
+
+
+# ----------------------------------------------------------------------------- devices values
+PLAN_ARGS = dict(model="wan2.1-t2v-1.3b", width=128, height=128, frames=1, batch="1", dtype="bf16",
+                 reserve_vram_gb=0.0)
+
+
+def test_plan_node_refuses_empty_devices_then_plans(comfy_env, monkeypatch):
+    """``devices=''`` is refused before any simulation (it was planned as 'auto'); 'auto' plans."""
+    from harness.comfy_env import pack_module
+
+    node = _node(comfy_env, "ShardDiTPlan")
+    simulator = pack_module(comfy_env, "loaders.simulator.simulator")
+    with monkeypatch.context() as patch:
+        patch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("simulated an empty devices input"))
+        for empty in ("", "  "):
+            refused(lambda: node.execute(devices=empty, **PLAN_ARGS), "devices is empty", "'auto'", "'cuda:0,cuda:1'")
+    assert "wan2.1-t2v-1.3b" in node.execute(devices="auto", **PLAN_ARGS).result[0]
+
+
+@pytest.mark.parametrize("node_id", ["ShardDiTLoadDiffusionModel", "ShardDiTPlan"])
+def test_too_many_device_entries_refused_with_the_limit(comfy_env, tiny_models, wrong, no_weights_read, monkeypatch,
+                                                        node_id):
+    """20,001 'cpu' entries: refused naming the count and the limit (the planner said "does not fit
+    ... for 0.0 GiB of blocks"); 500 pass the DiT loader's validation."""
+    from harness.comfy_env import pack_module
+
+    limit = pack_module(comfy_env, "loaders.comfy.checks").MAX_DEVICE_ENTRIES
+    devices = ",".join(["cpu"] * 20001)
+    node = _node(comfy_env, node_id)
+    words = ("devices lists 20001 entries", f"more than the {limit} ShardDiT takes", "'cuda:0,cuda:1'")
+    if node_id == "ShardDiTPlan":  # the simulation of 20,001 entries took 172 s
+        monkeypatch.setattr(pack_module(comfy_env, "loaders.simulator.simulator"), "simulate",
+                            lambda *a, **k: pytest.fail("simulated 20,001 entries"))
+        refused(lambda: node.execute(devices=devices, **PLAN_ARGS), *words)
+        return
+    message = node.validate_inputs(devices=devices)
+    assert message is not True and all(w in message for w in words), message
+    refused(lambda: node.execute(tiny_models.names["wan21_t2v"], "default", devices, 0.0), *words)
+    assert node.validate_inputs(devices=",".join(["cpu"] * 500)) is True

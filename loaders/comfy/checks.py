@@ -19,7 +19,7 @@ import zipfile
 import torch
 
 __all__ = ["check_latent", "check_model_file", "check_diffusion_model_file", "read_safetensors_header",
-           "meta_state_dict", "diffusion_model_class", "guess_kind"]
+           "meta_state_dict", "diffusion_model_class", "guess_kind", "check_device_entries"]
 
 _HEADER_LIMIT = 100 * 2**20  # safetensors' own limit on the JSON header
 _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -29,6 +29,27 @@ _DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF
 LATENT_NODES = {"Wan21": "EmptyHunyuanLatentVideo", "Wan22": "Wan22ImageToVideoLatent",
                 "LTXV": "EmptyLTXVLatentVideo", "HunyuanVideo": "EmptyHunyuanLatentVideo",
                 "Mochi": "EmptyMochiLatentVideo", "Cosmos1CV8x8x8": "EmptyCosmosLatentVideo"}
+
+
+# Entries of a devices list: each holds a shard of the DiT's blocks (a video DiT has at most a few
+# hundred), so a longer list cannot be used; 500 'cpu' entries run, 20,001 ended in a contradictory
+# "does not fit" from the planner.
+MAX_DEVICE_ENTRIES = 1024
+DEVICES_EXAMPLES = ("'auto' (this machine's GPUs), a list such as 'cuda:0,cuda:1' (a GPU may carry a weight: "
+                    "'cuda:0:2,cuda:1'), or 'cpu,cpu' to test on the CPU")
+
+
+def check_device_entries(devices, what: str = "devices", allow_empty: bool = True) -> None:
+    """A devices text names at most ``MAX_DEVICE_ENTRIES`` entries (and, unless ``allow_empty``,
+    at least one); the syntax of each is checked where it is parsed."""
+    text = str(devices)
+    if not text.strip() and not allow_empty:
+        raise ValueError(f"[ShardDiT] {what} is empty: give {DEVICES_EXAMPLES}")
+    count = text.count(",") + 1
+    if count > MAX_DEVICE_ENTRIES:
+        raise ValueError(f"[ShardDiT] {what} lists {count} entries ({text[:24]}...), more than the "
+                         f"{MAX_DEVICE_ENTRIES} ShardDiT takes: each entry holds a shard of the model's blocks (a "
+                         f"video DiT has at most a few hundred), so more cannot be used; give {DEVICES_EXAMPLES}")
 
 
 def _broken(name: str, why: str) -> ValueError:
