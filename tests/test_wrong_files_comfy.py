@@ -268,3 +268,24 @@ def test_too_many_device_entries_refused_with_the_limit(comfy_env, tiny_models, 
     assert message is not True and all(w in message for w in words), message
     refused(lambda: node.execute(tiny_models.names["wan21_t2v"], "default", devices, 0.0), *words)
     assert node.validate_inputs(devices=",".join(["cpu"] * 500)) is True
+
+
+# ----------------------------------------------------------------------------- no false refusals
+def test_files_of_unknown_layout_are_left_to_core(comfy_env, tmp_path):
+    """A layout core's detection does not know is never refused: a BERT-style text encoder
+    (``bert.encoder.layer...``, 2-D weights: not a VAE although its keys say 'encoder') and a
+    file of odd names pass the text-encoder and VAE checks."""
+    from harness.comfy_env import pack_module
+    from harness.tiny_models import save_file
+
+    kinds = pack_module(comfy_env, "loaders.comfy.file_kinds")
+    bert = {f"bert.encoder.layer.{i}.attention.self.{p}.weight": torch.zeros(8, 8) for i in range(2)
+            for p in ("query", "key", "value")}
+    odd = {"something.else.weight": torch.zeros(4, 4, 3, 3)}
+    for name, sd in (("bert.safetensors", bert), ("odd.safetensors", odd)):
+        save_file(sd, tmp_path / name)
+        path = str(tmp_path / name)
+        assert kinds.read_kind(path, name).kind == "unknown", name
+        kinds.check_text_encoder_file(path, name, "hunyuan_dit")
+        kinds.check_text_encoder_pair([path, path], [name, name], "hunyuan_video_15", "dual")
+        kinds.check_vae_file(path, name)

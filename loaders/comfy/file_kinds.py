@@ -4,7 +4,7 @@ tensor is read), so a loader refuses a wrong file before core builds anything fr
 - Text encoders: core's own ``comfy.sd.detect_te_model`` on ``meta`` tensors of the header's
   shapes (CLIP-L, T5/UMT5, byT5, Qwen2.5-VL, Gemma ...).
 - Diffusion models: core's own ``comfy.model_detection`` (``checks.diffusion_model_class``).
-- VAEs and LoRAs: their key names (``checks.guess_kind``).
+- VAEs and LoRAs: their key names (``checks.guess_kind``); a VAE also has a convolution in its decoder.
 
 Each ``check_*`` raises a ValueError naming the file, what it holds, and what the input takes;
 a file it cannot tell (an unknown layout, a ``.ckpt``) is left to core.
@@ -71,8 +71,10 @@ def read_kind(path: str, name: str) -> FileKind:
     if te:
         return FileKind("text_encoder", te, len(keys))
     guessed = guess_kind(keys)
-    if guessed is not None and guessed[0] in ("loras", "vae"):
-        return FileKind("lora" if guessed[0] == "loras" else "vae", "", len(keys))
+    if guessed is not None and guessed[0] == "loras":
+        return FileKind("lora", "", len(keys))
+    if guessed is not None and guessed[0] == "vae" and _has_conv_decoder(header, keys):
+        return FileKind("vae", "", len(keys))
     try:
         model = diffusion_model_class(sd)
     except Exception:  # detection code that reads values: unknown
@@ -80,6 +82,12 @@ def read_kind(path: str, name: str) -> FileKind:
     if model:
         return FileKind("diffusion_model", model, len(keys))
     return FileKind("unknown", "", len(keys))
+
+
+def _has_conv_decoder(header: dict, keys: list) -> bool:
+    """A VAE decodes with convolutions: a ``decoder`` weight of 4 or 5 dimensions (a text encoder
+    named ``encoder.layer...``, such as BERT, has none)."""
+    return any("decoder" in k and len(header[k].get("shape", ())) >= 4 for k in keys)
 
 
 def _text_encoder_family(sd: dict) -> str:
