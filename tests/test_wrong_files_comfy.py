@@ -231,8 +231,8 @@ def test_vae_loader_loads_and_decode_refuses_other_channels(comfy_env, tiny_mode
 
 
 # ----------------------------------------------------------------------------- devices values
-PLAN_ARGS = dict(model="wan2.1-t2v-1.3b", width=128, height=128, frames=1, batch="1", dtype="bf16",
-                 reserve_vram_gb=0.0)
+PLAN_ARGS = {"model": "wan2.1-t2v-1.3b", "width": 128, "height": 128, "frames": 1, "batch": "1", "dtype": "bf16",
+             "reserve_vram_gb": 0.0}
 
 
 def test_plan_node_refuses_empty_devices_then_plans(comfy_env, monkeypatch):
@@ -244,7 +244,7 @@ def test_plan_node_refuses_empty_devices_then_plans(comfy_env, monkeypatch):
     with monkeypatch.context() as patch:
         patch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("simulated an empty devices input"))
         for empty in ("", "  "):
-            refused(lambda: node.execute(devices=empty, **PLAN_ARGS), "devices is empty", "'auto'", "'cuda:0,cuda:1'")
+            refused(lambda empty=empty: node.execute(devices=empty, **PLAN_ARGS), "devices is empty", "'auto'", "'cuda:0,cuda:1'")
     assert "wan2.1-t2v-1.3b" in node.execute(devices="auto", **PLAN_ARGS).result[0]
 
 

@@ -29,7 +29,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def _run(argv, timeout=60):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, env=env, timeout=timeout)
     return done.returncode, done.stdout + done.stderr
 
 

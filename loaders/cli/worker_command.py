@@ -41,16 +41,16 @@ def require_torch() -> None:
 
 require_torch()
 
-from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name, parse_device  # noqa: E402
-from ...parallel.distributed.config import DEFAULT_PORT, dist_timeout, parse_addr  # noqa: E402
-from ...parallel.distributed.connect import (  # noqa: E402
+from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name, parse_device
+from ...parallel.distributed.config import DEFAULT_PORT, dist_timeout, parse_addr
+from ...parallel.distributed.connect import (
     HostUnreachable,
     HostUnresolved,
     resolve_host,
     wait_for_port,
 )
-from ...parallel.distributed.secret import HOW_TO_MAKE, dist_secret, new_secret  # noqa: E402
-from ..comfyui_import import import_comfyui  # noqa: E402
+from ...parallel.distributed.secret import HOW_TO_MAKE, dist_secret, new_secret
+from ..comfyui_import import import_comfyui
 
 NAME = "worker"
 HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a ShardDiT worker: each of its devices "

@@ -13,9 +13,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import diffusion_model_class, guess_kind, is_safetensors, meta_state_dict, read_safetensors_header
+from .checks import (
+    diffusion_model_class,
+    guess_kind,
+    is_safetensors,
+    meta_state_dict,
+    read_safetensors_header,
+)
 
-__all__ = ["FileKind", "read_kind", "check_text_encoder_file", "check_text_encoder_pair", "check_vae_file"]
+__all__ = ["FileKind", "check_text_encoder_file", "check_text_encoder_pair", "check_vae_file", "read_kind"]
 
 # core TEModel name -> family a user knows; the names not listed are shown as core spells them
 FAMILIES = {"CLIP_L": "CLIP-L", "CLIP_G": "CLIP-G", "CLIP_H": "CLIP-H", "T5_XXL": "T5/UMT5", "T5_XL": "T5/UMT5",
