@@ -101,15 +101,16 @@ TE_CASES = {  # file -> what the message says it is
 @pytest.mark.parametrize("name", sorted(TE_CASES))
 def test_text_encoder_loader_refuses_dit_vae_lora(comfy_env, wrong, no_weights_read, name):
     node = _node(comfy_env, "ShardDiTLoadTextEncoder")
-    refused(lambda: node.execute(name, "wan", "cpu"), repr(name), *TE_CASES[name], "takes a text encoder file",
-            "T5/UMT5")
+    refused(lambda: node.execute(name, "wan", "cpu"), repr(name), *TE_CASES[name],
+            "type 'wan' of Load Text Encoder (ShardDiT) takes a T5/UMT5 file")
 
 
 def test_text_encoder_loader_refuses_clip_l_as_wan(comfy_env, wrong, no_weights_read):
     _skip_before_2026()
     node = _node(comfy_env, "ShardDiTLoadTextEncoder")
-    refused(lambda: node.execute("tiny_clip_l.safetensors", "wan", "cpu"), "'tiny_clip_l.safetensors'",
-            "a CLIP-L text encoder", "type 'wan'", "a T5/UMT5 file (e.g. umt5_xxl")
+    message = refused(lambda: node.execute("tiny_clip_l.safetensors", "wan", "cpu"), "'tiny_clip_l.safetensors'",
+                      "a CLIP-L text encoder", "type 'wan'", "a T5/UMT5 file (e.g. umt5_xxl")
+    assert "belongs in" not in message, message  # it is in the right folder, for another type
 
 
 def test_text_encoder_loader_refuses_garbage_ckpt(comfy_env, wrong, no_weights_read):
@@ -140,7 +141,8 @@ def test_dual_loader_refuses_a_dit(comfy_env, wrong, no_weights_read):
     _skip_before_2026()
     node = _node(comfy_env, "ShardDiTLoadDualTextEncoder")
     refused(lambda: node.execute("tiny_qwen_2.5_vl_7b.safetensors", "dit_as_te.safetensors", "kandinsky5", "cpu"),
-            "'dit_as_te.safetensors' is a diffusion model", "takes a text encoder file")
+            "'dit_as_te.safetensors' is a diffusion model",
+            "type 'kandinsky5' of Load Dual Text Encoder (ShardDiT) takes a Qwen2.5-VL 7B file")
 
 
 def test_dual_loader_loads_after_refusals(comfy_env, wrong):
@@ -163,7 +165,9 @@ PROJECTION = "tiny_ltx-2.3_text_projection.safetensors"
 def test_ltxav_loader_refuses_dit_and_clip_l(comfy_env, wrong, no_weights_read, name, what):
     _skip_before_2026()
     node = _node(comfy_env, "ShardDiTLoadLTXAVTextEncoder")
-    refused(lambda: node.execute(name, PROJECTION, "cpu"), repr(name), what, "a Gemma 3 12B file (e.g. gemma_3_12B")
+    message = refused(lambda: node.execute(name, PROJECTION, "cpu"), repr(name), what,
+                      "Load LTXV Audio Text Encoder (ShardDiT) takes a Gemma 3 12B file (e.g. gemma_3_12B")
+    assert "type 'ltxav'" not in message, message
 
 
 @pytest.mark.parametrize("which", ["text_encoder", "ckpt_name"])

@@ -107,23 +107,23 @@ def _text_encoder_family(sd: dict) -> str:
     return FAMILIES.get(found.name, found.name) if found is not None else ""
 
 
-def _refuse(name: str, found: FileKind, wanted: str) -> ValueError:
-    where = found.where()
+def _refuse(name: str, found: FileKind, wanted: str, say_where: bool = True) -> ValueError:
+    where = found.where() if say_where else ""
     return ValueError(f"[ShardDiT] {name!r} is {found.describe()} (read from its {found.tensors} tensor names "
                       f"and shapes), but {wanted}" + (f"; {where}" if where else ""))
 
 
 def check_text_encoder_file(path: str, name: str, clip_type: str, loader: str = "this text encoder loader") -> None:
     """Refuse a DiT, VAE or LoRA given as a text encoder, and an encoder of another family where
-    ``clip_type`` has a known one (``EXPECTED``)."""
+    ``clip_type`` has a known one (``EXPECTED``; ``ltxav``: the LTX-2 loader, which has no type)."""
     found = read_kind(path, name)
     wanted = EXPECTED.get(clip_type)
+    typed = f"type {clip_type!r} of {loader}" if clip_type and clip_type != "ltxav" else loader
     if found.kind in ("diffusion_model", "vae", "lora"):
-        pick = f" (type {clip_type!r} takes {_expected_text(wanted)})" if wanted else ""
-        raise _refuse(name, found, f"{loader} takes a text encoder file{pick}")
+        raise _refuse(name, found, f"{typed} takes {_expected_text(wanted)}")
     if found.kind == "text_encoder" and wanted and len(wanted) == 1 and found.family != wanted[0][0]:
-        raise _refuse(name, found, f"type {clip_type!r} of {loader} takes {_expected_text(wanted)}; pick that "
-                                   f"file, or the type this encoder is for")
+        fix = "pick that file, or the type this encoder is for" if clip_type != "ltxav" else "pick that file"
+        raise _refuse(name, found, f"{typed} takes {_expected_text(wanted)}: {fix}", say_where=False)
 
 
 def check_text_encoder_pair(paths: list[str], names: list[str], clip_type: str, loader: str) -> None:
@@ -133,7 +133,7 @@ def check_text_encoder_pair(paths: list[str], names: list[str], clip_type: str, 
     if clip_type in CHECKPOINT_PAIRS:
         return
     for path, name in zip(paths, names):
-        check_text_encoder_file(path, name, "", loader)
+        check_text_encoder_file(path, name, clip_type, loader)
     wanted = EXPECTED.get(clip_type)
     if not wanted or len(wanted) != 2:
         return
@@ -149,7 +149,7 @@ def check_text_encoder_pair(paths: list[str], names: list[str], clip_type: str, 
 
 def _expected_text(wanted) -> str:
     if not wanted:
-        return "a text encoder"
+        return "a text encoder file"
     return " + ".join(f"a {fam} file (e.g. {example})" for fam, example in wanted)
 
 
