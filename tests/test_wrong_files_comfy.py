@@ -293,3 +293,26 @@ def test_files_of_unknown_layout_are_left_to_core(comfy_env, tmp_path):
         kinds.check_text_encoder_file(path, name, "hunyuan_dit")
         kinds.check_text_encoder_pair([path, path], [name, name], "hunyuan_video_15", "dual")
         kinds.check_vae_file(path, name)
+
+
+def test_pytorch_files_pass_and_other_formats_are_named(comfy_env, tmp_path):
+    """torch.save's zip and legacy pickle files pass the check torch.load is guarded by; a
+    safetensors file under .ckpt, a GGUF file and a zip without data.pkl get their own fix."""
+    import zipfile
+
+    from harness.comfy_env import pack_module
+    from harness.tiny_models import save_file
+
+    checks = pack_module(comfy_env, "loaders.comfy.checks")
+    sd = {"w": torch.ones(2, 2)}
+    torch.save(sd, tmp_path / "zip.ckpt")
+    torch.save(sd, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)
+    for name in ("zip.ckpt", "legacy.pt"):
+        checks.check_model_file(str(tmp_path / name), name)
+    save_file(sd, tmp_path / "renamed.ckpt")
+    (tmp_path / "model.gguf.pth").write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    with zipfile.ZipFile(tmp_path / "other.zip.pt", "w") as archive:
+        archive.writestr("readme.txt", "not a model")
+    for name, words in (("renamed.ckpt", "rename it to renamed.safetensors"), ("model.gguf.pth", "is a GGUF file"),
+                        ("other.zip.pt", "a zip archive without the data.pkl torch.save writes")):
+        refused(lambda name=name: checks.check_model_file(str(tmp_path / name), name), repr(name), words)
