@@ -2,10 +2,14 @@
 
 - Files: a ``.safetensors`` file is read up to its JSON header only (8 bytes of length, the
   header, the data offsets it lists) so an empty, truncated or non-model file (an HTML page saved
-  under the name) gets its name and the fix instead of a raw ``SafetensorError``.
+  under the name) gets its name and the fix instead of a raw ``SafetensorError``. Any other file
+  (``.ckpt``, ``.pt``, ``.bin``) must be what ``torch.load`` reads, a zip with ``data.pkl`` or a
+  pickle, told from its first bytes (not torch.load's "Weights only load failed" stack).
+- What a file holds for the other loaders (text encoder families, VAE, LoRA): ``file_kinds``.
 - Diffusion model files: ComfyUI's own detection (``comfy.model_detection``) runs on tensors of
   the header's shapes on ``meta``; a file it does not recognise and whose keys look like a VAE,
   a text encoder or a LoRA is refused with the loader that takes it.
+- Devices lists: at most ``MAX_DEVICE_ENTRIES`` entries.
 - Latents: checked against the model's ``latent_format`` exactly where core's
   ``fix_empty_latent_channels`` would leave them broken, naming the latent node that fits.
 """
