@@ -4,6 +4,7 @@ In the UI the node shows a picture of the plan (ComfyUI's image preview) and the
 ``text`` entry, drawn by ``web/plan_text.js``)."""
 from comfy_api.latest import io, ui
 
+from ..loaders.comfy.checks import check_device_entries
 from ..loaders.simulator import plan_node, presets, simulator
 from ..parallel.placement.inventory import read_hidden_note
 from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, CheckedCombo, cfg_input, devices_input, gpu_input,
@@ -58,6 +59,7 @@ class ShardDiTPlan(io.ComfyNode):
     @classmethod
     def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb,
                 parallel=DEFAULT_PARALLEL, cfg=DEFAULT_PLAN_CFG, gpu="", link_gbps=0.0) -> io.NodeOutput:
+        check_device_entries(devices, allow_empty=False)  # '' is not 'auto'; before any simulation
         text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb,
                                           parallel=parallel, cfg=cfg, gpu=gpu, link_gbps=link_gbps)
         note = read_hidden_note(devices)  # GPUs the driver has but ComfyUI cannot use, and the fix

@@ -14,6 +14,7 @@ import os
 import re
 import sys
 
+from .worker_command import require_torch  # noqa: F401  (importing it exits 2 with the fix when torch is missing)
 from ...parallel.cost.inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
 from ...parallel.placement.devices import parse_devices
 from ...parallel.distributed.config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights, parse_addr

@@ -25,6 +25,22 @@ import subprocess
 import sys
 import time
 
+TORCH_FIX = ("pip install torch in the Python that runs ComfyUI (the CUDA build for your GPUs: "
+             "https://pytorch.org/get-started/locally/), or run this command with ComfyUI's own Python")
+
+
+def require_torch() -> None:
+    """Exit 2 naming the fix when this Python has no torch: the commands' imports need it (a bare
+    ImportError traceback otherwise). Called before those imports, here and in ``plan_command``."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as err:
+        print(f"error: [ShardDiT] torch is not installed in {sys.executable} ({err}): {TORCH_FIX}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+require_torch()
+
 from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name, parse_device
 from ...parallel.distributed.config import DEFAULT_PORT, dist_timeout, parse_addr
 from ...parallel.distributed.connect import (
@@ -78,8 +94,13 @@ def _check_cuda(devices: list[str], torch) -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for device in devices:
         if device.startswith("cuda") and int(device.split(":")[1]) >= count:
-            have = f"cuda:0 .. cuda:{count - 1}" if count else "no CUDA GPU"
-            raise ValueError(f"--devices: {device!r} does not exist; torch sees {have} here (use those or 'cpu')")
+            if count:
+                raise ValueError(f"--devices: {device!r} does not exist; torch sees cuda:0 .. cuda:{count - 1} here "
+                                 f"(use those or 'cpu')")
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise ValueError(f"--devices: {device!r} does not exist: torch {torch.__version__} ({build}) sees no CUDA "
+                             f"GPU on this machine; serve 'cpu' (--devices cpu), or give this machine a GPU and "
+                             f"torch's CUDA build")
 
 
 def check_arguments(args) -> tuple[str, int, list[str] | None]:
@@ -94,6 +115,10 @@ def check_arguments(args) -> tuple[str, int, list[str] | None]:
         raise ValueError(f"[ShardDiT] worker {args.name!r} needs the host's shared secret, and none is set: "
                          + HOW_TO_MAKE)
     requested = parse_worker_devices(args.devices) if args.devices is not None else None
+    if requested and any(d.startswith("cuda") for d in requested):  # before waiting for the host
+        import torch
+
+        _check_cuda(requested, torch)
     if not args.wait > 0:
         raise ValueError(f"--wait {args.wait!r} is not a positive number of seconds")
     dist_timeout()  # SHARDDIT_DIST_TIMEOUT, named with its range when bad

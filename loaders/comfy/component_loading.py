@@ -17,6 +17,7 @@ import folder_paths
 
 from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
 from .checks import check_model_file, read_safetensors_header
+from .file_kinds import check_text_encoder_file, check_text_encoder_pair, check_vae_file
 from .model_loading import check_component_device, check_file_name
 from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
 
@@ -55,6 +56,7 @@ def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_
     check_component_device(device)
     check_model_file(path, clip_name)
     _check_type(clip_type, clip_types(), "CLIPLoader")
+    check_text_encoder_file(path, clip_name, clip_type, "Load Text Encoder (ShardDiT)")
     return _load_placed([path], [clip_name], clip_type, os.path.getsize(path), device, reserve_vram_gb)
 
 
@@ -68,6 +70,7 @@ def load_dual_text_encoder(clip_name1: str, clip_name2: str, clip_type: str, dev
     for path, name in zip(paths, names):
         check_model_file(path, name)
     _check_type(clip_type, dual_clip_types(), "DualCLIPLoader")
+    check_text_encoder_pair(paths, names, clip_type, "Load Dual Text Encoder (ShardDiT)")
     return _load_placed(paths, names, clip_type, sum(os.path.getsize(p) for p in paths), device, reserve_vram_gb)
 
 
@@ -80,6 +83,7 @@ def load_ltxav_text_encoder(text_encoder: str, ckpt_name: str, device: str,
     check_component_device(device)
     check_model_file(te_path, text_encoder)
     check_model_file(ckpt_path, ckpt_name)
+    check_text_encoder_file(te_path, text_encoder, "ltxav", "Load LTXV Audio Text Encoder (ShardDiT)")
     projection = ltxav_text_bytes(ckpt_path, ckpt_name)
     if projection == 0:
         raise ValueError(f"[ShardDiT] checkpoint {ckpt_name!r} holds no {LTXAV_TEXT_PREFIX}* tensors, so it is not an "
@@ -124,6 +128,7 @@ def load_vae(vae_name: str, device: str, reserve_vram_gb: float = DEFAULT_RESERV
     path = check_file_name("vae", vae_name)
     check_component_device(device)
     check_model_file(path, vae_name)
+    check_vae_file(path, vae_name)
     nbytes = os.path.getsize(path)
     chosen = plan_component_device("vae", nbytes, device, reserve_vram_gb, current_inventory())
     vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(path), device=torch.device(chosen))

@@ -10,7 +10,7 @@ import folder_paths
 from ...parallel.placement.devices import check_devices_exist, parse_component_device, parse_devices, split_worker_devices
 from ...parallel.placement.inventory import read_inventory
 from ...parallel.cost.mode import check_parallel
-from .checks import check_diffusion_model_file
+from .checks import check_device_entries, check_diffusion_model_file
 from .distributed import check_workers
 from .shard_pipeline import shard_model
 
@@ -35,7 +35,8 @@ def check_file_name(folder: str, name: str) -> str:
 
 
 def check_devices(devices: str) -> None:
-    """Cheap checks of a ``devices`` input (syntax, existence) before anything is loaded."""
+    """Cheap checks of a ``devices`` input (length, syntax, existence) before anything is loaded."""
+    check_device_entries(devices)
     local, remote = split_worker_devices(devices)
     parsed = parse_devices(local)
     if not parsed.auto:

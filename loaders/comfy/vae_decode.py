@@ -39,7 +39,7 @@ from ...parallel.tiling.devices import check_decode_device_count, select_decoder
 from ...parallel.placement.devices import DEVICES_FORM, check_devices_exist, parse_devices
 from ...parallel.placement.inventory import read_inventory
 from .placement import current_inventory
-from .vae_inputs import delegate_to_core, output_dtype, video_latent
+from .vae_inputs import check_latent_channels, delegate_to_core, output_dtype, video_latent
 from ...parallel.tiling import TilePlan, TileSpec, plan_decode, run_tiled
 
 log = logging.getLogger("sharddit")
@@ -237,6 +237,7 @@ def decode_tiled(vae, samples: dict, tile_size: int, overlap: int, temporal_size
             f"(temporal compression {vae.temporal_compression_decode()}): it needs a 5-D latent "
             f"(batch, channels, frames, height, width). Connect the video latent from the sampler."
         )
+    check_latent_channels(vae, latent)
     spec = TileSpec.build(tile, overlap_l, vae.upscale_ratio, vae.upscale_index_formula)
     probe = plan_decode(tuple(latent.shape), spec, vae.output_channels, batch or 1)
     one_tile = max(_tile_memory(vae, tuple(latent.shape), t) for t in probe.tiles)

@@ -56,6 +56,26 @@ def video_latent(vae, latent) -> torch.Tensor:
     return parts[i]
 
 
+# latent channels -> the video families whose VAEs make them (for the message of a mismatch)
+CHANNEL_FAMILIES = {12: "Mochi", 16: "Wan 2.1 / Wan 2.2 14B / HunyuanVideo / Cosmos", 32: "HunyuanVideo 1.5",
+                    48: "Wan 2.2 5B", 128: "LTX-Video / LTX-2"}
+
+
+def check_latent_channels(vae, latent: torch.Tensor) -> None:
+    """A video latent with the VAE's latent channels; else a ValueError naming both (before any
+    VAE copy or tile; core's decode would end in a conv shape error)."""
+    want = getattr(vae, "latent_channels", None)
+    if want is None or latent.ndim < 2 or latent.shape[1] == want:
+        return
+    got = latent.shape[1]
+    made = CHANNEL_FAMILIES.get(got)
+    hint = f" (latents of {made} have {got})" if made else ""
+    raise ValueError(f"[ShardDiT] the latent has {got} channels (shape {tuple(latent.shape)}), but this VAE "
+                     f"({type(vae.first_stage_model).__name__}) decodes {want}-channel latents{hint}: connect the VAE "
+                     f"of the model that made the latent ({CHANNEL_FAMILIES.get(want, 'this VAE')}'s VAE takes "
+                     f"{want} channels)")
+
+
 def delegate_to_core(vae) -> bool:
     """True where core's own ``vae.decode_tiled`` must run: image VAEs, self-tiling VAEs."""
     return vae.temporal_compression_decode() is None or bool(getattr(vae, "handles_tiling", False))
