@@ -53,3 +53,13 @@ def test_commands_without_torch_say_how_to_install_it(command):
     assert rc == 2, out
     assert "error: [ShardDiT] torch is not installed in" in out and "pip install torch" in out, out
     assert "Traceback" not in out, out
+
+
+def test_plan_refuses_too_many_device_entries_at_once():
+    """20,001 ``cpu`` entries: the limit and what to give, before ComfyUI is looked for (it ran
+    172 s and ended in a contradictory "does not fit" before)."""
+    start = time.monotonic()
+    rc, out = _run([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-1.3b", "--devices", ",".join(["cpu"] * 20001)])
+    assert rc == 2, out
+    assert "--devices lists 20001 entries" in out and "more than the 1024 ShardDiT takes" in out, out
+    assert "Traceback" not in out and time.monotonic() - start < 30, out

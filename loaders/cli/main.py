@@ -19,9 +19,23 @@ __all__ = ["main", "COMMANDS"]
 
 COMMANDS = {"plan": "plan_command", "selftest": "selftest_command", "shard-workflow": "shard_workflow_command",
             "worker": "worker_command"}
+NO_TORCH = {"shard-workflow"}   # commands that run without torch
+TORCH_FIX = ("pip install torch in the Python that runs ComfyUI (the CUDA build for your GPUs: "
+             "https://pytorch.org/get-started/locally/), or run this command with ComfyUI's own Python")
+
+
+def require_torch() -> None:
+    """Exit 2 naming the fix when this Python has no torch (a bare ImportError traceback otherwise)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError as err:
+        print(f"error: [ShardDiT] torch is not installed in {sys.executable} ({err}): {TORCH_FIX}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def _module(name: str):
+    if name not in NO_TORCH:
+        require_torch()   # before the command's imports, which need it
     return importlib.import_module(f"{__package__}.{COMMANDS[name]}")
 
 

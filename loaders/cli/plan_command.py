@@ -14,7 +14,6 @@ import os
 import re
 import sys
 
-from .worker_command import require_torch  # noqa: F401  (importing it exits 2 with the fix when torch is missing)
 from ...parallel.cost.inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
 from ...parallel.placement.devices import parse_devices
 from ...parallel.distributed.config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights, parse_addr
@@ -22,6 +21,7 @@ from ...parallel.cost.workers import DEFAULT_NET_GBPS, parse_net_gbps, split_wor
 from ...parallel.placement.inventory import inventory_from_spec, read_hidden_note
 from ...parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
+from ..comfy.checks import check_device_entries
 from ..comfyui_import import import_comfyui
 from .plan_lobby import read_lobby
 from ..simulator.presets import preset_names
@@ -147,6 +147,7 @@ def check_plan_args(args) -> None:
     if args.model not in preset_names() and not os.path.isfile(args.model):
         raise ValueError(f"[ShardDiT] --model {args.model!r} is neither a preset ({', '.join(preset_names())}) nor "
                          "an existing .safetensors file: pass a preset or the path of a diffusion model file")
+    check_device_entries(args.devices, "--devices")   # 20,001 entries: the limit, not a long "does not fit"
     local, _ = split_worker_spec(args.devices)  # worker parts: NAME/DEVICE[=SIZE], each listed once
     if "=" in local:
         inventory_from_spec(local)

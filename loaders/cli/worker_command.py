@@ -25,22 +25,6 @@ import subprocess
 import sys
 import time
 
-TORCH_FIX = ("pip install torch in the Python that runs ComfyUI (the CUDA build for your GPUs: "
-             "https://pytorch.org/get-started/locally/), or run this command with ComfyUI's own Python")
-
-
-def require_torch() -> None:
-    """Exit 2 naming the fix when this Python has no torch: the commands' imports need it (a bare
-    ImportError traceback otherwise). Called before those imports, here and in ``plan_command``."""
-    try:
-        import torch  # noqa: F401
-    except ImportError as err:
-        print(f"error: [ShardDiT] torch is not installed in {sys.executable} ({err}): {TORCH_FIX}", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-require_torch()
-
 from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name, parse_device
 from ...parallel.distributed.config import DEFAULT_PORT, dist_timeout, parse_addr
 from ...parallel.distributed.connect import (
