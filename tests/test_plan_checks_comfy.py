@@ -79,14 +79,14 @@ def test_other_bad_arguments_refused_before_contacting_or_simulating(args, words
 
 
 def test_a_model_that_cannot_take_the_size_is_refused_before_contacting_the_host():
-    """833x481 is off Wan's 16-pixel grid: refused before --workers is contacted (the host here
-    would never answer)."""
+    """4x4 pixels is under Wan's VAE stride (no latent cell at all): refused before --workers is
+    contacted (the host here would never answer)."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)
-        out = _plan("--devices", "cuda:0=24GiB,box2/cuda:0", "--size", "833x481",
+        out = _plan("--devices", "cuda:0=24GiB,box2/cuda:0", "--size", "4x4",
                     "--workers", f"127.0.0.1:{silent.getsockname()[1]}")
-    _refused(out, "not a multiple of 16")
+    _refused(out, "size 4x4x", "is too small", ">= 8 pixels")
     assert "waiting" not in out.stderr
 
 

@@ -111,6 +111,21 @@ def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory
     assert {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()} == weights
 
 
+def test_auto_passes_an_unshardable_model_through(env, caplog):
+    """The shard transform puts a Shard node (devices auto) after every loader, a segmentation or
+    image model's too: there the MODEL must come out as it went in, said once in the log."""
+    import logging
+
+    from harness.comfy_env import pack_module
+
+    sp = pack_module(env, "loaders.comfy.shard_pipeline")
+    model = _unknown_arch_model()
+    with caplog.at_level(logging.INFO, logger="sharddit"):
+        assert sp.shard_model(model, "auto", 0.0) is model
+    assert "cannot shard diffusion model class 'Linear'" in caplog.text and "passes through unsharded" in caplog.text
+    assert model.object_patches == {} and model.additional_models == {}
+
+
 def test_block_patches_of_other_packs_keep_working(env, tiny):
     """Core's SkipLayerGuidanceDiT and a plain `patches_replace` block patch on a sharded model."""
     latent = torch.zeros(1, 16, 2, 8, 8)

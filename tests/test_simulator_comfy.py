@@ -8,6 +8,7 @@ Expected figures (Wan 2.1 14B, bf16, 20/20 blocks on two fake GPUs, per device),
   75,600. The one measured figure they scale from is ``ACT_480P_B1_GIB`` (tests/README.md, "The
   simulator's reference figure"). Each simulation takes ~10-30 s of CPU here.
 """
+import json
 import os
 import re
 import subprocess
@@ -247,12 +248,23 @@ def test_fp8_weights_are_one_byte_and_compute_in_bf16(sim):
 
 
 @pytest.mark.comfy
-def test_cli_refuses_size_off_the_grid_and_truncated_file(tiny_wan_file, tmp_path):
-    """Exit 2 (bad arguments) with the fix, instead of rounding 833x481 down or planning a
-    truncated file as if it were whole."""
+def test_cli_rounds_a_size_off_the_grid_as_comfyui_does_and_refuses_a_truncated_file(tiny_wan_file, tmp_path):
+    """A size off the model's grid is planned as ComfyUI computes it, and said: the latent node
+    floors to the VAE stride (833x481 -> 104x60 latent cells for Wan), the DiT pads to 2x2 patches
+    (52x30 tokens = 832x480); LTX-2.3's 32-pixel cells take core's own 1280x720 to 1280x704.
+    A truncated file is refused (exit 2) instead of planned as if it were whole."""
     env = {"COMFYUI_PATH": os.environ["COMFYUI_PATH"]}
-    out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24, "--size", "833x481", env_extra=env)
-    assert out.returncode == 2 and "not a multiple of 16" in out.stderr and "plan 832x480" in out.stderr, out.stderr
+    out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24, "--size", "833x481", "--frames", "5",
+               "--json", env_extra=env)
+    assert out.returncode in (0, 3), out.stderr
+    report = json.loads(out.stdout)
+    assert report["size"][:2] == [832, 480] and report["latent_shape"][-2:] == [60, 104], report
+    assert report["size_note"].startswith("size 833x481 -> 832x480: ComfyUI's latent node rounds down to 8-pixel"), report
+    out = _cli("plan", "--model", "ltx-2.3", "--devices", TWO_24, "--size", "1280x720", "--frames", "9",
+               env_extra=env)
+    assert out.returncode in (0, 3), out.stderr
+    assert re.search(r"^size 1280x720 -> 1280x704: ComfyUI's latent node rounds down to 32-pixel steps", out.stdout,
+                     re.MULTILINE), out.stdout
     cut = tmp_path / "cut.safetensors"
     data = tiny_wan_file.read_bytes()
     cut.write_bytes(data[: len(data) - 1000])

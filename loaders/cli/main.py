@@ -10,11 +10,11 @@ import logging
 import sys
 
 from ..comfyui_import import ComfyUINotFound
-from . import plan_command, selftest_command, worker_command
+from . import plan_command, selftest_command, shard_workflow_command, worker_command
 
 __all__ = ["main", "COMMANDS"]
 
-COMMANDS = (plan_command, selftest_command, worker_command)
+COMMANDS = (plan_command, selftest_command, shard_workflow_command, worker_command)
 
 
 def main(argv=None) -> int:

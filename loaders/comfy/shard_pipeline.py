@@ -11,11 +11,14 @@ only changes its mode: steps 2 and 4 on its shard state (``set_parallel_mode``).
 """
 from __future__ import annotations
 
+import logging
+
 from ...parallel.cost.mode import DEFAULT_PARALLEL, check_parallel
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from .shard_mode import attach_mode
 from .shard_devices import resolve_devices
 from .shard_hooks import get_shard_state
+from .specs import unshardable_reason
 from .shard_plan import decide_for_state, decide_mode
 from .shard_steps import ShardRequest, Shards
 from .sharded_model import get_or_build_shards
@@ -29,7 +32,17 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     (``auto``, ``blocks`` or ``sequence``; the shards are the same for every mode).
 
     Everything that can fail on user input (unknown architecture, bad device string, a plan that
-    does not fit, a mode that cannot run) fails in steps 1 and 2, before any weight moves."""
+    does not fit, a mode that cannot run) fails in steps 1 and 2, before any weight moves.
+
+    With ``devices="auto"`` a model ShardDiT cannot shard (an image UNet, a segmentation model that
+    a sharded workflow's loader also feeds) is returned as it came, with one log line: ``auto``
+    asks for the best this model allows, and the shard transform puts a Shard node after every
+    loader. A device list asks for sharding: there it is an error."""
+    if str(devices).strip().lower() == "auto":
+        reason = unshardable_reason(type(model.get_model_object("diffusion_model")).__name__)
+        if reason is not None:
+            logging.getLogger("sharddit").info("%s; devices 'auto': the model passes through unsharded", reason)
+            return model
     request = ShardRequest(model, devices, float(reserve_vram_gb), check_parallel(parallel), inventory)
     where = resolve_devices(request)
     choice = decide_mode(request, where)

@@ -17,7 +17,7 @@ import torch
 from ...parallel.blocks.sharding import BlockLayout
 from .families import COMFY_FAMILIES, ArchSpec, no_inter_block_code
 
-__all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures"]
+__all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures", "unshardable_reason"]
 
 SPECS: tuple[ArchSpec, ...] = tuple(spec for fam in COMFY_FAMILIES.values() for spec in fam.specs)
 
@@ -39,6 +39,15 @@ def find_arch_spec(class_name: str) -> ArchSpec:
         f"[ShardDiT] cannot shard diffusion model class {class_name!r}: supported architectures are "
         f"{'; '.join(supported_architectures())}. Use ComfyUI's core nodes for this model, or open "
         "an issue at https://github.com/sharddit/sharddit/issues with the model's name.")
+
+
+def unshardable_reason(class_name: str) -> str | None:
+    """Why ComfyUI class ``class_name`` cannot be sharded (``find_arch_spec``'s message), None when it can."""
+    try:
+        find_arch_spec(class_name)
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 def get_arch_spec(diffusion_model: torch.nn.Module | str) -> BlockLayout:

@@ -56,6 +56,8 @@ class SimulationSetup:
     parallel: str | None
     cfg: float | None
     n_workers: int
+    size_note: str | None = None
+    """How the asked size was rounded to the model's token grid (None: it was on the grid)."""
 
 
 def simulate(model, devices: str = DEFAULT_DEVICES, width: int = 832, height: int = 480, frames: int = 81,
@@ -112,14 +114,14 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
         inventory, devices = _host_devices(devices, inventory, n_workers)
     spec = _resolve(model)
     presets.check_comfyui_has(spec)
-    _check_size(spec, width, height, frames)
+    (width, height), size_note = _check_size(spec, width, height, frames)
     _dtypes(dtype or spec.file_dtype or "bf16", spec)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
     if parallel == "sequence" and len(inventory.gpus) < 2:
         raise ValueError(f"[ShardDiT] parallel 'sequence' needs two or more GPUs; devices {devices!r} has "
                          f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
     return SimulationSetup(spec, inventory, request, devices, (width, height, frames), dtype, batch, parallel, cfg,
-                           n_workers)
+                           n_workers, size_note)
 
 
 def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=None, workers=(),
@@ -143,6 +145,7 @@ def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=Non
     if workers:
         report.workers = compute_worker_report(ctx, report, workers, dist_weights, cfg, gpu, net_gbps)
     report.text_encoder = _text_encoder(ctx, report)
+    report.size_note = setup.size_note
     report.seconds = time.monotonic() - started
     return report
 
@@ -198,22 +201,27 @@ def _build_context(spec, width: int, height: int, frames: int, dtype: str | None
                       size=(width, height, frames))
 
 
-def _check_size(spec, width: int, height: int, frames: int) -> None:
+def _check_size(spec, width: int, height: int, frames: int) -> tuple:
+    """``((width, height), note)``: the size ComfyUI ends up computing, and what was changed (None
+    when nothing). ComfyUI's latent nodes floor the pixel size to the VAE's stride; the DiT then
+    pads the latent to whole patches (Wan, HunyuanVideo 1.0: 2x2 latent cells). The size planned is
+    the one with that token grid; ``note`` says so, e.g. 1280x720 -> 1280x704 for LTX-2.3."""
     g = spec.geometry
-    # one token's cell in pixels: the VAE stride times the DiT's patch (2x2 latent cells for Wan and
-    # HunyuanVideo 1.0, one cell for LTX-Video/LTX-2 and HunyuanVideo 1.5); ComfyUI's latent nodes floor
-    # other sizes to it
-    step = g.spatial * shape_from_spec(spec).patch[1]
-    if width < step or height < step or frames < 1:
+    patch = shape_from_spec(spec).patch[1]
+    if width < g.spatial or height < g.spatial or frames < 1:
         raise ValueError(f"[ShardDiT] size {width}x{height}x{frames} is too small for {spec.name}: "
-                         f"width and height >= {step} pixels, frames >= 1")
-    if width % step or height % step:
-        fit = f"{width // step * step}x{height // step * step}"
-        raise ValueError(f"[ShardDiT] size {width}x{height} is not a multiple of {step} pixels, which {spec.name} "
-                         f"works in (ComfyUI's latent nodes step by {step}); plan {fit} instead")
+                         f"width and height >= {g.spatial} pixels, frames >= 1")
+    cell = g.spatial * patch
+    grid = tuple(-(-(v // g.spatial) // patch) * cell for v in (width, height))
     if (frames - 1) % g.temporal:
         log.info("[ShardDiT] %s uses %d*k+1 frames; %d frames is rounded down to %d", spec.name,
                  g.temporal, frames, (frames - 1) // g.temporal * g.temporal + 1)
+    if grid == (width, height):
+        return grid, None
+    how = (f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps" if patch == 1 else
+           f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps and {spec.name} pads the latent to "
+           f"whole {patch}x{patch} patches, so its tokens cover")
+    return grid, f"size {width}x{height} -> {grid[0]}x{grid[1]}: {how} {grid[0]}x{grid[1]} ({spec.name} works in {cell}-pixel steps)"
 
 
 def _dtypes(dtype: str, spec) -> tuple[torch.dtype, torch.dtype]:

@@ -85,6 +85,8 @@ class SimulationReport:
     """``simulator_workers.WorkerReport`` when worker devices were listed (distributed `sequence`)."""
     text_encoder: object = None
     """``text_encoders.TextEncoderReport``: the model's text encoder, its size and device (None: unknown)."""
+    size_note: str | None = None
+    """How the asked size was rounded to the model's token grid, as ComfyUI's latent node does."""
 
     @property
     def fits(self) -> bool:
@@ -117,7 +119,7 @@ class SimulationReport:
     def to_dict(self) -> dict:
         return {
             "model": self.model, "dtype": self.dtype, "size": list(self.size), "batch": self.batch,
-            "latent_shape": list(self.latent_shape), "fits": self.fits,
+            "latent_shape": list(self.latent_shape), "fits": self.fits, "size_note": self.size_note,
             "parallel": self.strategies.to_dict() if self.strategies is not None else None,
             "workers": self.workers.to_dict() if self.workers is not None else None,
             "text_encoder": self.text_encoder.to_dict() if self.text_encoder is not None else None,
@@ -137,6 +139,8 @@ class SimulationReport:
             tail = f"parallel sequence with worker devices (this machine keeps their shares in RAM, on cpu); {tail}"
         lines = [f"[ShardDiT] plan: {self.model} ({self.family}), {self.dtype}, {w}x{h}x{f} frames, "
                  f"latent {'x'.join(map(str, self.latent_shape))}, {tail}"]
+        if self.size_note:
+            lines.append(self.size_note)
         if self.text_encoder is not None:
             lines.append(self.text_encoder.to_text())
         if self.experts > 1:
