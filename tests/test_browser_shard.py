@@ -133,6 +133,17 @@ def _context_menu_shard(page, shots):
     entry.click()
 
 
+def _file_menu_shard(page, shots):
+    """The top menu (the logo) -> File -> the command (screenshot of the open menu)."""
+    page.keyboard.press("Escape")
+    page.locator(".comfyui-logo").first.click()
+    page.get_by_text("File", exact=True).first.hover()
+    entry = page.get_by_text(SHARD_LABEL, exact=True).first
+    entry.wait_for(timeout=10_000)
+    browser.screenshot(page, shots / "file_menu.png")
+    entry.click()
+
+
 def test_shard_command_in_the_canvas_menu_shards_runs_and_undoes(ui, shots, comfy_server):
     path = _template_or_skip(comfy_server)
     browser.drop_workflow(ui, path)
@@ -155,9 +166,9 @@ def test_shard_command_in_the_canvas_menu_shards_runs_and_undoes(ui, shots, comf
     assert ui.evaluate(SAVED) == before, "Ctrl+Z did not restore the original graph"
     browser.screenshot(ui, shots / "undone.png")
 
-    # again from the command (as the File menu and the command list call it); inside the
-    # subgraph (opened as its icon opens it) the Shard nodes overlap nothing; then Run
-    ui.evaluate("() => app.extensionManager.command.execute('ShardDiT.ShardWorkflow')")
+    # again from the top menu's File list; inside the subgraph (opened as its icon opens it) the
+    # Shard nodes overlap nothing; then Run
+    _file_menu_shard(ui, shots)
     _wait_toast(ui, "Shard nodes added")
     _close_toasts(ui)
     shard_ids = ui.evaluate(SHARD_IDS)
@@ -188,6 +199,13 @@ def test_shard_command_in_the_canvas_menu_shards_runs_and_undoes(ui, shots, comf
     ui.wait_for_timeout(1000)
     shot = browser.screenshot(ui, shots / "run_done.png")
     assert browser.error_notices(ui) == [], f"error notices after the run: {shot}"
+    # a second time: nothing to add, said in an info toast (the graph stays as it is)
+    saved = ui.evaluate(SAVED)
+    ui.evaluate("() => app.extensionManager.command.execute('ShardDiT.ShardWorkflow')")
+    assert "already sharded: 2 Shard nodes in place" in _wait_toast(ui, "already sharded")
+    assert ui.evaluate(SAVED) == saved
+    browser.screenshot(ui, shots / "already_sharded.png")
+    _close_toasts(ui)
 
 
 def test_template_browser_lists_the_sharded_templates(ui, shots, comfy_server):
@@ -214,7 +232,7 @@ def test_template_browser_lists_the_sharded_templates(ui, shots, comfy_server):
     # search for the Wan 2.2 template and open its card: the template with its two Shard nodes
     search = ui.get_by_placeholder("Search", exact=False).first
     search.fill(TEMPLATE)
-    card = ui.get_by_text(TEMPLATE, exact=True).first
+    card = ui.locator("[role=dialog]").get_by_text(TEMPLATE, exact=True).first
     card.wait_for(timeout=15_000)
     browser.screenshot(ui, shots / "template_search.png")
     card.click()
