@@ -5,11 +5,6 @@ from . import node_list
 
 
 class ShardDiTExtension(ComfyExtension):
-    async def on_load(self) -> None:
-        from ..loaders.workflow.routes import register
-
-        register()   # the shard / unshard routes and the template category (inside a ComfyUI server only)
-
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
         return node_list.all_nodes()
 
