@@ -206,6 +206,14 @@ def test_shard_command_in_the_canvas_menu_shards_runs_and_undoes(ui, shots, comf
     assert ui.evaluate(SAVED) == saved
     browser.screenshot(ui, shots / "already_sharded.png")
     _close_toasts(ui)
+    # Unshard: the template's nodes again (its seed moved on after the run: compare the graph's shape)
+    ui.evaluate("() => app.extensionManager.command.execute('ShardDiT.UnshardWorkflow')")
+    assert "2 Shard nodes removed" in _wait_toast(ui, "Shard nodes removed")
+    unsharded = ui.evaluate(SAVED)
+    shape = lambda g: [sorted((n["id"], n["type"], tuple(n["pos"])) for n in x["nodes"])  # noqa: E731
+                       for x in [g, *g["definitions"]["subgraphs"]]]
+    assert shape(unsharded) == shape(before)
+    _close_toasts(ui)
 
 
 def test_template_browser_lists_the_sharded_templates(ui, shots, comfy_server):
