@@ -12,8 +12,13 @@ consistent. Run it after changing a graph or a ShardDiT node's inputs, then revi
 
 Widget order comes from the node tables in ``workflow_tools`` (core nodes: ``CORE_NODES``; ours:
 ``nodes/*.py`` read with ast, falling back to ``CONTRACT`` for a node not written yet). File
-names, resolutions, frames, steps, cfg and shifts follow ComfyUI's own templates
-(comfyui-workflow-templates) for these models; the graphs are ours.
+names, resolutions, frames, steps, cfg and shifts are the models' published settings; the graphs,
+layouts and notes are the pack's own (tests/test_workflows_prose.py checks that no text of core's
+installed templates appears in workflows/).
+
+Each UI workflow carries ``extra.sharddit.min_comfyui``, the oldest ComfyUI it needs (the newest
+``since`` of its core nodes in ``workflow_tools.CORE_NODES``, or later for a model family that
+version lacks).
 """
 from __future__ import annotations
 
@@ -60,9 +65,15 @@ GROUP_TOP, GROUP_PAD = 96, 10
 NODE_GAP, GROUP_GAP = 20, 20
 TITLE_CHAR_W = 0.55 * GROUP_FONT   # Arial, mixed case: a safe upper bound per character
 # The saved view shows the whole graph in a 1600 x 1000 window at a zoom where the frontend still
-# draws text (it drops it below about 0.57). Its canvas starts right of the side bar (64 px) and
-# below the top bar (78 px): 1536 x 922 CSS pixels; view offsets are relative to the canvas.
-WINDOW = (12, 12, 1524, 910)       # x0, y0, x1, y1 inside the canvas, CSS pixels
+# draws text (it drops it below about 0.57); view offsets are relative to the canvas. The frontend
+# of the workflow's oldest ComfyUI sets the window (x0, y0, x1, y1 inside the canvas, CSS pixels):
+# - 0.3.64 (frontend 1.27): the canvas starts right of the side bar (64 px) and below the top bar
+#   (78 px): 1536 x 922;
+# - 0.29.0: the canvas fills the window; the tabs (to y 38), the side bar (to x 59), the breadcrumb
+#   and the Run bar (to y 90) float over it, the minimap over its bottom-right corner (MINIMAP).
+WINDOWS = {"0.3.64": (12, 12, 1524, 910), "0.29.0": (70, 96, 1590, 990)}
+MINIMAP = {"0.29.0": (1335, 735, 1600, 1000)}
+WINDOW = WINDOWS["0.3.64"]
 MIN_SCALE, MAX_SCALE = 0.6, 0.8
 # Columns of the pipeline (x) and the left column (note and Plan node).
 LEFT_X, LEFT_W = -580, 540
@@ -83,11 +94,29 @@ URLS = {
         f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files/text_encoders/llava_llama3_fp8_scaled.safetensors",
     "hunyuan_video_vae_bf16.safetensors":
         f"{HF}/Comfy-Org/HunyuanVideo_repackaged/resolve/main/split_files/vae/hunyuan_video_vae_bf16.safetensors",
+    "wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_high_noise_14B_fp8_scaled.safetensors",
+    "wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/Wan_2.2_ComfyUI_Repackaged/resolve/main/split_files/diffusion_models/wan2.2_t2v_low_noise_14B_fp8_scaled.safetensors",
+    "ltx-2.3-22b-dev-fp8.safetensors": f"{HF}/Lightricks/LTX-2.3-fp8/resolve/main/ltx-2.3-22b-dev-fp8.safetensors",
+    "gemma_3_12B_it_fp4_mixed.safetensors":
+        f"{HF}/Comfy-Org/ltx-2/resolve/main/split_files/text_encoders/gemma_3_12B_it_fp4_mixed.safetensors",
+    "hunyuanvideo1.5_720p_t2v_fp16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/diffusion_models/hunyuanvideo1.5_720p_t2v_fp16.safetensors",
+    "qwen_2.5_vl_7b_fp8_scaled.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/text_encoders/qwen_2.5_vl_7b_fp8_scaled.safetensors",
+    "byt5_small_glyphxl_fp16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/text_encoders/byt5_small_glyphxl_fp16.safetensors",
+    "hunyuanvideo15_vae_fp16.safetensors":
+        f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/vae/hunyuanvideo15_vae_fp16.safetensors",
+    "kandinsky5lite_t2v_sft_5s.safetensors":
+        f"{HF}/kandinskylab/Kandinsky-5.0-T2V-Lite-sft-5s/resolve/main/model/kandinsky5lite_t2v_sft_5s.safetensors",
 }
-# Wan's own negative prompt (the one ComfyUI's Wan templates and the Wan repo use).
-WAN_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
-                "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，静止不动的画面，"
-                "杂乱的背景，三条腿，背景人很多，倒着走")
+# The pack's own negative prompt for the Wan graphs (and a shorter one for the others).
+WAN_NEGATIVE = ("blurry, out of focus, overexposed, washed-out colours, flicker, frozen frame, captions, watermark, "
+                "low quality, compression artefacts, malformed hands, extra fingers, distorted face, warped limbs, "
+                "crowded background")
+SHORT_NEGATIVE = "blurry, low quality, flicker, frozen frame, watermark, captions, distorted face, malformed hands"
 
 
 def table() -> dict:
@@ -97,9 +126,10 @@ def table() -> dict:
 class Graph:
     """A workflow described once; ``ui()`` and ``api()`` render the two formats."""
 
-    def __init__(self, name: str, uid: str, nodes_table: dict):
+    def __init__(self, name: str, uid: str, nodes_table: dict, min_comfyui: str = "0.3.64"):
         self.name = name
         self.uid = uid
+        self.min_comfyui = min_comfyui
         self.table = nodes_table
         self.nodes = {}      # id -> dict(type, pos, size, widgets, title, models, control)
         self.links = []      # (link_id, src, src_slot, dst, input_name)
@@ -238,7 +268,8 @@ class Graph:
         groups = self._groups()
         return {"id": self.uid, "revision": 0, "last_node_id": max(self.nodes), "last_link_id": len(self.links),
                 "nodes": nodes, "links": links, "groups": groups, "config": {},
-                "extra": {"ds": self._view(groups), "frontendVersion": FRONTEND_VERSION},
+                "extra": {"ds": self._view(groups), "frontendVersion": FRONTEND_VERSION,
+                          "sharddit": {"min_comfyui": self.min_comfyui}},
                 "version": 0.4}
 
     def _groups(self) -> list:
@@ -258,12 +289,13 @@ class Graph:
         return groups
 
     def _view(self, groups) -> dict:
-        """Zoom and offset that show every group and node inside ``WINDOW`` (centred)."""
+        """Zoom and offset that show every group and node inside the window of the workflow's
+        frontend (``WINDOWS``, centred), clear of its minimap."""
         boxes = [g["bounding"] for g in groups] + [
             [n["pos"][0], n["pos"][1] - 54, n["size"][0], n["size"][1] + 54] for n in self.nodes.values()]
         x0, y0 = min(b[0] for b in boxes), min(b[1] for b in boxes)
         x1, y1 = max(b[0] + b[2] for b in boxes), max(b[1] + b[3] for b in boxes)
-        wx0, wy0, wx1, wy1 = WINDOW
+        wx0, wy0, wx1, wy1 = WINDOWS[self.min_comfyui]
         scale = min(MAX_SCALE, (wx1 - wx0) / (x1 - x0), (wy1 - wy0) / (y1 - y0))
         if scale < MIN_SCALE:
             raise ValueError(f"{self.name}: the graph ({x1 - x0}x{y1 - y0}) needs zoom {scale:.2f} to fit a 1600x1000 "
@@ -271,6 +303,13 @@ class Graph:
         scale = round(scale, 3)
         ox = (wx0 + (wx1 - wx0 - (x1 - x0) * scale) / 2) / scale - x0
         oy = (wy0 + (wy1 - wy0 - (y1 - y0) * scale) / 2) / scale - y0
+        if self.min_comfyui in MINIMAP:
+            mx0, my0, mx1, my1 = MINIMAP[self.min_comfyui]
+            for bx, by, bw, bh in boxes:
+                sx0, sy0, sx1, sy1 = ((bx + ox) * scale, (by + oy) * scale, (bx + bw + ox) * scale, (by + bh + oy) * scale)
+                if sx0 < mx1 and mx0 < sx1 and sy0 < my1 and my0 < sy1:
+                    raise ValueError(f"{self.name}: the box {[bx, by, bw, bh]} lies under the minimap at the saved view "
+                                     f"({[round(v) for v in (sx0, sy0, sx1, sy1)]} on screen): make the right column shorter")
         return {"scale": scale, "offset": [round(ox, 1), round(oy, 1)]}
 
     def api(self) -> dict:
@@ -301,8 +340,9 @@ def files_note(title: str, files: list, extra: str = "") -> str:
              "Every `devices`/`device` input is `auto`: ShardDiT reads the free VRAM of each GPU and places the "
              "text encoder, the DiT blocks (split over the GPUs) and the VAE. `python custom_nodes/sharddit plan` "
              "prints the plan before you download anything.", "",
-             "Groups 1-5: ShardDiT's loaders place the models on your GPUs, the sampler runs the DiT blocks "
-             "sharded over them, the decoder batches VAE tiles over them.", "", "**Model files**", ""]
+             "The groups are numbered in the order the graph runs: ShardDiT's loaders place the models on your "
+             "GPUs, the DiT's blocks run sharded over them, the decoder batches VAE tiles over them.", "",
+             "**Model files**", ""]
     for folder, name in files:
         lines.append(f"- [{name}]({URLS[name]}) → `models/{folder}/`")
     lines += ["", "```", "ComfyUI/", "└── models/"]
@@ -381,7 +421,7 @@ def wan21_t2v(t) -> Graph:
     g.link(6, 0, 8, "negative")
     g.link(4, 0, 8, "latent_image")
     decode_nodes(g, 9, 1250, (8, 0), (3, 0), 16.0, "video/sharddit_wan2.1_t2v_14B")
-    files_note_node(g, 12, files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, PLAN_NOTE))
+    files_note_node(g, 12, files_note("Wan 2.1 T2V 14B, 832×480, 81 frames", files, WAN21_NOTE + "\n\n" + PLAN_NOTE))
     plan_node(g, 13, "wan2.1-t2v-14b", 832, 480, 81, "fp8", 6.0)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
@@ -430,7 +470,7 @@ def ltxv_t2v(t) -> Graph:
         "LTX-Video 13B T2V, 768×512, 97 frames", files,
         "The LTX-Video checkpoint holds the DiT and the VAE: core's Load Checkpoint reads it from "
         "`models/checkpoints/`, **Shard DiT Blocks (ShardDiT)** spreads its blocks over the GPUs. Its "
-        "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts.\n\n" + PLAN_NOTE))
+        "VAE feeds the tiled decode. LTX-Video needs long, descriptive prompts.\n\n" + LTXV_NOTE + "\n\n" + PLAN_NOTE))
     plan_node(g, 15, "ltxv-13b", 768, 512, 97, "bf16", 3.0)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
@@ -477,7 +517,8 @@ def hunyuan_t2v(t) -> Graph:
     files_note_node(g, 16, files_note(
         "HunyuanVideo T2V 720p model, 848×480, 73 frames", files,
         "HunyuanVideo's two text encoders load through core's DualCLIPLoader (ShardDiT's text encoder "
-        "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt.\n\n" + PLAN_NOTE))
+        "loader takes one file). Guidance is distilled: FluxGuidance 6, no negative prompt.\n\n" + HY_NOTE + "\n\n"
+        + PLAN_NOTE))
     plan_node(g, 17, "hunyuanvideo-13b", 848, 480, 73, "bf16", 1.0, batch="1")
     g.group("1 - Load models (ShardDiT)", [1, 2, 3])
     g.group("2 - Video size", [4])
@@ -487,8 +528,26 @@ def hunyuan_t2v(t) -> Graph:
     return g
 
 
-# Wan 2.2 T2V A14B: core's own template, sharded (tests/build_template_workflows.py)
-GRAPHS = [wan21_t2v, ltxv_t2v, hunyuan_t2v]
+# VRAM per GPU and the mode `auto` picks: `plan` on ComfyUI 0.29.0 (workflows/README.md has the commands).
+WAN21_NOTE = (
+    "**VRAM per GPU** (`plan`, two 16 GiB cards, fp8): cuda:0 6.8 GiB weights + 2.7 activations + 0.7 "
+    "prefetch, cuda:1 6.5 + 2.7 + 0.7; one 16 GiB card is short (18.6 GiB). `parallel` `auto` picks "
+    "**sequence** (cond and uncond each on its own GPU: 1.99× one GPU predicted).")
+LTXV_NOTE = (
+    "**VRAM per GPU** (`plan`, two 16 GiB cards, bf16): cuda:0 12.3 GiB weights + 0.6 activations + 1.0 "
+    "prefetch, cuda:1 12.0 + 0.5 + 1.0; one card is short (25.2 GiB). `parallel` `auto` picks **sequence** "
+    "(1.53× one GPU predicted; streaming the weights bounds it).")
+HY_NOTE = (
+    "**VRAM per GPU** (`plan`, two 24 GiB cards, bf16, batch 1): cuda:0 12.1 GiB weights + 1.8 activations "
+    "+ 1.8 prefetch, cuda:1 11.8 + 1.8 + 1.3; one 24 GiB card is short (26.2 GiB). `parallel` `auto` picks "
+    "**sequence** (the video's tokens split over the GPUs: 1.70× one GPU predicted).")
+
+
+def graphs() -> list:
+    """Every workflow's builder: the three above and the 2026 families' (``workflow_graphs_2026``)."""
+    from workflow_graphs_2026 import GRAPHS_2026
+
+    return [wan21_t2v, ltxv_t2v, hunyuan_t2v, *GRAPHS_2026]
 
 
 def dumps(obj) -> str:
@@ -499,7 +558,7 @@ def render_all(out_dir: Path = WORKFLOWS_DIR) -> dict:
     """``{path: text}`` of every workflow file."""
     t = table()
     files = {}
-    for build in GRAPHS:
+    for build in graphs():
         g = build(t)
         files[out_dir / f"{g.name}.json"] = dumps(g.ui())
         files[out_dir / "api" / f"{g.name}_api.json"] = dumps(g.api())

@@ -2,8 +2,9 @@
 
 Issue 24 item 3: people open core's templates (package ``comfyui_workflow_templates_json``,
 installed with ComfyUI 0.29), not our workflows. Each test reads a template from the installed
-package, converts it to API form unmodified and with ``ShardDiTShardModel`` inserted after every
-DiT loader (``harness.templates``), shrinks it (CPU, 2 steps, a few latent pixels) and runs both
+package, converts it to API form unmodified and sharded by the product's transform
+(``loaders/workflow/shard.py`` ``shard_workflow``: a ``ShardDiTShardModel`` after every DiT loader;
+its ``devices`` then set to ``cpu,cpu`` and ``parallel`` to the case's mode in the API prompt), shrinks it (CPU, 2 steps, a few latent pixels) and runs both
 through ComfyUI's own ``validate_prompt`` + ``PromptExecutor`` with tiny random-weight models of
 the same classes saved under the template's file names. The final sampler's latents must be
 bit-identical in ``blocks`` mode (every GEMM sees the shapes of the unsharded run) and within
@@ -81,8 +82,25 @@ def _small(api, overrides):
     return api
 
 
-def _latents(env, ui, overrides, output):
-    api = _small(tpl.ui_to_api(ui, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)), overrides)
+def _shard(env, ui):
+    """The template through the product's transform (at least one Shard node added)."""
+    result = pack_module(env, "loaders.workflow.shard").shard_workflow(ui)
+    assert result.added, result.reason
+    return result.workflow
+
+
+def _api(env, ui, parallel=None):
+    """The API prompt of ``ui``; with ``parallel``, of ``ui`` sharded, its Shard nodes on
+    ``cpu,cpu`` in that mode (the transform inserts them with ``devices`` and ``parallel`` auto)."""
+    api = tpl.ui_to_api(_shard(env, ui) if parallel else ui, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS))
+    for node_id in tpl.api_ids(api, tpl.SHARD_NODE) if parallel else ():
+        assert api[node_id]["inputs"]["devices"] == "auto" and api[node_id]["inputs"]["parallel"] == "auto"
+        api[node_id]["inputs"].update(devices="cpu,cpu", parallel=parallel)
+    return api
+
+
+def _latents(env, ui, overrides, output, parallel=None):
+    api = _small(_api(env, ui, parallel), overrides)
     return tpl.run_prompt(api, [output])[output][0][0]["samples"]  # slot 0, first of its list
 
 
@@ -98,11 +116,11 @@ def test_wan22_shard_node_sits_after_each_expert_loader(env):
     """Two UNETLoaders inside the template's subgraph -> two Shard nodes in that subgraph, each
     feeding everything the loader fed; the API form routes the samplers' models through them."""
     ui = _template(env, WAN22)
-    sharded = tpl.insert_shard(ui, "cpu,cpu", "blocks")
+    sharded = _shard(env, ui)
     assert tpl.nodes_of(ui, tpl.SHARD_NODE) == []
     shards = tpl.nodes_of(sharded, tpl.SHARD_NODE)
     assert len(shards) == 2 and all(s in sharded["definitions"]["subgraphs"][0]["nodes"] for s in shards)
-    api = tpl.ui_to_api(sharded, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS))
+    api = _api(env, ui, "blocks")
     shard_ids = tpl.api_ids(api, tpl.SHARD_NODE)
     loaders = {api[i]["inputs"]["model"][0] for i in shard_ids}
     assert loaders == set(tpl.api_ids(api, "UNETLoader")), loaders
@@ -119,7 +137,7 @@ def test_wan22_template_sharded_matches_the_template(env, wan22, parallel, caplo
     both experts' sampling calls really went through the requested mode (the log says so)."""
     ui, reference = wan22
     with caplog.at_level("INFO", logger="sharddit"):
-        out = _latents(env, tpl.insert_shard(ui, "cpu,cpu", parallel), WAN22_SMALL, WAN22_LATENT)
+        out = _latents(env, ui, WAN22_SMALL, WAN22_LATENT, parallel)
     modes = [r.getMessage() for r in caplog.records if f"parallel {parallel} -> " in r.getMessage()]
     assert len(modes) == 2 and all(f"-> {parallel}:" in m for m in modes), modes
     assert reference.shape == (1, 16, 2, 8, 8)
@@ -165,8 +183,8 @@ RUNS = {
 }
 
 
-def _run(env, ui, run, executor):
-    api = _small(tpl.ui_to_api(ui, tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)), run.small)
+def _run(env, ui, run, executor, parallel=None):
+    api = _small(_api(env, ui, parallel), run.small)
     ids = sorted({i for i, _ in run.latents})
     out = tpl.run_prompt(api, ids, executor)
     return [out[i][slot][0]["samples"] for i, slot in run.latents], api
@@ -206,7 +224,7 @@ def test_template_sharded_matches_the_template(env, template_files, references, 
         references[name] = executor, _run(env, ui, run, executor)[0]
     executor, reference = references[name]
     with caplog.at_level("INFO", logger="sharddit"):
-        got, api = _run(env, tpl.insert_shard(ui, "cpu,cpu", parallel), run, executor)
+        got, api = _run(env, ui, run, executor, parallel)
     modes = [r.getMessage() for r in caplog.records if f"parallel {parallel} -> " in r.getMessage()]
     assert modes, f"{name}: the Shard node's model never sampled in {parallel}"
     split = parallel == "sequence" and run.splits
@@ -252,28 +270,6 @@ def template_files(env, tiny_models, template_models, tmp_path_factory):
                 (extra / folder / file).symlink_to(tiny_models.path("umt5"))
                 folder_paths.add_model_folder_path(folder, str(extra / folder))
     getattr(folder_paths, "filename_list_cache", {}).clear()
-
-
-@pytest.mark.parametrize("name", TEMPLATES)
-def test_template_with_shard_node_passes_comfyui_validation(env, template_files, name):
-    """Each template, with a Shard node after each DiT loader (LTX-2.3: on CheckpointLoaderSimple's
-    MODEL), converts to an API prompt that ComfyUI's own validate_prompt accepts, and the Shard
-    nodes feed what the loaders fed."""
-    ui = _template(env, name)
-    widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
-    plain = tpl.ui_to_api(ui, widgets)
-    api = tpl.ui_to_api(tpl.insert_shard(ui, "cpu,cpu", "sequence"), widgets)
-    ok, error, _, node_errors = tpl.validate(api)
-    assert ok, f"{name}: {error} {node_errors}"
-    assert tpl.validate(plain)[0]
-    shards = tpl.api_ids(api, tpl.SHARD_NODE)
-    loaders = [i for i in api if api[i]["class_type"] in tpl.DIT_LOADERS]
-    assert shards and sorted(api[s]["inputs"]["model"][0] for s in shards) == sorted(loaders)
-    assert set(api) - set(shards) == set(plain)
-    for node_id, node in plain.items():   # every consumer of a loader's MODEL now reads a Shard node
-        for key, value in node["inputs"].items():
-            if isinstance(value, list) and value[0] in loaders and value[1] == tpl.DIT_LOADERS[plain[value[0]]["class_type"]]:
-                assert api[node_id]["inputs"][key][0] in shards, (name, node_id, key)
 
 
 def test_converter_agrees_with_the_shipped_workflows_api_twins(env):

@@ -14,7 +14,8 @@ from sharddit.parallel.placement.devices import parse_component_device, parse_de
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 
-EXPECTED = {"wan2.1_t2v_14B_2gpu", "ltxv_13b_t2v_2gpu", "hunyuan_video_t2v_2gpu"}
+EXPECTED = {"wan2.1_t2v_14B_2gpu", "ltxv_13b_t2v_2gpu", "hunyuan_video_t2v_2gpu", "wan2.2_t2v_A14B_2gpu",
+            "ltx2.3_t2v_2gpu", "hunyuan_video_1.5_720p_t2v_2gpu", "kandinsky5_lite_t2v_2gpu"}
 PAIRS = wt.workflow_pairs()
 IDS = [name for name, _, _ in PAIRS]
 MODEL_FOLDERS = {"diffusion_models", "text_encoders", "vae", "checkpoints", "loras"}
@@ -144,10 +145,48 @@ def test_plan_node_matches_the_workflow(pair, table):
     plans = [n for n in wt.ui_to_api(ui, table, include_muted=True).values() if n["class_type"] == "ShardDiTPlan"]
     assert len(plans) == 1 and all(n["class_type"] != "ShardDiTPlan" for n in api.values()), "one muted Plan node"
     plan = plans[0]["inputs"]
-    latent = next(n["inputs"] for n in api.values() if n["class_type"].startswith("Empty") and "length" in n["inputs"])
+    (latent,) = [n["inputs"] for n in api.values() if {"width", "height", "length"} <= set(n["inputs"])]
     assert (plan["width"], plan["height"], plan["frames"]) == (latent["width"], latent["height"], latent["length"])
-    family = {"wan2.1": "wan2.1-", "wan2.2": "wan2.2-", "ltxv": "ltxv-", "hunyuan": "hunyuanvideo-"}
+    family = {"wan2.1": "wan2.1-", "wan2.2": "wan2.2-", "ltxv": "ltxv-", "hunyuan_video_t2v": "hunyuanvideo-13b",
+              "hunyuan_video_1.5": "hunyuanvideo-1.5", "ltx2.3": "ltx-2.3", "kandinsky5_lite": "kandinsky5-lite"}
     assert any(pair[0].startswith(k) and plan["model"].startswith(v) for k, v in family.items()), plan["model"]
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_marked_with_the_oldest_comfyui_it_needs(pair, table):
+    """``extra.sharddit.min_comfyui`` is a tested ComfyUI version, no older than the newest node
+    the graph uses (``since`` in CORE_NODES); workflows/README.md's table says the same."""
+    ui, _ = _load(pair)
+    mark = wt.min_comfyui(ui)
+    assert mark in wt.COMFY_VERSIONS, f"{pair[0]}: min_comfyui {mark!r} is not one of {wt.COMFY_VERSIONS}"
+    needed = wt.needed_comfyui(ui, table)
+    assert wt.version_tuple(mark) >= wt.version_tuple(needed), \
+        f"{pair[0]} says ComfyUI {mark} but uses nodes of {needed}: " + \
+        str(sorted({n["type"] for n in ui["nodes"] if n["type"] in table and table[n["type"]].since == needed}))
+    rows = [line for line in (wt.WORKFLOWS_DIR / "README.md").read_text().splitlines()
+            if line.startswith(f"| `{pair[0]}` |")]
+    assert rows and f"| {mark} |" in rows[0], f"workflows/README.md: no row `{pair[0]}` with ComfyUI {mark}: {rows}"
+
+
+def test_version_marks_compare_as_versions():
+    assert wt.version_tuple("0.29.0") > wt.version_tuple("0.3.64")  # not as strings
+    assert wt.version_tuple("0.29.0+cu128") == (0, 29, 0)
+    with pytest.raises(ValueError, match="not a ComfyUI version"):
+        wt.version_tuple("latest")
+    with pytest.raises(ValueError, match="min_comfyui"):
+        wt.min_comfyui({"extra": {}})
+
+
+@pytest.mark.parametrize("pair", PAIRS, ids=IDS)
+def test_the_shard_transform_finds_nothing_to_add(pair):
+    """Every DiT of a shipped workflow is sharded already (ShardDiT's loader, or a Shard node after
+    core's): the pack's own shard transform leaves both twins unchanged."""
+    from sharddit.loaders.workflow.shard import shard_workflow
+
+    for path in pair[1:]:
+        workflow = wt.load(path)
+        result = shard_workflow(workflow)
+        assert result.added == [] and result.workflow == workflow, f"{path.name}: {result.message}"
 
 
 @pytest.mark.parametrize("pair", PAIRS, ids=IDS)
@@ -263,6 +302,16 @@ def test_widget_map_handles_control_after_generate():
     assert wt.widget_map(spec, vals)["noise_seed"] == 5
     with pytest.raises(ValueError):
         wt.widget_map(spec, ["enable", 5, 20, 3.5, "euler", "simple", 0, 10, "enable"])
+
+
+def test_readme_shows_every_workflow_with_its_thumbnail_and_comfyui():
+    """README's Workflows section: a row per UI workflow with its JPEG, its name and its mark."""
+    text = (wt.REPO / "README.md").read_text()
+    section = text[text.index("## Workflows\n"):text.index("\n## ", text.index("## Workflows\n") + 1)]
+    for name, ui, _ in PAIRS:
+        row = next((line for line in section.splitlines() if f"`{name}`" in line), "")
+        assert f'<img src="workflows/{name}.jpg"' in row, f"README: no row with {name}'s thumbnail"
+        assert f"| {wt.min_comfyui(wt.load(ui))} |" in row, f"README: {name}'s row lacks its ComfyUI version"
 
 
 def test_readme_commands_name_files_that_exist_from_the_comfyui_folder():

@@ -4,7 +4,8 @@ Needs COMFYUI_PATH. Uses the session test server (``comfy_server``, tests/harnes
 tiny random-weight models exposed under the REAL file names the workflows use
 (``tiny_models.add_aliases``: symlinks, no extra disk; fixture ``workflow_models``).
 
-- Validation: every API workflow, unchanged (full resolution and frame count), is POSTed to
+- Validation: every API workflow the running ComfyUI is new enough for (``min_comfyui``; the
+  others are skipped with the reason), unchanged (full resolution and frame count), is POSTed to
   ``/prompt``; ComfyUI validates it synchronously (node types, inputs, links, file names, each
   node's ``validate_inputs``) and answers ``node_errors``. So that nothing full-size ever runs,
   the worker is first kept busy by a tiny interruptible "blocker" prompt; the validated prompts
@@ -32,6 +33,27 @@ WAN21_SMALL = {"EmptyHunyuanLatentVideo": {"width": 64, "height": 64, "length": 
 
 PAIRS = wt.workflow_pairs()
 IDS = [name for name, _, _ in PAIRS]
+
+
+def _running() -> str:
+    from harness.comfy_env import comfy_version
+
+    return comfy_version()
+
+
+def _too_new(name: str) -> str | None:
+    """Why this ComfyUI cannot take workflow ``name`` (its ``min_comfyui`` mark), else None."""
+    mark = wt.min_comfyui(wt.load(wt.WORKFLOWS_DIR / f"{name}.json"))
+    if wt.version_tuple(_running()) >= wt.version_tuple(mark):
+        return None
+    return (f"{name} needs ComfyUI >= {mark}, this is {_running()}: not validated here "
+            f"(its nodes or model family were added after ComfyUI 0.3.64)")
+
+
+def _skip_if_too_new(name: str) -> None:
+    reason = _too_new(name)
+    if reason:
+        pytest.skip(reason)
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -87,6 +109,8 @@ def validation_answers(comfy_server, real_names):
     try:
         _wait_running(server, blocker)
         for name, _, api_path in PAIRS:
+            if _too_new(name):
+                continue
             answer = server.validate(wt.load(api_path))
             answers[name] = (answer["status"], answer["body"])
             if answer["status"] == 200:
@@ -113,6 +137,7 @@ def _comfy_inputs(cls) -> list:
         for name, spec in it.get(section, {}).items():
             typ = spec[0]
             typ = "COMBO" if isinstance(typ, (list, tuple)) else str(getattr(typ, "value", typ))
+            typ = typ.split(",")[0]  # a MultiType widget ("FLOAT,INT"): the widget's own type first
             opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
             out.append((name, typ, opts, section == "optional"))
     return out
@@ -123,7 +148,11 @@ def test_core_node_table_matches_comfyui(comfy_env):
     inputs in the same order, except optional inputs a newer ComfyUI appended; the same outputs,
     except ones a newer ComfyUI appended (workflows built from the table stay valid on it)."""
     mappings = comfy_env.nodes.NODE_CLASS_MAPPINGS
+    running = wt.version_tuple(_running())
     for node_id, spec in wt.CORE_NODES.items():
+        if running < wt.version_tuple(spec.since):  # the table says it came later: it must be absent
+            assert node_id not in mappings, f"{node_id} exists in ComfyUI {_running()}: its since {spec.since} is wrong"
+            continue
         assert node_id in mappings, f"{node_id} is not a core node of this ComfyUI"
         assert node_id not in comfy_env.pack_node_ids
         real = _comfy_inputs(mappings[node_id])
@@ -167,6 +196,7 @@ def test_workflow_inputs_valid_for_real_schemas(pair, comfy_env, real_names):
     """Every widget value of every node is accepted by the real schema (combos incl. sampler lists)."""
     import folder_paths
 
+    _skip_if_too_new(pair[0])
     mappings = comfy_env.nodes.NODE_CLASS_MAPPINGS
     api = {**wt.ui_to_api(wt.load(pair[1]), wt.node_table(), include_muted=True), **wt.load(pair[2])}
     for node_id, node in api.items():
@@ -205,31 +235,15 @@ def test_comfy_cli_converts_ui_workflow_to_its_api_twin(pair, object_info):
     /object_info) turns each UI workflow into exactly its committed API twin."""
     from comfy_cli.workflow_to_api import convert_ui_to_api
 
+    _skip_if_too_new(pair[0])
     converted = convert_ui_to_api(wt.load(pair[1]), object_info)
     twin = wt.strip_meta(wt.load(pair[2]))
-    assert _without_new_optional_defaults(wt.strip_meta(converted), twin, object_info) == twin
-
-
-def _without_new_optional_defaults(api: dict, twin: dict, object_info: dict) -> dict:
-    """``api`` less the inputs the twin lacks that are optional widgets at their default on this
-    ComfyUI (the converter fills in inputs a newer core appended, e.g. 0.29's CreateVideo
-    ``bit_depth``: the workflow means the same)."""
-    out = {}
-    for nid, node in api.items():
-        optional = object_info.get(node["class_type"], {}).get("input", {}).get("optional", {})
-        known = twin.get(nid, {}).get("inputs", {})
-
-        def new_default(name, value):
-            spec = optional.get(name)
-            return name not in known and spec is not None and len(spec) > 1 and \
-                isinstance(spec[1], dict) and spec[1].get("default") == value
-
-        out[nid] = {**node, "inputs": {k: v for k, v in node["inputs"].items() if not new_default(k, v)}}
-    return out
+    assert wt.without_new_optional_defaults(wt.strip_meta(converted), twin, object_info) == twin
 
 
 @pytest.mark.parametrize("name", IDS)
 def test_api_workflow_passes_comfyui_validation(name, validation_answers):
+    _skip_if_too_new(name)
     status, body = validation_answers[name]
     assert status == 200 and body.get("node_errors") == {}, f"{name}: POST /prompt answered {status}: {body}"
 
@@ -241,6 +255,26 @@ def test_wan21_workflow_runs_end_to_end_on_cpu(comfy_server, real_names):
     files = comfy_server.output_files(prompt_id)
     assert [f.suffix for f in files] == [".mp4"], files
     assert files[0].is_file() and files[0].stat().st_size > 0
+
+
+def test_wan22_workflow_runs_both_experts_end_to_end_on_cpu(comfy_server, real_names):
+    """The two-expert graph runs: tiny Wan 2.2 high- and low-noise DiTs under the real file names
+    (``harness.fixtures.TEMPLATE_NAMES``), each loaded and sharded by its own ShardDiT loader, 64×64,
+    5 frames, 4 steps split 2 + 2 between the two KSampler (Advanced) nodes; both experts are sharded
+(two loader log lines) and the .mp4 exists."""
+    api = _small(wt.load(wt.API_DIR / "wan2.2_t2v_A14B_2gpu_api.json"), WAN21_SMALL)
+    experts = sorted((n["inputs"]["start_at_step"], i) for i, n in api.items() if n["class_type"] == "KSamplerAdvanced")
+    (_, high), (_, low) = experts
+    api[high]["inputs"].update(steps=4, end_at_step=2)
+    api[low]["inputs"].update(steps=4, start_at_step=2)
+    before = len(comfy_server.messages())
+    prompt_id = comfy_server.queue_prompt(api)
+    comfy_server.wait(prompt_id, timeout=600)
+    files = comfy_server.output_files(prompt_id)
+    assert [f.suffix for f in files] == [".mp4"], files
+    assert files[0].is_file() and files[0].stat().st_size > 0
+    sharded = [m for m in comfy_server.messages()[before:] if "[ShardDiT] WanModel:" in m and "blocks sharded" in m]
+    assert len(sharded) == 2, f"expected both experts loaded and sharded, got {sharded}\n{comfy_server.log_tail()}"
 
 
 def test_comfy_cli_run_wait(comfy_server, real_names, tmp_path):

@@ -57,6 +57,7 @@ class NodeSpec:
     outputs: tuple = ()             # (name, type) per output slot
     output_node: bool = False
     extra: dict = field(default_factory=dict, compare=False)
+    since: str = "0.3.64"           # the oldest ComfyUI the tests have this node in (COMFY_VERSIONS)
 
     def input(self, name: str) -> Input:
         for i in self.inputs:
@@ -73,7 +74,7 @@ class NodeSpec:
         return [i for i in self.inputs if not i.is_widget]
 
 
-def _core(node_id, inputs, outputs, output_node=False):
+def _core(node_id, inputs, outputs, output_node=False, since=None):
     parsed = []
     for text in inputs.split():
         optional = text.endswith("?")
@@ -83,7 +84,31 @@ def _core(node_id, inputs, outputs, output_node=False):
         name, typ = text.rstrip("*+").split(":")
         parsed.append(Input(name, typ, control=control, optional=optional, multiline=multiline))
     outs = tuple(tuple(o.split(":")) if ":" in o else (o, o) for o in outputs.split())
-    return NodeSpec(node_id, tuple(parsed), outs, output_node)
+    return NodeSpec(node_id, tuple(parsed), outs, output_node, since=since or COMFY_VERSIONS[0])
+
+
+# The ComfyUI versions the tests run (tests/README.md): a node's ``since`` and a workflow's
+# ``min_comfyui`` are one of them. A node with since "0.29.0" is absent from 0.3.64 (checked by
+# test_workflows_comfy.py on 0.3.64) and present in 0.29.0; when it came in between, the tests
+# cannot tell, so the workflows claim no more than what was run.
+COMFY_VERSIONS = ("0.3.64", "0.29.0")
+
+
+def version_tuple(version: str) -> tuple:
+    """"0.3.64" -> (0, 3, 64); a suffix after the numbers ("0.29.0+cu") is ignored."""
+    import re
+
+    parts = []
+    for piece in version.split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.end() < len(piece):  # "0+cu128": the version ends here
+            break
+    if not parts:
+        raise ValueError(f"not a ComfyUI version: {version!r} (expected e.g. '0.29.0')")
+    return tuple(parts)
 
 
 # Core ComfyUI 0.3.64 nodes used by the workflows: inputs in INPUT_TYPES order (required, then
@@ -117,6 +142,19 @@ CORE_NODES = {n.node_id: n for n in [
     _core("FluxGuidance", "conditioning:CONDITIONING guidance:FLOAT", "CONDITIONING"),
     _core("CreateVideo", "images:IMAGE fps:FLOAT audio:AUDIO?", "VIDEO"),
     _core("SaveVideo", "video:VIDEO filename_prefix:STRING format:COMBO codec:COMBO", "", output_node=True),
+    _core("CFGGuider", "model:MODEL positive:CONDITIONING negative:CONDITIONING cfg:FLOAT", "GUIDER"),
+    # ComfyUI 0.29.0 (absent from 0.3.64): LTX-2's audio, HunyuanVideo 1.5's and Kandinsky 5's latents.
+    # LTXVEmptyLatentAudio's frame_rate is a FLOAT widget that also takes an INT link (MultiType).
+    _core("LTXVAudioVAELoader", "ckpt_name:COMBO", "VAE", since="0.29.0"),
+    _core("LTXVEmptyLatentAudio", "frames_number:INT frame_rate:FLOAT batch_size:INT audio_vae:VAE", "LATENT",
+          since="0.29.0"),
+    _core("LTXVConcatAVLatent", "video_latent:LATENT audio_latent:LATENT", "latent:LATENT", since="0.29.0"),
+    _core("LTXVSeparateAVLatent", "av_latent:LATENT", "video_latent:LATENT audio_latent:LATENT", since="0.29.0"),
+    _core("LTXVAudioVAEDecode", "samples:LATENT audio_vae:VAE", "AUDIO", since="0.29.0"),
+    _core("EmptyHunyuanVideo15Latent", "width:INT height:INT length:INT batch_size:INT", "LATENT", since="0.29.0"),
+    _core("Kandinsky5ImageToVideo", "positive:CONDITIONING negative:CONDITIONING vae:VAE width:INT height:INT "
+          "length:INT batch_size:INT start_image:IMAGE?",
+          "positive:CONDITIONING negative:CONDITIONING latent:LATENT cond_latent:LATENT", since="0.29.0"),
 ]}
 
 
@@ -125,9 +163,12 @@ CORE_NODES = {n.node_id: n for n in [
 # the names newer ComfyUI gave nodes since (0.29.0), a label only: titles do not affect a run.
 CORE_DISPLAY_NAMES = {"CheckpointLoaderSimple": "Load Checkpoint", "CLIPTextEncode": "CLIP Text Encode (Prompt)",
                       "KSamplerAdvanced": "KSampler (Advanced)", "CreateVideo": "Create Video",
-                      "SaveVideo": "Save Video"}
+                      "SaveVideo": "Save Video", "LTXVAudioVAELoader": "Load LTXV Audio VAE",
+                      "LTXVEmptyLatentAudio": "LTXV Empty Latent Audio", "LTXVAudioVAEDecode": "LTXV Audio VAE Decode",
+                      "EmptyHunyuanVideo15Latent": "Empty HunyuanVideo 1.5 Latent"}
 NEWER_DISPLAY_NAMES = {"DualCLIPLoader": "Load CLIP (Dual)", "EmptyHunyuanLatentVideo": "Empty HunyuanVideo 1.0 Latent",
-                       "BasicGuider": "Basic Guider"}
+                       "BasicGuider": "Basic Guider", "CFGGuider": "CFG Guider",
+                       "LTXVConcatAVLatent": "Concat AV Latent", "LTXVSeparateAVLatent": "Separate AV Latent"}  # 0.33
 
 
 def display_name(spec: NodeSpec) -> str:
@@ -307,20 +348,23 @@ def node_table(sharddit: dict | None = None) -> dict:
 
 
 # ----------------------------------------------------------------------------- workflows
-# ``<core template>_sharddit.json``: core's 2026 templates with the Shard node inserted
-# (tests/build_template_workflows.py; subgraphs and 2026 nodes: ComfyUI >= 0.29). The others are
-# the pack's own graphs (tests/build_workflows.py; ComfyUI >= 0.3.64).
-TEMPLATE_SUFFIX = "_sharddit"
+def workflow_pairs(directory: Path = WORKFLOWS_DIR) -> list:
+    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``api/<name>_api.json``."""
+    return [(ui.stem, ui, directory / "api" / f"{ui.stem}_api.json") for ui in sorted(directory.glob("*.json"))]
 
 
-def workflow_pairs(directory: Path = WORKFLOWS_DIR, kind: str = "built") -> list:
-    """``[(name, ui_path, api_path)]`` for every ``<name>.json`` with its ``api/<name>_api.json``:
-    ``kind`` "built" (the pack's own graphs), "template" (core templates, sharded) or "all"."""
-    pairs = [(ui.stem, ui, directory / "api" / f"{ui.stem}_api.json") for ui in sorted(directory.glob("*.json"))]
-    if kind == "all":
-        return pairs
-    want = kind == "template"
-    return [p for p in pairs if p[0].endswith(TEMPLATE_SUFFIX) == want]
+def min_comfyui(ui: dict) -> str:
+    """The oldest ComfyUI a UI workflow says it needs: ``extra.sharddit.min_comfyui``."""
+    try:
+        return ui["extra"]["sharddit"]["min_comfyui"]
+    except (KeyError, TypeError):
+        raise ValueError("the workflow has no extra.sharddit.min_comfyui mark") from None
+
+
+def needed_comfyui(ui: dict, table: dict) -> str:
+    """The newest ``since`` among the nodes of a UI workflow (its node types in ``table``)."""
+    return max((table[n["type"]].since for n in ui["nodes"] if n["type"] in table),
+               key=version_tuple, default=COMFY_VERSIONS[0])
 
 
 def load(path: Path) -> dict:
@@ -380,6 +424,24 @@ def ui_to_api(ui: dict, table: dict, include_muted: bool = False) -> dict:
 
 def strip_meta(api: dict) -> dict:
     return {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
+
+
+def without_new_optional_defaults(api: dict, twin: dict, object_info: dict) -> dict:
+    """``api`` less the inputs the twin lacks that are optional widgets at their default on this
+    ComfyUI (the converter fills in inputs a newer core appended, e.g. 0.29's CreateVideo
+    ``bit_depth``: the workflow means the same)."""
+    out = {}
+    for nid, node in api.items():
+        optional = object_info.get(node["class_type"], {}).get("input", {}).get("optional", {})
+        known = twin.get(nid, {}).get("inputs", {})
+
+        def new_default(name, value):
+            spec = optional.get(name)
+            return name not in known and spec is not None and len(spec) > 1 and \
+                isinstance(spec[1], dict) and spec[1].get("default") == value
+
+        out[nid] = {**node, "inputs": {k: v for k, v in node["inputs"].items() if not new_default(k, v)}}
+    return out
 
 
 def model_files(ui: dict) -> list:

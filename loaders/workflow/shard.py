@@ -27,6 +27,7 @@ __all__ = ["SHARD_NODE", "Change", "ShardResult", "WorkflowError", "shard_workfl
            "workflow_format"]
 
 SHARD_NODE = "ShardDiTShardModel"
+OWN_LOADERS = {"ShardDiTLoadDiffusionModel"}   # shard what they load: a workflow built on them is sharded already
 SHARD_TITLE = "Shard DiT Blocks (ShardDiT)"
 SHARD_WIDGETS = {"devices": "auto", "reserve_vram_gb": 1.0, "parallel": "auto"}   # the node's widget order
 SHARD_HEIGHT = 106    # one socket row and three widgets, as the frontend draws them
@@ -128,6 +129,8 @@ def _ui_shard(ui: dict) -> tuple:
     ids = list(max_ids(ui))
     for graph in graphs(ui):
         by_id = {n["id"]: n for n in graph["nodes"]}
+        already += [Change(graph_name(ui, graph), n["id"], n["type"], _label(n, n.get("title")), n["id"])
+                    for n in graph["nodes"] if n.get("type") in OWN_LOADERS]
         for loader, slot in _ui_sources(ui, graph):
             consumers = loader["outputs"][slot].get("links") or []
             targets = [by_id.get(as_dict(graph["links"][_index(graph, k)])["target_id"]) for k in consumers]
@@ -206,7 +209,10 @@ def _api_new_id(api: dict, prefix: str) -> str:
 
 
 def _api_shard(api: dict, node_io) -> tuple:
-    added, already = [], []
+    added = []
+    already = [Change("", nid, node["class_type"], _label({"widgets_values": list(node["inputs"].values())},
+                                                          (node.get("_meta") or {}).get("title")), nid)
+               for nid, node in api.items() if node["class_type"] in OWN_LOADERS]
     for nid, slot in _api_sources(api, node_io):
         users = api_links(api, [nid, slot])
         shards = [u for u, _ in users if api[u]["class_type"] == SHARD_NODE]
@@ -251,8 +257,9 @@ def shard_workflow(workflow: dict, node_io=None) -> ShardResult:
     added, already = _ui_shard(wf) if fmt == "ui" else _api_shard(wf, node_io)
     reason = None
     if not added and already:
-        reason = f"already sharded: {len(already)} Shard node{'s' if len(already) > 1 else ''} in place (" \
-                 + ", ".join(c.label for c in already) + ")"
+        reason = (f"already sharded: {len(already)} diffusion model{'s' if len(already) > 1 else ''} "
+                  f"go{'' if len(already) > 1 else 'es'} through a Shard node or ShardDiT's own loader ("
+                  + ", ".join(c.label for c in already) + ")")
     elif not added:
         reason = ("nothing to shard: no diffusion-model loader (a node with a MODEL output and no MODEL input, "
                   "such as Load Diffusion Model or Load Checkpoint) feeds anything in this workflow")

@@ -203,6 +203,19 @@ def focus_node(page, node_id: int, margin: int = 40) -> None:
     page.wait_for_timeout(500)
 
 
+# The frontend's own bars that float over the canvas (0.29: the canvas fills the window under them).
+CHROME = (".workflow-tabs-container, .side-tool-bar-container, .actionbar-container, .subgraph-breadcrumb, "
+          ".minimap-main-container")
+
+
+def covered_by_chrome(page, points) -> list:
+    """The ``[x, y]`` screen points (of ``points``) where a bar of the frontend (``CHROME``) lies
+    over the canvas."""
+    return page.evaluate("""([points, chrome]) => points.filter(([x, y]) => {
+        const e = document.elementFromPoint(x, y); return e !== null && e.closest(chrome) !== null; })""",
+                         [points, CHROME])
+
+
 def write_thumbnail(page, screen, jpg: Path, shots: Path) -> None:
     """The graph alone (no minimap, no toolbars) as the template card's JPEG."""
     from PIL import Image
@@ -210,7 +223,7 @@ def write_thumbnail(page, screen, jpg: Path, shots: Path) -> None:
     x0, y0 = max(0, min(b[0] for b in screen) - 8), max(0, min(b[1] for b in screen) - 8)
     x1 = min(WINDOW["width"], max(b[0] + b[2] for b in screen) + 8)
     y1 = min(WINDOW["height"], max(b[1] + b[3] for b in screen) + 8)
-    hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox"
+    hide = ".minimap-main-container, .p-buttongroup, [class*=graph-canvas-menu], .selection-toolbox, " + CHROME
     page.evaluate(f"""() => {{ document.querySelectorAll('{hide}').forEach(e => e.style.visibility = 'hidden');
         app.canvas.show_info = false; app.canvas.setDirty(true, true); }}""")  # no canvas info in the corner
     page.wait_for_timeout(300)

@@ -103,43 +103,26 @@ def comfy_server(tiny_models, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def workflow_models(tiny_models, comfy_server):
-    """``tiny_models`` with every model file any shipped workflow names present on ``comfy_server``."""
+    """``tiny_models`` with every model file any shipped workflow names present on ``comfy_server``:
+    the names in ``WORKFLOW_NAMES`` / ``CHECKPOINT_NAMES`` as tiny models of their kind (the ones a
+    test runs), any other name as a tiny file of its folder's kind (``FOLDER_KINDS``: only
+    validated or shown in the UI, never loaded)."""
     import workflow_tools as wt
 
     tiny_models.add_aliases(WORKFLOW_NAMES)
-    ckpt_dir = comfy_server.workdir / "base" / "models" / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    for name, kind in CHECKPOINT_NAMES.items():
-        if not (ckpt_dir / name).exists():
-            os.symlink(tiny_models.path(kind), ckpt_dir / name)
-    wanted = {n for _, ui, _ in wt.workflow_pairs() for _, n in wt.model_files(wt.load(ui))}
-    missing = sorted(wanted - set(tiny_models.aliases) - set(CHECKPOINT_NAMES))
-    assert not missing, f"no tiny model under these workflow file names: {missing} (add them to WORKFLOW_NAMES)"
-    return tiny_models
-
-
-# A tiny model per folder for the files core's templates name (the sharded template workflows):
-# the browser only needs the names in ComfyUI's lists (no missing-models dialog), nothing loads them.
-TEMPLATE_FOLDER_KINDS = {"diffusion_models": "wan21_t2v", "text_encoders": "umt5", "vae": "wan21_vae",
-                         "loras": "wan21_lora"}
-
-
-@pytest.fixture(scope="session")
-def template_workflow_models(tiny_models, comfy_server):
-    """Every model file the sharded template workflows name is in ``comfy_server``'s lists
-    (symlinks to tiny files; folders the tiny models lack, such as ``checkpoints`` and
-    ``latent_upscale_models``, go in the server's own models dir)."""
-    import workflow_tools as wt
-    from harness import templates as tpl
-
     base = comfy_server.workdir / "base" / "models"
-    for _, ui, _ in wt.workflow_pairs(kind="template"):
-        for folder, name in tpl.model_files(wt.load(ui)):
-            if name in tiny_models.aliases or name in CHECKPOINT_NAMES:
-                continue
-            if folder in TEMPLATE_FOLDER_KINDS:
-                tiny_models.add_aliases({name: TEMPLATE_FOLDER_KINDS[folder]})
-            elif not (base / folder / name).exists():
-                (base / folder).mkdir(parents=True, exist_ok=True)
-                os.symlink(tiny_models.path("umt5"), base / folder / name)
+    for folder, name in sorted({f for _, ui, _ in wt.workflow_pairs() for f in wt.model_files(wt.load(ui))}):
+        if name in tiny_models.aliases:
+            continue
+        if folder in FOLDER_KINDS:
+            tiny_models.add_aliases({name: FOLDER_KINDS[folder]})
+        elif not (base / folder / name).exists():  # checkpoints, ...: the server's own models dir
+            (base / folder).mkdir(parents=True, exist_ok=True)
+            os.symlink(tiny_models.path(CHECKPOINT_NAMES.get(name, "ltxv")), base / folder / name)
     return tiny_models
+
+
+# A tiny model per folder for file names a workflow only has validated (never run).
+# Folders the tiny models lack (checkpoints) get a link to the tiny LTX-Video checkpoint.
+FOLDER_KINDS = {"diffusion_models": "wan21_t2v", "text_encoders": "umt5", "vae": "wan21_vae",
+                "loras": "wan21_lora"}

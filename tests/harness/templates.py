@@ -5,9 +5,8 @@ ComfyUI 0.29 installs its templates as the ``comfyui_workflow_templates_json`` p
 returns None there and the tests skip. The templates are UI-format workflows with subgraphs
 (``definitions.subgraphs``; a node whose ``type`` is a subgraph's id is an instance of it).
 
-- ``insert_shard(ui, ...)``: a ``ShardDiTShardModel`` right after every DiT loader (``UNETLoader``,
-  or ``CheckpointLoaderSimple`` on its MODEL output), inside the graph or subgraph the loader is
-  in; every consumer of the loader's MODEL then takes the Shard node's MODEL instead.
+- The Shard node is inserted by the product's transform (``loaders/workflow/shard.py``
+  ``shard_workflow``), never here.
 - ``ui_to_api(ui, widget_inputs)``: the API prompt the frontend would queue. Subgraphs are
   flattened the way the frontend does it (inner node ``71`` of instance ``128`` becomes
   ``"128:71"``); a subgraph input the instance leaves unlinked keeps the inner widget's value.
@@ -21,21 +20,24 @@ returns None there and the tests skip. The templates are UI-format workflows wit
 from __future__ import annotations
 
 import asyncio
-import copy
+import dataclasses
 import json
 import types
 from pathlib import Path
 
 TEMPLATES_PACKAGE = "comfyui_workflow_templates_json"
-DIT_LOADERS = {"UNETLoader": 0, "CheckpointLoaderSimple": 0}   # loader type -> its MODEL output slot
+# loader type -> its MODEL output slot: read only by the old sharded-template workflows' tests
+# (tests/test_template_workflows.py), removed with them (issue 29 item 1)
+DIT_LOADERS = {"UNETLoader": 0, "CheckpointLoaderSimple": 0}
 SHARD_NODE = "ShardDiTShardModel"
 FRONTEND_ONLY = {"Note", "MarkdownNote"}
 # Frontend nodes never sent: a reroute passes its link on, a legacy PrimitiveNode's value is
 # already in the widget it feeds.
 VIRTUAL = {"Reroute", "PrimitiveNode"}
 CONTROL_VALUES = {"fixed", "increment", "decrement", "randomize"}
-WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO"}
-SUBGRAPH_IN, SUBGRAPH_OUT = -10, -20   # the ids of a subgraph's input and output nodes in its links
+WIDGET_TYPES = {"INT", "FLOAT", "STRING", "BOOLEAN", "COMBO", "COLOR"}
+SUBGRAPH_IN, SUBGRAPH_OUT = -10, -20
+FRONTEND_WIDGET, REST = "<frontend widget>", "<frontend widgets>"   # saved in widgets_values, never sent   # the ids of a subgraph's input and output nodes in its links
 
 
 def template_path(name: str) -> Path | None:
@@ -72,59 +74,6 @@ def _link(link) -> dict:
     return dict(zip(keys, link))
 
 
-def _store_link(graph: dict, link: dict):
-    keys = ("id", "origin_id", "origin_slot", "target_id", "target_slot", "type")
-    as_list = bool(graph["links"]) and isinstance(graph["links"][0], list)
-    graph["links"].append([link[k] for k in keys] if as_list else link)
-
-
-def _set_link_origin(graph: dict, link_id: int, origin_id: int, origin_slot: int):
-    for i, link in enumerate(graph["links"]):
-        if _link(link)["id"] == link_id:
-            if isinstance(link, list):
-                link[1], link[2] = origin_id, origin_slot
-            else:
-                link["origin_id"], link["origin_slot"] = origin_id, origin_slot
-            return
-    raise KeyError(f"link {link_id} not in graph")
-
-
-# ----------------------------------------------------------------------------- Shard insertion
-def insert_shard(ui: dict, devices: str = "cpu,cpu", parallel: str = "blocks", reserve_vram_gb: float = 1.0) -> dict:
-    """A copy of ``ui`` with a ``ShardDiTShardModel`` after each DiT loader (see the module doc).
-
-    Raises ValueError when the workflow has no DiT loader (nothing would be sharded)."""
-    ui = copy.deepcopy(ui)
-    next_link = max([ui.get("last_link_id", 0)] + [_link(k)["id"] for g in graphs(ui) for k in g["links"]]) + 1
-    inserted = 0
-    for graph in graphs(ui):
-        next_node = max([n["id"] for n in graph["nodes"]] + [ui.get("last_node_id", 0)]) + 1
-        for loader in [n for n in graph["nodes"] if n["type"] in DIT_LOADERS and n.get("mode", 0) == 0]:
-            slot = DIT_LOADERS[loader["type"]]
-            out = loader["outputs"][slot]
-            consumers = list(out.get("links") or [])
-            shard = {"id": next_node, "type": SHARD_NODE, "pos": [loader["pos"][0], loader["pos"][1] + 160],
-                     "size": [300, 130], "flags": {}, "order": loader.get("order", 0), "mode": 0,
-                     "inputs": [{"name": "model", "type": "MODEL", "link": next_link}],
-                     "outputs": [{"name": "MODEL", "type": "MODEL", "links": consumers}],
-                     "properties": {"Node name for S&R": SHARD_NODE},
-                     "widgets_values": [devices, reserve_vram_gb, parallel]}
-            for link_id in consumers:
-                _set_link_origin(graph, link_id, next_node, 0)
-            _store_link(graph, {"id": next_link, "origin_id": loader["id"], "origin_slot": slot,
-                                "target_id": next_node, "target_slot": 0, "type": "MODEL"})
-            out["links"] = [next_link]
-            graph["nodes"].append(shard)
-            ui["last_node_id"], ui["last_link_id"] = next_node, next_link   # ids stay unique workflow-wide
-            if isinstance(graph.get("state"), dict):   # a subgraph's own id counters (frontend >= 1.2x)
-                graph["state"].update(lastNodeId=max(graph["state"].get("lastNodeId", 0), next_node),
-                                      lastLinkId=max(graph["state"].get("lastLinkId", 0), next_link))
-            next_node, next_link, inserted = next_node + 1, next_link + 1, inserted + 1
-    if not inserted:
-        raise ValueError("no DiT loader (UNETLoader / CheckpointLoaderSimple) in the workflow: nothing to shard")
-    return ui
-
-
 def model_files(ui: dict) -> list:
     """``[(folder, file name)]`` the template's loaders list in ``properties.models`` (what the
     frontend offers to download), over all subgraphs."""
@@ -157,13 +106,48 @@ def _widgets_of(input_types: dict, prefix: str = "") -> list:
             elif (isinstance(typ, (list, tuple)) or str(typ) in WIDGET_TYPES or opts.get("widgetType") in WIDGET_TYPES) \
                     and not opts.get("forceInput"):   # widgetType: a multi-type input shown as that widget
                 out.append((prefix + name, bool(opts.get("control_after_generate")), None))
+                if (isinstance(typ, (list, tuple)) or str(typ) == "COMBO") and any(
+                        k.endswith("_upload") and v for k, v in opts.items()):   # LoadImage's, LoadVideo's file combo
+                    out.append((FRONTEND_WIDGET, False, None))   # the upload button saves a value too
     return out
 
 
 def comfy_widget_inputs(mappings) -> callable:
     """``class_type -> [(name, control_after_generate, dynamic options)]``: a node's widgets,
-    read from the real ``INPUT_TYPES``."""
-    return lambda class_type: _widgets_of(mappings[class_type].INPUT_TYPES())
+    read from the real ``INPUT_TYPES``. A V3 class that accepts any input (``CustomCombo``) or
+    has a widget the frontend draws itself (``widgetType`` ``PAINTER``) ends with ``REST``: the
+    values after its own widgets are the frontend's, not sent."""
+    def widgets(class_type):
+        cls = mappings[class_type]
+        spec = cls.INPUT_TYPES()
+        custom = any(len(v) > 1 and isinstance(v[1], dict) and v[1].get("widgetType") not in (None, *WIDGET_TYPES)
+                     for section in ("required", "optional") for v in (spec.get(section) or {}).values())
+        rest = [(REST, False, None)] if custom or getattr(cls, "ACCEPT_ALL_INPUTS", False) is True else []
+        return _widgets_of(spec) + rest
+    return widgets
+
+
+@dataclasses.dataclass(frozen=True)
+class Literal:
+    """A value, not a link: an unlinked subgraph input promoted to a widget on its instance."""
+    value: object
+
+
+def _promoted(sub: dict, slot: int, widgets, skip: set):
+    """The value the frontend sends for subgraph input ``slot`` when its instance leaves it
+    unlinked: the inner widget it is promoted from (``proxyWidgets``), as that widget holds it;
+    None when no inner widget takes the input (then its targets get nothing)."""
+    nodes = {n["id"]: n for n in sub["nodes"]}
+    for link in map(_link, sub["links"]):
+        node = nodes.get(link["target_id"]) if link["origin_id"] == SUBGRAPH_IN and link["origin_slot"] == slot else None
+        if node is None or node["type"] in skip:   # a nested instance, a frontend-only node
+            continue
+        inp = node["inputs"][link["target_slot"]]
+        if inp.get("widget"):
+            values = widget_values(node, widgets(node["type"]))
+            if inp["widget"]["name"] in values:
+                return Literal(values[inp["widget"]["name"]])
+    return None
 
 
 class _Scope:
@@ -182,8 +166,10 @@ class _Scope:
         inputs = {}
         for k, sin in enumerate(sub["inputs"]):
             link = by_name.get(sin["name"])
-            inputs[k] = None if link is None else self.source(self.links[link])
-        return _Scope(self.ui, sub, f"{self.prefix}{instance['id']}:", inputs, self)
+            inputs[k] = _promoted(sub, k, self.widgets, set(self.defs) | FRONTEND_ONLY | VIRTUAL) if link is None else self.source(self.links[link])
+        scope = _Scope(self.ui, sub, f"{self.prefix}{instance['id']}:", inputs, self)
+        scope.widgets = self.widgets
+        return scope
 
     def source(self, link: dict):
         """The API reference ``[node id, slot]`` a link carries, through subgraph boundaries,
@@ -195,7 +181,7 @@ class _Scope:
         node = self.nodes[origin]
         if node["type"] == "PrimitiveNode":   # the target's own widget already holds its value
             return None
-        if node["type"] in self.defs:
+        if node["type"] in self.defs and node.get("mode", 0) != 4:   # a bypassed instance passes its inputs on
             child = self.child(node)
             inner = next(k for k in child.links.values() if k["target_id"] == SUBGRAPH_OUT and k["target_slot"] == slot)
             return child.source(inner)
@@ -216,7 +202,9 @@ class _Scope:
             inputs = widget_values(node, widgets(node["type"]))
             for inp in node.get("inputs", []):
                 src = None if inp.get("link") is None else self.source(self.links[inp["link"]])
-                if src is not None:
+                if isinstance(src, Literal):   # a widget input keeps its own value, as before
+                    inputs.setdefault(inp["name"], src.value)
+                elif src is not None:
                     inputs[inp["name"]] = src
             entry = {"inputs": inputs, "class_type": node["type"]}
             if node.get("title"):
@@ -236,6 +224,12 @@ def widget_values(node: dict, widgets: list) -> dict:
     pending = list(widgets)
     while pending and values:
         name, control, options = pending.pop(0)
+        if name == REST:
+            values = []
+            break
+        if name == FRONTEND_WIDGET:
+            values.pop(0)
+            continue
         out[name] = values.pop(0)
         if options is not None:
             pending[:0] = options.get(str(out[name]), [])
@@ -251,7 +245,9 @@ def ui_to_api(ui: dict, widgets) -> dict:
     """The API prompt for a UI workflow with subgraphs (see the module doc); ``widgets`` is
     ``comfy_widget_inputs(NODE_CLASS_MAPPINGS)``."""
     api = {}
-    _Scope(ui, ui).emit(api, widgets)
+    scope = _Scope(ui, ui)
+    scope.widgets = widgets
+    scope.emit(api, widgets)
     return api
 
 
