@@ -15,6 +15,9 @@ else:
     _IN_COMFYUI = True
 
 if _IN_COMFYUI:
+    from .loaders.workflow.routes import register as _register_routes
     from .nodes import comfy_entrypoint  # noqa: F401
+
+    _register_routes()   # shard / unshard routes and the template category (inside a ComfyUI server only)
 
 __version__ = "0.1.0"
