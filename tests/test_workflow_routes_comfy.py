@@ -111,7 +111,10 @@ def test_nothing_to_shard_is_an_answer_not_an_error(comfy_env):
     (b'{"graph": {}}', 'expected {"workflow"'),
     (b'{"workflow": {"a": 1}}', "not a ComfyUI workflow"),
     (b'{"workflow": {"nodes": ["not a node"], "links": []}}', "cannot be read"),
-], ids=["broken", "pickle", "list", "no-workflow-key", "not-a-workflow", "malformed-ui"])
+    (b'{"workflow": ' + b"[" * 100000 + b"]" * 100000 + b"}", "nests JSON deeper"),
+    (b'{"workflow": {"1": {"class_type": "X", "inputs": {"a": ' + b"[" * 700 + b"]" * 700 + b"}}}}",
+     "cannot be read"),
+], ids=["broken", "pickle", "list", "no-workflow-key", "not-a-workflow", "malformed-ui", "deep-json", "deep-inputs"])
 def test_bad_input_gets_400_with_its_reason(comfy_env, body, says):
     for path in ("/sharddit/workflow/shard", "/sharddit/workflow/unshard"):
         status, answer = _post(path, body)

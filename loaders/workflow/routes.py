@@ -1,5 +1,5 @@
 """The pack's HTTP routes inside a ComfyUI server (aiohttp), registered once by ``register()`` from
-the pack's extension (``nodes/__init__.py``). ComfyUI serves every route of
+the pack's ``__init__.py``. ComfyUI serves every route of
 ``PromptServer.instance.routes`` under ``/api`` too.
 
 - ``POST /sharddit/workflow/shard`` and ``POST /sharddit/workflow/unshard``: body
@@ -14,6 +14,7 @@ the pack's extension (``nodes/__init__.py``). ComfyUI serves every route of
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -61,6 +62,8 @@ async def _read_workflow(request: web.Request) -> dict:
             raise BadRequest(f"workflow too large: over {MAX_BODY} bytes ({MAX_BODY >> 20} MiB)")
     try:
         data = json.loads(bytes(body))
+    except RecursionError:
+        raise BadRequest("the body nests JSON deeper than Python reads; send the workflow as ComfyUI saves it") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"the body is not JSON ({e}); send {{\"workflow\": <the workflow as ComfyUI saves it>}}")
     if not isinstance(data, dict) or not isinstance(data.get("workflow"), dict):
@@ -73,14 +76,13 @@ def _transform_handler(transform, takes_node_io: bool):
     async def handler(request: web.Request) -> web.Response:
         try:
             workflow = await _read_workflow(request)
-            if takes_node_io:
-                result = transform(workflow, node_io_from_mappings(_node_classes()))
-            else:
-                result = transform(workflow)
+            args = (workflow, node_io_from_mappings(_node_classes())) if takes_node_io else (workflow,)
+            # off the event loop: a large workflow must not hold up ComfyUI's other requests
+            result = await asyncio.get_running_loop().run_in_executor(None, transform, *args)
         except (BadRequest, WorkflowError) as e:
             log.warning("[ShardDiT] %s: 400: %s", request.path, e)
             return web.json_response({"error": str(e)}, status=400)
-        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError, RecursionError) as e:
             # a workflow whose parts are not what ComfyUI writes (a link to nowhere, a node without an id)
             log.warning("[ShardDiT] %s: cannot read the workflow: %r", request.path, e)
             return web.json_response({"error": f"the workflow cannot be read: {type(e).__name__}: {e} "
