@@ -34,8 +34,8 @@ On CUDA the copies run on a side stream. The waits, each named in ``ORDER_WAITS`
 
 On CPU and fake devices every wait is a no-op and copies are synchronous (``sequence/ops.TorchOps``).
 ComfyUI's per-layer cast attributes (``weight_function``, ``bias_function``: LoRA patches applied
-on the fly in lowvram mode) are carried over with the tensors, so a buffer computes exactly what
-the owner's block computes.
+on the fly in lowvram mode) are carried over with the tensors, and cleared where the block has none,
+so a buffer computes exactly what the owner's block computes, whichever block it held before.
 """
 from __future__ import annotations
 
@@ -98,6 +98,17 @@ def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
 
 def _shape_key(block: torch.nn.Module):
     return type(block), tuple((tuple(t.shape), t.dtype) for t in _block_tensors(block))
+
+
+def _carry_patches(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """``dst`` (a buffer) takes ``src``'s per-layer patch attributes, and loses those ``src`` lacks:
+    a buffer refilled with another block must not keep the last block's LoRA patch."""
+    for (_, dm), (_, sm) in zip(dst.named_modules(), src.named_modules(), strict=True):
+        for attr in _CAST_ATTRS:
+            if attr in sm.__dict__:
+                dm.__dict__[attr] = sm.__dict__[attr]
+            else:
+                dm.__dict__.pop(attr, None)
 
 
 def _lru(ring: list, limit: int, make):
@@ -228,6 +239,10 @@ class BlockStream:
         for t in _block_tensors(block):
             empty = self.ops.empty_like(t, self.place)
             memo[id(t)] = torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) else empty
+        for m in block.modules():  # patches are shared, never copied (a LoRA patch holds every patch)
+            for attr in _CAST_ATTRS:
+                if attr in m.__dict__:
+                    memo[id(m.__dict__[attr])] = m.__dict__[attr]
         module = copy.deepcopy(block, memo)
         buf = _Buffer(module, _block_tensors(module))
         # allocated on the compute stream: the caching allocator may hand back memory whose last
@@ -257,10 +272,7 @@ class BlockStream:
         buf.ready = self.ops.record(side)
         if bounce is not None:
             bounce.read = buf.ready
-        for (_, dm), (_, sm) in zip(buf.module.named_modules(), block.named_modules(), strict=True):
-            for attr in _CAST_ATTRS:
-                if attr in sm.__dict__:
-                    dm.__dict__[attr] = sm.__dict__[attr]
+        _carry_patches(buf.module, block)
         self.bytes_copied += sum(t.numel() * t.element_size() for t in src)
         self.copies += 1
 
