@@ -7,7 +7,8 @@ orders the stream after the event; ``host_wait(event)`` orders the host after it
 ordered. All host threads count as one actor: host work is synchronous, so log order is real time.
 
 ``violations()`` lists every pair of accesses to one tensor (at least one a write: a copy into
-it, a free) that this model does not order, and every host->GPU copy that reads pageable memory.
+it, a free, its allocation on a GPU place: ``empty_like``) that this model does not order, and
+every host->GPU copy that reads pageable memory.
 Places are names the test gives (``"cuda:1"``, ``"cpu"``: pageable host memory,
 ``"cpu-pinned"``); ``put(module, place)`` says where a module's tensors live.
 """
@@ -109,7 +110,13 @@ class RecordingOps:
         return self.is_async(dst_place) and self.place(t) == PAGEABLE
 
     def empty_like(self, t, place):
-        return self._tag(torch.empty_like(t, device="cpu"), place)
+        """Memory on ``place``, modelled as CUDA's caching allocator hands it out: it may be memory
+        a kernel queued on the place's current stream still reads (freed there, reused at once in
+        that stream's order), so the allocation is a write on that stream."""
+        out = self._tag(torch.empty_like(t, device="cpu"), place)
+        if self.is_async(place):
+            self._stream_op("alloc", self.current_stream(place), "alloc", (), (out,))
+        return out
 
     def pinned_empty_like(self, t):
         with self._lock:
