@@ -22,9 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 # (file, exact text, its mutation, test node id, needs ComfyUI)
 MUTATIONS = [
-    ("parallel/sequence/ops.py", 'device="cpu", pin_memory=torch.cuda.is_available())',
-     'device="cpu", pin_memory=False)',
-     "tests/test_cuda_paths_on_cpu.py::test_bounce_buffers_ask_for_page_locked_memory", False),
+    ("parallel/sequence/ops.py", "if torch.cuda.is_available() and flat.numel():", "if False:",
+     "tests/test_cuda_paths_on_cpu.py::test_bounce_buffers_are_page_locked_and_exactly_the_bytes_held", False),
     ("parallel/sequence/ops.py", 'return self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()',
      "return False",
      "tests/test_cuda_paths_on_cpu.py::test_a_pageable_owner_needs_a_bounce_to_a_gpu_and_nothing_else_does", False),
@@ -70,6 +69,12 @@ MUTATIONS = [
      "tests/test_sequence.py::test_a_finished_forward_keeps_no_rank_rows_alive_between_steps", False),
     ("parallel/sequence/threads.py", "            task = None\n", "",
      "tests/test_sequence.py::test_a_rank_thread_drops_a_finished_tasks_result", False),
+    # gpu_check's findings (issue 30 part 4) fixed in the ring
+    ("parallel/sequence/stream.py", "self.ops.needs_bounce(t, self.place) for t in src]",
+     "self.ops.needs_bounce(src[0], self.place) for t in src]",
+     "tests/test_stream_order.py::test_the_bounce_is_decided_per_tensor", False),
+    ("parallel/sequence/stream.py", '"pinned": sum(b.flat.numel()', '"pinned": sum(b.flat.numel() // 2',
+     "tests/test_stream_order.py::test_the_bounce_is_decided_per_tensor", False),
 ]
 
 

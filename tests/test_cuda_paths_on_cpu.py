@@ -51,13 +51,26 @@ class _FakeCuda:
                                wait_stream=lambda other: self.log.append(("wait", name, other.name)))
 
 
-def test_bounce_buffers_ask_for_page_locked_memory(monkeypatch):
-    """A pageable bounce buffer would make every host->GPU copy block the host thread."""
-    asked, real = [], torch.empty_like
+def test_bounce_buffers_are_page_locked_and_exactly_the_bytes_held(monkeypatch):
+    """A pageable bounce buffer would make every host->GPU copy block the host thread; one from
+    the caching pinned allocator would be rounded up to a power of two (up to twice the pinned RAM
+    ``BlockStream.held`` reports). So one flat buffer per bounce, registered with CUDA in place."""
+    import torch.cuda._pin_memory_utils as pin_utils
+
+    registered = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: asked.append(kw) or real(t, **{**kw, "pin_memory": False}))
-    out = TorchOps().pinned_empty_like(torch.ones(2, 3))
-    assert asked == [{"device": "cpu", "pin_memory": True}] and out.shape == (2, 3)
+    monkeypatch.setattr(pin_utils, "pin_memory", lambda ptr, size: registered.append((ptr, size)))
+    monkeypatch.setattr(pin_utils, "unpin_memory", lambda ptr: registered.remove(next(r for r in registered
+                                                                                      if r[0] == ptr)))
+    tensors = [torch.ones(2, 3), torch.ones(5, dtype=torch.float16), torch.ones(0)]
+    flat, views, unpin = TorchOps().pinned_like(tensors)
+    assert flat.numel() == seq_ops.flat_size(tensors) == 64 + 64 and flat.dtype == torch.uint8
+    assert registered == [(flat.data_ptr(), flat.numel())]
+    assert [(v.shape, v.dtype) for v in views] == [(t.shape, t.dtype) for t in tensors]
+    assert views[0].data_ptr() == flat.data_ptr() and views[1].data_ptr() == flat.data_ptr() + 64
+    unpin()
+    unpin()  # once only
+    assert registered == []
 
 
 def test_a_pageable_owner_needs_a_bounce_to_a_gpu_and_nothing_else_does(monkeypatch):

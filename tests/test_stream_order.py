@@ -15,6 +15,7 @@ from harness.toy_seq import MMDouble, MMSingle, SeqToyMMDiT
 
 from sharddit.parallel.sequence import stream as seq_stream
 from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.ops import flat_size
 from sharddit.parallel.sequence.record import RecordingOps
 from sharddit.parallel.sequence.split import TokenSpec
 from sharddit.parallel.sequence.stream import ORDER_WAITS, BlockStream, without_wait
@@ -202,3 +203,22 @@ def test_a_reused_buffer_carries_only_its_own_blocks_patches():
     del blocks[0][1].weight_function  # ComfyUI unpatched the LoRA: the next forward's copy has none
     ring.begin_forward({})
     assert "weight_function" not in ring.module_for(0, blocks[0])[1].__dict__
+
+
+@pytest.mark.parametrize("pinned_first", [True, False])
+def test_the_bounce_is_decided_per_tensor(pinned_first):
+    """A block partly in pinned memory (ComfyUI pins some tensors): only its pageable tensors go
+    through the bounce buffer, its pinned ones are read where they are, whichever comes first."""
+    rec = RecordingOps()
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    rec.put(block, "cpu")
+    rec.put(block[0] if pinned_first else block[1], "cpu-pinned")
+    ring = BlockStream("cpu", ops=rec, place="cuda:1")
+    module = ring.module_for(0, block)
+    assert rec.violations() == []  # no copy read pageable memory
+    staged = [o for o in rec.log if o.kind == "host_copy"]
+    assert len(staged) == 1 and len(staged[0].reads) == 2, "exactly the pageable layer's weight and bias staged"
+    assert all(torch.equal(a, b) for a, b in zip(module.parameters(), block.parameters(), strict=True))
+    assert ring.held()["pinned"] == flat_size(list(block.parameters()))  # one flat buffer for the block
+    ring.release()
+    assert rec.ops_of("unpin")

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .ops import flat_size, flat_views
+
 __all__ = ["RecordingOps", "Op"]
 
 _HOST = "host"
@@ -118,11 +120,12 @@ class RecordingOps:
             self._stream_op("alloc", self.current_stream(place), "alloc", (), (out,))
         return out
 
-    def pinned_empty_like(self, t):
+    def pinned_like(self, tensors):
         with self._lock:
-            out = self._tag(torch.empty_like(t, device="cpu"), PINNED)
+            flat = torch.empty(flat_size(tensors), dtype=torch.uint8)
+            views = [self._tag(v, PINNED) for v in flat_views(flat, tensors)]
             self.log.append(Op("pin", _HOST, "pin", clock=dict(self._clocks[_HOST])))
-            return out
+            return flat, views, lambda: self.log.append(Op("unpin", _HOST, "unpin", clock=dict(self._clocks[_HOST])))
 
     def side_stream(self, place):
         with self._lock:
@@ -159,7 +162,8 @@ class RecordingOps:
     def copy(self, dsts, srcs, stream, label="copy") -> None:
         with self._lock:
             op = self._stream_op("copy", stream, label, srcs, dsts)
-            op.src_place = self.place(srcs[0]) if srcs else ""
+            places = [self.place(t) for t in srcs]  # pageable if any tensor is
+            op.src_place = PAGEABLE if PAGEABLE in places else (places[0] if places else "")
             op.dst_place = self.place(dsts[0]) if dsts else ""
             with torch.no_grad():
                 for d, s in zip(dsts, srcs, strict=True):

@@ -13,8 +13,10 @@ Blocks held in RAM (a ``cpu`` entry of the device list) are copied through a *pi
 host->GPU ``copy_(non_blocking=True)`` from pageable memory blocks the host thread, but pinning the
 whole share would lock up to tens of GiB of RAM, and ComfyUI replaces a block's CPU tensors by new
 (unpinned) ones whenever it patches weights (LoRA), so pins made once would be lost silently. The
-bounce costs two blocks of pinned RAM per shape and rank; the host memcpy of block g+1 into it
-runs while the GPU computes block g. Tensors already pinned (ComfyUI's own pins) are read directly.
+bounce costs two blocks of pinned RAM per shape and rank (each one flat buffer registered with
+CUDA, exactly the bytes ``held`` reports); the host memcpy of block g+1 into it runs while the GPU
+computes block g. The bounce is decided per tensor: tensors already pinned (ComfyUI's own pins)
+are read directly, even in a block whose other tensors are staged.
 
 On CUDA the copies run on a side stream. The waits, each named in ``ORDER_WAITS``:
 
@@ -85,11 +87,12 @@ class _Buffer:
 
 
 class _Bounce:
-    __slots__ = ("read", "tensors")
+    __slots__ = ("flat", "read", "tensors", "unpin")
 
-    def __init__(self, tensors):
-        self.tensors, self.read = tensors, None
-        """``read``: event of the copy that last read it."""
+    def __init__(self, flat, tensors, unpin):
+        self.flat, self.tensors, self.unpin, self.read = flat, tensors, unpin, None
+        """One pinned buffer (``flat``) viewed as the block's tensors; ``read``: event of the copy
+        that last read it."""
 
 
 def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
@@ -208,6 +211,7 @@ class BlockStream:
                 if _on("release_waits_copies"):
                     self.ops.host_wait(b.read)
                 self.ops.freed(b.tensors, "release bounce")
+                b.unpin()
         self._buffers.clear()
         self._bounces.clear()
         self._by_module.clear()
@@ -218,7 +222,7 @@ class BlockStream:
         def size(ts):
             return sum(t.numel() * t.element_size() for t in ts)
         return {"device": sum(size(b.tensors) for bufs in self._buffers.values() for b in bufs),
-                "pinned": sum(size(b.tensors) for bs in self._bounces.values() for b in bs)}
+                "pinned": sum(b.flat.numel() for bs in self._bounces.values() for b in bs)}
 
     # ---- internals -----------------------------------------------------------------------------
     def _find(self, index, block):
@@ -264,10 +268,10 @@ class BlockStream:
             self._waited.add(owner)
             if _on("side_waits_owner"):
                 self.ops.wait(side, self._marks.get(owner))
-        bounce = None
-        if src and self.ops.needs_bounce(src[0], self.place):
-            bounce = self._stage(block, src)
-            src = bounce.tensors
+        staged = [self.ops.needs_bounce(t, self.place) for t in src]  # per tensor: a block may be partly pinned
+        bounce = self._stage(block, src, staged) if any(staged) else None
+        if bounce is not None:
+            src = [b if s else t for t, b, s in zip(src, bounce.tensors, staged, strict=True)]
         self.ops.copy(buf.tensors, src, side, f"copy {index}")
         buf.ready = self.ops.record(side)
         if bounce is not None:
@@ -276,11 +280,13 @@ class BlockStream:
         self.bytes_copied += sum(t.numel() * t.element_size() for t in src)
         self.copies += 1
 
-    def _stage(self, block, src) -> _Bounce:
-        """Copy pageable host tensors into the least recently used pinned bounce buffer."""
+    def _stage(self, block, src, staged) -> _Bounce:
+        """Copy the pageable host tensors of ``src`` (``staged``) into the least recently used pinned
+        bounce buffer; the others (pinned, or on a GPU) are read where they are."""
         ring = self._bounces.setdefault(_shape_key(block), [])
-        bounce = _lru(ring, self.ring, lambda: _Bounce([self.ops.pinned_empty_like(t) for t in src]))
+        bounce = _lru(ring, self.ring, lambda: _Bounce(*self.ops.pinned_like(src)))
         if _on("bounce_waits_copy"):  # the copy that last read this bounce buffer must be done
             self.ops.host_wait(bounce.read)
-        self.ops.host_copy(bounce.tensors, src)
+        pairs = [(b, t) for b, t, s in zip(bounce.tensors, src, staged, strict=True) if s]
+        self.ops.host_copy([b for b, _ in pairs], [t for _, t in pairs])
         return bounce
