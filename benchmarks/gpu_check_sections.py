@@ -21,6 +21,7 @@ from gpu_check_seq import (
     max_diff,
     median_time,
     sync,
+    toy_factors,
 )
 from harness.global_flags import restored
 
@@ -105,15 +106,17 @@ def section_syncs(sz, cuda: bool):
     return ("FAIL" if bad else "PASS"), text
 
 
-def plan_bytes(sz, ranks, block_bytes, block_devices, home, tokens, batch):
+def plan_bytes(sz, ranks, block_bytes, block_devices, home, tokens, batch, act_bytes=2, factors=None):
     """(bytes the plan gives the ranks on ``home`` beyond resident weights, which function): the
     ring and activations of ``parallel/cost/memory.plan_sequence_memory``, what ShardDiT checks
-    before it loads."""
+    before it loads, with the toy's own factors (``gpu_check_seq.toy_factors``) unless given."""
     from sharddit.parallel.cost.memory import plan_sequence_memory
 
     rows = plan_sequence_memory("wan", sz.mem_dim, tokens, batch, ranks, block_bytes, block_devices, home, 0,
-                                text_tokens=sz.mem_text, act_bytes=2)
-    return sum(r.prefetch + r.activations for r in rows if r.device == home), "cost/memory.plan_sequence_memory"
+                                text_tokens=sz.mem_text, act_bytes=act_bytes,
+                                factors=factors if factors is not None else toy_factors())
+    return (sum(r.prefetch + r.activations for r in rows if r.device == home),
+            "cost/memory.plan_sequence_memory with the toy's factors")
 
 
 def _wan_width(sz, cuda: bool):

@@ -75,6 +75,9 @@ MUTATIONS = [
      "tests/test_stream_order.py::test_the_bounce_is_decided_per_tensor", False),
     ("parallel/sequence/stream.py", '"pinned": sum(b.flat.numel()', '"pinned": sum(b.flat.numel() // 2',
      "tests/test_stream_order.py::test_the_bounce_is_decided_per_tensor", False),
+    ("benchmarks/gpu_check_sections.py", "factors=factors if factors is not None else toy_factors())",
+     "factors=factors)", "tests/test_gpu_check_dry.py::test_the_memory_sections_plan_holds_the_toys_tracked_peak",
+     False),
 ]
 
 
