@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # (file, exact text, its mutation, test node id, needs ComfyUI)
 MUTATIONS = [
-    ("parallel/sequence/ops.py", "if torch.cuda.is_available() and flat.numel():", "if False:",
+    ("parallel/sequence/ops.py", "if torch.cuda.is_available() and nbytes:", "if False:",
      "tests/test_cuda_paths_on_cpu.py::test_bounce_buffers_are_page_locked_and_exactly_the_bytes_held", False),
     ("parallel/sequence/ops.py", 'return self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()',
      "return False",

@@ -84,7 +84,8 @@ def test_the_memory_sections_plan_holds_the_toys_tracked_peak():
 
     sys.path[:0] = [str(REPO / "benchmarks")]
     try:
-        import gpu_check  # noqa: F401 - imports the pack by path
+        import gpu_check
+
         gpu_check._setup_imports()
         import gpu_check_seq as gs
         from gpu_check_sections import plan_bytes

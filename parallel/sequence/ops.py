@@ -39,16 +39,24 @@ def _no_unpin() -> None:
     pass
 
 
-def _register(flat: torch.Tensor):
-    """``flat`` page-locked in place (``cudaHostRegister``), and the call that undoes it (also run
-    when ``flat`` is collected); where registering fails, a pinned copy of the caching allocator."""
+_PAGE = 4096
+
+
+def _register(nbytes: int):
+    """``nbytes`` of host memory page-locked in place (``cudaHostRegister``) on whole pages of its
+    own (two buffers never share a registered page), and the call that undoes it (also run when the
+    buffer is collected); where registering fails, a pinned buffer of the caching allocator."""
+    pages = -(-nbytes // _PAGE) * _PAGE
+    raw = torch.empty(pages + _PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % _PAGE
+    flat = raw[start:start + nbytes]
     try:
         from torch.cuda._pin_memory_utils import pin_memory, unpin_memory
 
         ptr = flat.data_ptr()
-        pin_memory(ptr, flat.numel())
+        pin_memory(ptr, pages)
     except (ImportError, RuntimeError):
-        return torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=True), _no_unpin
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), _no_unpin
     return flat, weakref.finalize(flat, unpin_memory, ptr)
 
 
@@ -80,13 +88,14 @@ class TorchOps:
 
     def pinned_like(self, tensors):
         """One page-locked host buffer for ``tensors``' shapes: ``(flat, views, unpin)``. Exactly
-        ``flat_size`` bytes: plain host memory registered with CUDA, since the caching pinned
-        allocator rounds each block up to a power of two (up to twice what ``BlockStream.held``
-        reports). Plain host memory where there is no CUDA driver to pin it."""
-        flat = torch.empty(flat_size(tensors), dtype=torch.uint8)
-        unpin = _no_unpin
-        if torch.cuda.is_available() and flat.numel():
-            flat, unpin = _register(flat)
+        ``flat_size`` bytes (to the page): plain host memory registered with CUDA, since the caching
+        pinned allocator rounds each block up to a power of two (up to twice what
+        ``BlockStream.held`` reports). Plain host memory where there is no CUDA driver to pin it."""
+        nbytes = flat_size(tensors)
+        if torch.cuda.is_available() and nbytes:
+            flat, unpin = _register(nbytes)
+        else:
+            flat, unpin = torch.empty(nbytes, dtype=torch.uint8), _no_unpin
         return flat, flat_views(flat, tensors), unpin
 
     def side_stream(self, place):
