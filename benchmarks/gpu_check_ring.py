@@ -1,8 +1,11 @@
 """gpu_check section ``ring``: the prefetch ring (``parallel/sequence/stream.BlockStream``) with a remote
-owner on ONE GPU, driven from the main thread the way the engine drives a rank, under PyTorch's
-CUDA sanitizer (``TORCH_CUDA_SANITIZER=1``, set by the parent in a child process: the sanitizer is
-a dispatch mode entered at import and only sees the thread that entered it, so the ring is driven
-here from the main thread, not through the engine's worker threads).
+owner on ONE GPU, driven the way the engine drives a rank, under PyTorch's CUDA sanitizer
+(``TORCH_CUDA_SANITIZER=1``, set by the parent in a child process). The sanitizer is a dispatch
+mode entered at import that only sees the thread that entered it; so, as in the engine, the main
+thread patches the owners' weights and calls ``begin_forward`` / ``end_forward``, and a rank thread
+(``sequence/threads.RankThreads``, the main thread's stream carried in) queues the blocks with the
+sanitizer entered there too (``_SanitizerInThread``: the same event handler, so a race between a
+rank thread's kernels and the main thread's is seen).
 
 Owners of the streamed blocks: ``pageable`` (plain host RAM: the engine's ``cpu`` share), ``pinned``
 (page-locked host RAM: ComfyUI's dynamic-VRAM pins) and ``gpu`` (a block on ``cuda:0`` itself,
@@ -80,17 +83,43 @@ def _place_blocks(blocks, owner: str, device: torch.device):
                     p.data = p.data.cpu()
 
 
-def _pass(stream, blocks, x, begin):
-    if begin is not None:
-        begin([stream])
+def _blocks(stream, blocks, x):
     h = x
     for g, block in enumerate(blocks):
         module = stream.module_for(g, block)
         h = module(h)
-        stream.done_with(module)
+        stream.done_with(module, g)
         if g + 1 < len(blocks):  # after block g's kernels are queued, as the engine does
             stream.prefetch(g + 1, blocks[g + 1])
     return h
+
+
+def _pass(pool, stream, blocks, x):
+    """One forward as the engine runs it for one rank: begin on the main thread, the blocks on
+    the rank's thread, end on the main thread once the rank queued its last block."""
+    mod = seq_stream_module()
+    mod.begin_forward([stream])
+    with torch.no_grad():
+        h = pool.wait(pool.submit(0, lambda: _blocks(stream, blocks, x), "ring pass"), 0)
+    mod.end_forward([stream])  # owner_waits_copies: the next patch of the owners waits for our copies
+    return h
+
+
+def _sanitizer_in_thread():
+    """A context entering the CUDA sanitizer in a rank thread (None where it is off)."""
+    from torch.cuda._sanitizer import cuda_sanitizer
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    if not cuda_sanitizer.enabled:
+        return None
+
+    class _SanitizerInThread(TorchDispatchMode):
+        """The process's sanitizer (its one event handler), entered in another thread."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return cuda_sanitizer.dispatch.__torch_dispatch__(func, types, args, kwargs)
+
+    return _SanitizerInThread
 
 
 def run_scenario(owner: str, without: str | None, device: torch.device, dim: int, n_blocks: int,
@@ -108,7 +137,6 @@ def run_scenario(owner: str, without: str | None, device: torch.device, dim: int
         _place_blocks(blocks, owner, device)
     same_place = owner == "gpu" or device.type == "cpu"  # dry runs: a cpu ring, cpu owners
     stream = _forced_remote_class()(device) if same_place else mod.BlockStream(device)
-    begin = getattr(mod, "begin_forward", None)
     api = order_api()
     ctx = api[1](without) if without else contextlib.nullcontext()
     out = {"owner": owner, "without": without or "", "races": 0, "max_diff": None, "copies": 0, "error": ""}
@@ -116,21 +144,30 @@ def run_scenario(owner: str, without: str | None, device: torch.device, dim: int
         from torch.cuda._sanitizer import CUDASanitizerErrors
     except ImportError:  # pragma: no cover - every torch we run has it
         CUDASanitizerErrors = ()
+    from sharddit.parallel.sequence.threads import RankThreads
+
     diffs = []
+    in_thread = _sanitizer_in_thread()
+    pool = RankThreads([device], timeout_s=120, worker_context=in_thread)
+    out["rank_thread_sanitized"] = in_thread is not None
     try:
         with ctx, torch.no_grad():
             for _ in range(passes):
                 for b in blocks:  # the owner's weights rewritten on its current stream (a patch)
                     for p in b.parameters():
                         p.mul_(1.0)
-                got = _pass(stream, blocks, x, begin)
+                got = _pass(pool, stream, blocks, x)
                 diffs.append((got - ref).abs().max())
             stream.release()
-    except CUDASanitizerErrors as e:
-        out["races"] = len(e.errors)
-        out["error"] = str(e.errors[0]).splitlines()[0] if e.errors else "sanitizer error"
-    except Exception as e:  # noqa: BLE001 - reported as the scenario's failure
-        out["error"] = f"{type(e).__name__}: {e}"
+    except Exception as e:  # noqa: BLE001 - a race (main or rank thread) or the scenario's failure
+        cause = e.__cause__ if e.__cause__ is not None else e  # a rank thread's error: RankThreadError
+        if CUDASanitizerErrors and isinstance(cause, CUDASanitizerErrors):
+            out["races"] = len(cause.errors)
+            out["error"] = str(cause.errors[0]).splitlines()[0] if cause.errors else "sanitizer error"
+        else:
+            out["error"] = f"{type(e).__name__}: {e}"
+    finally:
+        pool.close()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     if diffs:

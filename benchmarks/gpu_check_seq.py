@@ -26,6 +26,21 @@ WAN_LAYOUT_ARGS = (("blocks",), (("x",),))
 WAN_TOKEN_DIMS = {"x": 1, "e": 1, "freqs": 1}
 
 
+def toy_factors():
+    """The toy's own activation factors (``parallel/cost/memory.ActivationFactors``), for the
+    ``memory`` section's plan. Not Wan's: the toy's block keeps ``h``, ``qkv``, ``q``, ``k`` alive
+    through its FFN (ComfyUI's Wan block frees them), so Wan's factors under-plan it by ~1.11x, and a
+    check against them would fail for that reason alone. Measured on CPU (fp32, the fake-GPU memory
+    tracker of the simulator, ``tracked_memory``) in units of a rank's hidden state: block 13.57 at
+    widths 512 and 1024 (4096 tokens, batch 2 on two ranks), Ulysses 1.01 (batch 1), with Wan's home
+    terms; block +5 % (cuBLAS workspaces, which the tracker does not see). The section's forward
+    tracked on CPU then comes to 0.97-0.99 of this plan at widths 256 and 512 (2048 and 4096 tokens);
+    ``tests/test_gpu_check_dry.py`` measures it again."""
+    from sharddit.parallel.cost.memory import ActivationFactors
+
+    return ActivationFactors(block=14.2, ulysses=1.05, home_hidden=1.05, rope=0.05)
+
+
 def pack():
     """The engine's modules (the pack is imported by path first, as ``sharddit``)."""
     from harness.toy_seq import SeqToyDiT
@@ -120,6 +135,31 @@ class Sharded:
     def close(self):
         self.engine.close()
         self.handle.detach()
+
+
+def tracked_memory(model, args, ranks, where: str, home) -> tuple[int, int]:
+    """(peak activation bytes of a steady-state forward, bytes the rings hold) as the simulator's
+    memory tracker counts them (``parallel/simulate.MemoryTracker``, every rank thread included,
+    attention output-only as flash attention allocates): the CPU figure of ``toy_factors``."""
+    from sharddit.parallel.simulate import MemoryTracker, flash_attention_standin
+
+    opts = {"optimized_attention_override": lambda func, *a, **k: flash_attention_standin(*a, **k)}
+    run = Sharded(model, ranks, where, home)
+    tracker = MemoryTracker(model)
+    try:
+        run.forward((*args, opts))  # threads and ring buffers made before the tracker counts
+        for stream in run.engine.streams:  # refilled in place: the ring's bytes are added once, below
+            for buffers in stream._buffers.values():
+                for b in buffers:
+                    tracker.add_weights(b.module)
+        run.engine.pool.worker_context = tracker.thread_view
+        with tracker:
+            out = run.forward((*args, opts))
+            del out
+        ring = run.ring_bytes()
+    finally:
+        run.close()
+    return tracker.report()[str(torch.device(home))].peak_activations, ring
 
 
 def sync(device) -> None:

@@ -195,3 +195,42 @@ def test_the_comfy_description_sends_plain_config_values_only():
     assert family == "comfy" and config["path"] == "blocks.1" and config["class"] == "SeqToyDiT"
     assert config["unet_config"] == {"dim": 32, "dtype": torch.bfloat16, "patch_size": (1, 2, 2)}
     assert describe_block(dit.blocks[1], lambda b: describe(1, b))["family"] == "comfy"
+
+
+def test_received_bytes_must_be_exactly_what_the_header_announced():
+    """Trailing bytes after the announced parts are refused, not ignored (a peer out of step)."""
+    from sharddit.parallel.distributed.wire import unpack_expected
+
+    parts = [(torch.randn(2, 3), None)]
+    header, data, _ = pack_parts(parts, [0], "cpu")
+    longer = torch.cat([data, torch.zeros(4, dtype=data.dtype)])
+    with pytest.raises(ProtocolError, match=f"{longer.numel()} bytes received, {data.numel()} expected"):
+        unpack_expected([[(torch.float32, (2, 3)), None]], longer, "cpu")
+    with pytest.raises(ProtocolError, match="bytes received"):
+        unpack_parts(header, longer, "cpu")
+
+
+def test_a_worker_refuses_owned_weights_that_do_not_fill_the_layout_exactly():
+    """The bytes of a block a worker is to own must be exactly its layout's size (uint8): a longer
+    buffer would be bound silently, its tail ignored."""
+    from sharddit.parallel.distributed.weights import WeightRing, pack_block
+    from sharddit.parallel.distributed.worker import Worker
+
+    torch.manual_seed(0)
+    block = SeqToyDiT(dim=32, heads=4).eval().blocks[1]
+    flat = pack_block(block, WeightLayout(block))
+
+    def take(owned):
+        w = Worker.__new__(Worker)  # only its weight intake: no lobby, no session
+        w.skeletons, w.layouts, w.owned, w.name, w.said = {}, {}, {}, "w", []
+        w.device = w.wire = torch.device("cpu")
+        w.ring, w.say = WeightRing("cpu", "cpu"), w.said.append
+        w._weights(None, {"key": "k", "blocks": [[0, describe_block(block)]], "owned": [[0, owned]],
+                          "transfers": []}, 1, {}, 5.0)
+        return w
+
+    w = take(flat)
+    assert torch.equal(w.owned[("k", 0)][0].qkv.weight, block.qkv.weight)
+    for bad in (torch.cat([flat, flat[:8]]), flat[:-8], flat.view(torch.int16)):
+        with pytest.raises(ProtocolError, match="block 0: its weights do not match its layout"):
+            take(bad)

@@ -58,3 +58,18 @@ def test_signatures_bind_key_parts_and_boundaries():
     assert not secret.verify(key, mac, "offer", 4, b"\x00raw")
     assert secret.sign(key, "ab", "c") != secret.sign(key, "a", "bc")
     assert not secret.verify(key, None, "offer") and not secret.verify(key, mac.upper(), "offer", 3, b"\x00raw")
+
+
+def test_a_signature_is_checked_whole_and_in_constant_time(monkeypatch):
+    """Every hex digit counts (a prefix match is refused), and the comparison is
+    ``hmac.compare_digest``, whose time does not depend on where the first difference is."""
+    key = b"k" * 32
+    mac = secret.sign(key, "offer", 3)
+    assert len(mac) == 64
+    forged = mac[:16] + ("0" if mac[16] != "0" else "1") + mac[17:]
+    assert not secret.verify(key, forged, "offer", 3)
+    compared = []
+    real = secret.hmac.compare_digest
+    monkeypatch.setattr(secret.hmac, "compare_digest", lambda a, b: compared.append((a, b)) or real(a, b))
+    assert secret.verify(key, mac, "offer", 3)
+    assert compared == [(mac, mac)]

@@ -72,3 +72,39 @@ def test_summary_exit_status():
         del sys.modules[spec.name]
     assert mod.summarize({"ring": "PASS", "syncs": "SKIP"}, 1.0, cuda=True) == 0
     assert mod.summarize({"ring": "PASS", "memory": "FAIL"}, 1.0, cuda=True) == 1
+
+
+def test_the_memory_sections_plan_holds_the_toys_tracked_peak():
+    """``memory`` on the GPU compares CUDA's peak with the plan the toy's own factors give
+    (``gpu_check_seq.toy_factors``): on CPU the simulator's memory tracker measures the same forward
+    (two ranks on one device, every block streamed, batch 1) within 10 % of that plan and under it.
+    Wan's factors under-plan this toy (its block keeps q/k/qkv through the FFN): the ratio against
+    them is above 1, which the GPU check would have reported as a FAIL of the plan."""
+    import dataclasses
+
+    sys.path[:0] = [str(REPO / "benchmarks")]
+    try:
+        import gpu_check
+
+        gpu_check._setup_imports()
+        import gpu_check_seq as gs
+        from gpu_check_sections import plan_bytes
+    finally:
+        del sys.path[0]
+    import torch
+    from sharddit.parallel.blocks.sharding import BlockLayout
+    from sharddit.parallel.cost.memory import ACTIVATION_FACTORS
+    from sharddit.parallel.placement.sizing import compute_block_bytes
+
+    dim, heads, ffn, tokens, text = 256, 2, 691, 2048, 16  # Wan's FFN/width ratio 13824/5120
+    model = gs.build_model(dim, heads, 4, ffn, torch.float32, "cpu")
+    args = gs.inputs(model, 1, tokens, text, "cpu", torch.float32)
+    peak, ring = gs.tracked_memory(model, args, ["cpu", "cpu"], "forced", "cpu")
+    sz = dataclasses.make_dataclass("S", ["mem_dim", "mem_text"])(dim, text)
+    blocks = compute_block_bytes(model, BlockLayout(("blocks",), (("x",),)))
+    plan, _ = plan_bytes(sz, ["cpu", "cpu"], blocks, ["remote"] * 4, "cpu", tokens, 1, act_bytes=4)
+    wan, _ = plan_bytes(sz, ["cpu", "cpu"], blocks, ["remote"] * 4, "cpu", tokens, 1, act_bytes=4,
+                        factors=ACTIVATION_FACTORS["wan"])
+    measured = peak + ring
+    assert 0.9 * plan <= measured <= plan, f"tracked {measured / plan:.3f} of the toy's plan"
+    assert measured > wan, f"tracked {measured / wan:.3f} of Wan's plan"

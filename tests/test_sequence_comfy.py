@@ -233,3 +233,60 @@ def test_interrupt_inside_a_sequence_forward_stops_at_the_next_block(env, tiny):
     assert set(_seq_threads()) <= before and engine.pool is None
     assert_split_close(_ours(env, sharded, latent, extras, "cpu,cpu", 1.0, parallel="auto"), ref, COMFY_SPLIT_BOUND,
                        "after an interrupt")
+
+
+def test_streamed_blocks_with_a_lora_on_some_blocks_match_core(env, tiny):
+    """ComfyUI's lowvram loading applies a LoRA on the fly (``weight_function`` per layer): a LoRA
+    on block 0 only, every block streamed by rank ``cuda:1`` through a ring of two buffers (block 2
+    refills block 0's buffer), in `sequence` mode on two CPU ranks that ``RecordingOps`` calls
+    ``cuda:0`` and ``cuda:1``: the forward equals core's unsharded one.
+
+    ComfyUI 0.29's loader writes ``weight_function = []`` on every module it loads, which hides a
+    ring that only ever copies the attribute; a module no patcher loaded has only the class default
+    (no instance attribute): blocks 1-3 are put in that state (core computes the same with it).
+    Before the fix (issue 30) block 0's patch stayed on block 2's buffer: this test failed with a max
+    diff of 0.45 against ``COMFY_SPLIT_BOUND`` (1e-4)."""
+    import comfy.sd
+    from harness.sampling import cond as make_cond
+
+    from sharddit.loaders.comfy.specs import find_arch_spec, get_arch_spec
+    from sharddit.parallel.blocks.sharding import attach_block_sharding
+    from sharddit.parallel.sequence.engine import attach_sequence_engine
+    from sharddit.parallel.sequence.record import RecordingOps
+    from sharddit.parallel.sequence.stream import BlockStream
+
+    sd = tiny.wan21_t2v_state_dict()
+    patched, _ = comfy.sd.load_lora_for_models(_load(sd), None, tiny.wan_lora_state_dict(sd, blocks=(0,)), 1.0, 0)
+    patched.patch_model(device_to=torch.device("cpu"), lowvram_model_memory=1)  # lowvram: patches on the fly
+    dit = patched.model.diffusion_model
+    for block in dit.blocks[1:]:  # as modules no patcher loaded: class defaults, no instance attributes
+        for m in block.modules():
+            m.__dict__.pop("weight_function", None)
+            m.__dict__.pop("bias_function", None)
+    assert dit.blocks[0].ffn[0].weight_function and not dit.blocks[2].ffn[0].weight_function
+    g = torch.Generator().manual_seed(3)
+    x, t, context = torch.randn(WAN_EVEN, generator=g), torch.tensor([500.0]), make_cond(tokens=512)[0][0]
+    with torch.no_grad():
+        ref = dit(x, t, context)
+        plain = _load(sd).model.diffusion_model(x, t, context)
+    assert (ref - plain).abs().max() > 1e-2, "the LoRA must change the output, or this test proves nothing"
+    layout = get_arch_spec(dit)
+    rec = RecordingOps()
+    for block in dit.blocks:
+        rec.put(block, "cuda:0")
+    handle = attach_block_sharding(dit, layout, ["cpu"] * len(dit.blocks), "cpu")
+    specs, _ = find_arch_spec(type(dit).__name__).sequence_specs(dit)
+    engine = attach_sequence_engine(handle.router, [p for pl in handle.proxies.values() for p in pl], specs,
+                                    ["cpu", "cpu"], timeout_s=60)
+    engine.streams = [BlockStream("cpu", ops=rec, place=p) for p in ("cuda:0", "cuda:1")]
+    streams = engine.streams
+    try:
+        with torch.no_grad(), handle.router.forward_scope(sequence=True):
+            got = dit(x, t, context)
+        assert streams[1].copies == len(dit.blocks) and streams[0].copies == 0
+    finally:
+        engine.close()
+        handle.detach()
+        patched.unpatch_model()
+    assert rec.violations() == []
+    assert_split_close(got, ref, COMFY_SPLIT_BOUND, "LoRA on block 0, every block streamed on rank 1")

@@ -16,7 +16,7 @@ import inspect
 import pytest
 import torch
 from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
-from harness.sampling import load, ours, stock
+from harness.sampling import cond, load, ours, stock
 
 pytestmark = pytest.mark.comfy
 
@@ -27,17 +27,21 @@ def _engine(model):
     return states[0].router.engine
 
 
-def _record_cond_or_uncond(model) -> list:
+def _record_cond_or_uncond(model, pairs=None) -> list:
     """Each DiT forward's ``cond_or_uncond`` as the model's own forward gets it (inside ShardDiT's
-    ``DIFFUSION_MODEL`` wrapper, where a lean pass has cut it), recorded from ``_forward``."""
+    ``DIFFUSION_MODEL`` wrapper, where a lean pass has cut it), recorded from ``_forward``; and in
+    ``pairs`` that list with the text context the forward got (which says whether it is cond)."""
     seen, dit = [], model.model.diffusion_model
     original = dit._forward
     signature = inspect.signature(original)
 
     @functools.wraps(original)  # keeps the signature ShardDiT binds transformer_options with
     def recording(*args, **kwargs):
-        options = signature.bind(*args, **kwargs).arguments.get("transformer_options") or {}
+        arguments = signature.bind(*args, **kwargs).arguments
+        options = arguments.get("transformer_options") or {}
         seen.append(list(options.get("cond_or_uncond", [])))
+        if pairs is not None:
+            pairs.append((seen[-1], arguments["context"].clone()))
         return original(*args, **kwargs)
     dit._forward = recording
     return seen
@@ -50,10 +54,17 @@ def test_lean_sequence_matches_batched_and_core(env, tiny, monkeypatch):
     batched = ours(env, model, latent, extras, "cpu,cpu", cfg=3.0, parallel="sequence")
     assert _engine(model).stats.groups == [((0, 1), (0,)), ((1, 2), (1,))]
     monkeypatch.setenv("SHARDDIT_SEQUENCE_LEAN", "1")
-    seen = _record_cond_or_uncond(model)
+    pairs = []
+    seen = _record_cond_or_uncond(model, pairs)
     lean = ours(env, model, latent, extras, "cpu,cpu", cfg=3.0, parallel="sequence")
     # each lean pass names only its own chunk (ComfyUI batches cond then uncond: [0, 1] or [1, 0])
     assert seen and all(len(c) == 1 for c in seen) and {c[0] for c in seen} == {0, 1}, seen
+    # ... and the chunk it names is the one it computes: 0 (cond) with the positive text
+    texts = {0: cond(**extras)[0][0], 1: cond(seed=2, **extras)[0][0]}
+    assert not torch.equal(texts[0], texts[1])
+    for chunks, context in pairs:
+        match = [k for k, text in texts.items() if context.shape == text.shape and torch.equal(context, text)]
+        assert match == chunks, f"a lean pass named {chunks} but computes {match or 'other'} text"
     stats = _engine(model).stats  # the last forward: one sample, tokens over both ranks
     assert stats.groups == [((0, 1), (0, 1))] and stats.fallbacks == 0 and stats.exchanges[0] > 0
     assert_split_close(lean, batched, COMFY_SPLIT_BOUND, "wan21 cpu,cpu cfg 3 lean vs batched")

@@ -15,6 +15,7 @@ from harness.toy_seq import MMDouble, MMSingle, SeqToyMMDiT
 
 from sharddit.parallel.sequence import stream as seq_stream
 from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.ops import flat_size
 from sharddit.parallel.sequence.record import RecordingOps
 from sharddit.parallel.sequence.split import TokenSpec
 from sharddit.parallel.sequence.stream import ORDER_WAITS, BlockStream, without_wait
@@ -163,3 +164,61 @@ def test_worker_threads_run_under_the_main_threads_autocast():
         pool.close()
     assert inside == (True, torch.bfloat16, torch.bfloat16)
     assert outside[0] is False and outside[2] == torch.float32
+
+
+class _NoDeepCopy(list):
+    """A patch list (ComfyUI's holds every LoRA tensor of the model) that must be shared, not copied."""
+
+    def __deepcopy__(self, memo):
+        raise AssertionError("the ring deep-copied a patch")
+
+
+def test_a_reused_buffer_carries_only_its_own_blocks_patches():
+    """ComfyUI's lowvram LoRA patches (``weight_function``) are per layer: a buffer refilled with a
+    block that has none must lose the patch of the block it held before (block 0's LoRA applied to
+    block 2 was a silent wrong result), and one that has one must get exactly that one."""
+    rec = RecordingOps()
+    blocks = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)) for _ in range(4)]
+    for b in blocks:
+        rec.put(b, "cuda:0")
+    patch0, patch3 = _NoDeepCopy([lambda w: w * 2]), [lambda w: w * 3]
+    blocks[0][1].weight_function = patch0
+    blocks[0][1].comfy_cast_weights = True
+    blocks[3][0].bias_function = patch3
+    ring = BlockStream("cpu", ops=rec, place="cuda:1")
+    mods = []
+    for g, block in enumerate(blocks):
+        mods.append(ring.module_for(g, block))
+        ring.done_with(mods[-1], g)
+        if g == 0:
+            assert mods[0][1].weight_function is patch0 and "weight_function" not in mods[0][0].__dict__
+    assert mods[2] is mods[0] and mods[3] is mods[1]  # two buffers, each refilled
+    for layer in (0, 1):
+        for attr in ("weight_function", "bias_function", "comfy_cast_weights"):
+            assert attr not in mods[2][layer].__dict__, f"block 0's {attr} left on block 2's layer {layer}"
+    assert mods[3][0].bias_function is patch3 and "weight_function" not in mods[3][1].__dict__
+    ring.begin_forward({})
+    again = ring.module_for(0, blocks[0])
+    assert again[1].weight_function is patch0 and again[1].comfy_cast_weights is True
+    del blocks[0][1].weight_function  # ComfyUI unpatched the LoRA: the next forward's copy has none
+    ring.begin_forward({})
+    assert "weight_function" not in ring.module_for(0, blocks[0])[1].__dict__
+
+
+@pytest.mark.parametrize("pinned_first", [True, False])
+def test_the_bounce_is_decided_per_tensor(pinned_first):
+    """A block partly in pinned memory (ComfyUI pins some tensors): only its pageable tensors go
+    through the bounce buffer, its pinned ones are read where they are, whichever comes first."""
+    rec = RecordingOps()
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    rec.put(block, "cpu")
+    rec.put(block[0] if pinned_first else block[1], "cpu-pinned")
+    ring = BlockStream("cpu", ops=rec, place="cuda:1")
+    module = ring.module_for(0, block)
+    assert rec.violations() == []  # no copy read pageable memory
+    staged = [o for o in rec.log if o.kind == "host_copy"]
+    assert len(staged) == 1 and len(staged[0].reads) == 2, "exactly the pageable layer's weight and bias staged"
+    assert all(torch.equal(a, b) for a, b in zip(module.parameters(), block.parameters(), strict=True))
+    assert ring.held()["pinned"] == flat_size(list(block.parameters()))  # one flat buffer for the block
+    ring.release()
+    assert rec.ops_of("unpin")

@@ -113,12 +113,13 @@ def compute_prefetch_bytes(block_bytes, block_devices, device: str, block_kinds=
 
 def compute_sequence_activations(family: str, width: int, tokens: int, batch: int, n_ranks: int,
                                  text_tokens: int = 0, act_bytes: int = 2, home_rank: int = 0,
-                                 heads: int = 0) -> list[int]:
+                                 heads: int = 0, factors: ActivationFactors | None = None) -> list[int]:
     """Peak activation bytes per rank (rank order) of one `sequence` forward: ``tokens`` image tokens
     per sample, ``batch`` samples (2: cond + uncond, split first), ``n_ranks`` ranks. ``heads``
     (0: split evenly): a rank that attends more than 1/g of the heads (uneven split, as
-    ``sequence/ulysses`` makes it) holds that much more of every token in the exchange."""
-    f = ACTIVATION_FACTORS.get(family)
+    ``sequence/ulysses`` makes it) holds that much more of every token in the exchange. ``factors``:
+    another model's measured factors instead of ``family``'s (``benchmarks/gpu_check.py``'s toy)."""
+    f = factors if factors is not None else ACTIVATION_FACTORS.get(family)
     if f is None:
         raise ValueError(f"[ShardDiT] no measured activation factors for model {family!r}: "
                          f"known {', '.join(ACTIVATION_FACTORS)}")
@@ -141,13 +142,14 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
 
 def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks, block_bytes, block_devices,
                          home: str, home_bytes: int, block_kinds=None, text_tokens: int = 0,
-                         act_bytes: int = 2, heads: int = 0) -> list[RankMemory]:
+                         act_bytes: int = 2, heads: int = 0, factors: ActivationFactors | None = None
+                         ) -> list[RankMemory]:
     """Per rank (``ranks``: one device each, in rank order): weights, ring buffers, activations."""
     ranks = [str(d) for d in ranks]
     home = str(home)
     home_rank = ranks.index(home) if home in ranks else -1
     acts = compute_sequence_activations(family, width, tokens, batch, len(ranks), text_tokens, act_bytes, home_rank,
-                                        heads)
+                                        heads, factors)
     out = []
     for r, dev in enumerate(ranks):
         weights = sum(int(b) for b, d in zip(block_bytes, block_devices, strict=True) if str(d) == dev)

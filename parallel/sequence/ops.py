@@ -10,9 +10,54 @@ A *place* is where a tensor lives for the ring: ``TorchOps`` uses the tensor's d
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-__all__ = ["TorchOps", "real_cuda"]
+__all__ = ["TorchOps", "flat_size", "flat_views", "real_cuda"]
+
+_ALIGN = 64
+"""Byte alignment of each tensor in a flat buffer (any dtype's view; whole cache lines for DMA)."""
+
+
+def flat_size(tensors) -> int:
+    """Bytes of one flat buffer holding ``tensors`` one after the other, each ``_ALIGN``-aligned."""
+    return sum(-(-t.numel() * t.element_size() // _ALIGN) * _ALIGN for t in tensors)
+
+
+def flat_views(flat: torch.Tensor, tensors) -> list[torch.Tensor]:
+    """Views of ``flat`` (uint8) with ``tensors``' shapes and dtypes, laid out as ``flat_size``."""
+    out, offset = [], 0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        out.append(flat[offset:offset + n].view(t.dtype).view(t.shape) if n else torch.empty(t.shape, dtype=t.dtype))
+        offset += -(-n // _ALIGN) * _ALIGN
+    return out
+
+
+def _no_unpin() -> None:
+    pass
+
+
+_PAGE = 4096
+
+
+def _register(nbytes: int):
+    """``nbytes`` of host memory page-locked in place (``cudaHostRegister``) on whole pages of its
+    own (two buffers never share a registered page), and the call that undoes it (also run when the
+    buffer is collected); where registering fails, a pinned buffer of the caching allocator."""
+    pages = -(-nbytes // _PAGE) * _PAGE
+    raw = torch.empty(pages + _PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % _PAGE
+    flat = raw[start:start + nbytes]
+    try:
+        from torch.cuda._pin_memory_utils import pin_memory, unpin_memory
+
+        ptr = flat.data_ptr()
+        pin_memory(ptr, pages)
+    except (ImportError, RuntimeError):
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True), _no_unpin
+    return flat, weakref.finalize(flat, unpin_memory, ptr)
 
 
 def real_cuda(device) -> bool:
@@ -41,9 +86,17 @@ class TorchOps:
     def empty_like(self, t: torch.Tensor, place) -> torch.Tensor:
         return torch.empty_like(t, device=place)
 
-    def pinned_empty_like(self, t: torch.Tensor) -> torch.Tensor:
-        """Page-locked host memory (plain host memory where there is no CUDA driver to pin it)."""
-        return torch.empty_like(t, device="cpu", pin_memory=torch.cuda.is_available())
+    def pinned_like(self, tensors):
+        """One page-locked host buffer for ``tensors``' shapes: ``(flat, views, unpin)``. Exactly
+        ``flat_size`` bytes (to the page): plain host memory registered with CUDA, since the caching
+        pinned allocator rounds each block up to a power of two (up to twice what
+        ``BlockStream.held`` reports). Plain host memory where there is no CUDA driver to pin it."""
+        nbytes = flat_size(tensors)
+        if torch.cuda.is_available() and nbytes:
+            flat, unpin = _register(nbytes)
+        else:
+            flat, unpin = torch.empty(nbytes, dtype=torch.uint8), _no_unpin
+        return flat, flat_views(flat, tensors), unpin
 
     def side_stream(self, place):
         return torch.cuda.Stream(place) if self.is_async(place) else None

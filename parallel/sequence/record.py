@@ -7,7 +7,8 @@ orders the stream after the event; ``host_wait(event)`` orders the host after it
 ordered. All host threads count as one actor: host work is synchronous, so log order is real time.
 
 ``violations()`` lists every pair of accesses to one tensor (at least one a write: a copy into
-it, a free) that this model does not order, and every host->GPU copy that reads pageable memory.
+it, a free, its allocation on a GPU place: ``empty_like``) that this model does not order, and
+every host->GPU copy that reads pageable memory.
 Places are names the test gives (``"cuda:1"``, ``"cpu"``: pageable host memory,
 ``"cpu-pinned"``); ``put(module, place)`` says where a module's tensors live.
 """
@@ -17,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
+
+from .ops import flat_size, flat_views
 
 __all__ = ["RecordingOps", "Op"]
 
@@ -109,13 +112,20 @@ class RecordingOps:
         return self.is_async(dst_place) and self.place(t) == PAGEABLE
 
     def empty_like(self, t, place):
-        return self._tag(torch.empty_like(t, device="cpu"), place)
+        """Memory on ``place``, modelled as CUDA's caching allocator hands it out: it may be memory
+        a kernel queued on the place's current stream still reads (freed there, reused at once in
+        that stream's order), so the allocation is a write on that stream."""
+        out = self._tag(torch.empty_like(t, device="cpu"), place)
+        if self.is_async(place):
+            self._stream_op("alloc", self.current_stream(place), "alloc", (), (out,))
+        return out
 
-    def pinned_empty_like(self, t):
+    def pinned_like(self, tensors):
         with self._lock:
-            out = self._tag(torch.empty_like(t, device="cpu"), PINNED)
+            flat = torch.empty(flat_size(tensors), dtype=torch.uint8)
+            views = [self._tag(v, PINNED) for v in flat_views(flat, tensors)]
             self.log.append(Op("pin", _HOST, "pin", clock=dict(self._clocks[_HOST])))
-            return out
+            return flat, views, lambda: self.log.append(Op("unpin", _HOST, "unpin", clock=dict(self._clocks[_HOST])))
 
     def side_stream(self, place):
         with self._lock:
@@ -152,7 +162,8 @@ class RecordingOps:
     def copy(self, dsts, srcs, stream, label="copy") -> None:
         with self._lock:
             op = self._stream_op("copy", stream, label, srcs, dsts)
-            op.src_place = self.place(srcs[0]) if srcs else ""
+            places = [self.place(t) for t in srcs]  # pageable if any tensor is
+            op.src_place = PAGEABLE if PAGEABLE in places else (places[0] if places else "")
             op.dst_place = self.place(dsts[0]) if dsts else ""
             with torch.no_grad():
                 for d, s in zip(dsts, srcs, strict=True):

@@ -13,8 +13,10 @@ Blocks held in RAM (a ``cpu`` entry of the device list) are copied through a *pi
 host->GPU ``copy_(non_blocking=True)`` from pageable memory blocks the host thread, but pinning the
 whole share would lock up to tens of GiB of RAM, and ComfyUI replaces a block's CPU tensors by new
 (unpinned) ones whenever it patches weights (LoRA), so pins made once would be lost silently. The
-bounce costs two blocks of pinned RAM per shape and rank; the host memcpy of block g+1 into it
-runs while the GPU computes block g. Tensors already pinned (ComfyUI's own pins) are read directly.
+bounce costs two blocks of pinned RAM per shape and rank (each one flat buffer registered with
+CUDA, exactly the bytes ``held`` reports); the host memcpy of block g+1 into it runs while the GPU
+computes block g. The bounce is decided per tensor: tensors already pinned (ComfyUI's own pins)
+are read directly, even in a block whose other tensors are staged.
 
 On CUDA the copies run on a side stream. The waits, each named in ``ORDER_WAITS``:
 
@@ -34,8 +36,8 @@ On CUDA the copies run on a side stream. The waits, each named in ``ORDER_WAITS`
 
 On CPU and fake devices every wait is a no-op and copies are synchronous (``sequence/ops.TorchOps``).
 ComfyUI's per-layer cast attributes (``weight_function``, ``bias_function``: LoRA patches applied
-on the fly in lowvram mode) are carried over with the tensors, so a buffer computes exactly what
-the owner's block computes.
+on the fly in lowvram mode) are carried over with the tensors, and cleared where the block has none,
+so a buffer computes exactly what the owner's block computes, whichever block it held before.
 """
 from __future__ import annotations
 
@@ -85,11 +87,12 @@ class _Buffer:
 
 
 class _Bounce:
-    __slots__ = ("read", "tensors")
+    __slots__ = ("flat", "read", "tensors", "unpin")
 
-    def __init__(self, tensors):
-        self.tensors, self.read = tensors, None
-        """``read``: event of the copy that last read it."""
+    def __init__(self, flat, tensors, unpin):
+        self.flat, self.tensors, self.unpin, self.read = flat, tensors, unpin, None
+        """One pinned buffer (``flat``) viewed as the block's tensors; ``read``: event of the copy
+        that last read it."""
 
 
 def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
@@ -98,6 +101,17 @@ def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
 
 def _shape_key(block: torch.nn.Module):
     return type(block), tuple((tuple(t.shape), t.dtype) for t in _block_tensors(block))
+
+
+def _carry_patches(dst: torch.nn.Module, src: torch.nn.Module) -> None:
+    """``dst`` (a buffer) takes ``src``'s per-layer patch attributes, and loses those ``src`` lacks:
+    a buffer refilled with another block must not keep the last block's LoRA patch."""
+    for (_, dm), (_, sm) in zip(dst.named_modules(), src.named_modules(), strict=True):
+        for attr in _CAST_ATTRS:
+            if attr in sm.__dict__:
+                dm.__dict__[attr] = sm.__dict__[attr]
+            else:
+                dm.__dict__.pop(attr, None)
 
 
 def _lru(ring: list, limit: int, make):
@@ -197,6 +211,7 @@ class BlockStream:
                 if _on("release_waits_copies"):
                     self.ops.host_wait(b.read)
                 self.ops.freed(b.tensors, "release bounce")
+                b.unpin()
         self._buffers.clear()
         self._bounces.clear()
         self._by_module.clear()
@@ -207,7 +222,7 @@ class BlockStream:
         def size(ts):
             return sum(t.numel() * t.element_size() for t in ts)
         return {"device": sum(size(b.tensors) for bufs in self._buffers.values() for b in bufs),
-                "pinned": sum(size(b.tensors) for bs in self._bounces.values() for b in bs)}
+                "pinned": sum(b.flat.numel() for bs in self._bounces.values() for b in bs)}
 
     # ---- internals -----------------------------------------------------------------------------
     def _find(self, index, block):
@@ -228,6 +243,10 @@ class BlockStream:
         for t in _block_tensors(block):
             empty = self.ops.empty_like(t, self.place)
             memo[id(t)] = torch.nn.Parameter(empty, requires_grad=False) if isinstance(t, torch.nn.Parameter) else empty
+        for m in block.modules():  # patches are shared, never copied (a LoRA patch holds every patch)
+            for attr in _CAST_ATTRS:
+                if attr in m.__dict__:
+                    memo[id(m.__dict__[attr])] = m.__dict__[attr]
         module = copy.deepcopy(block, memo)
         buf = _Buffer(module, _block_tensors(module))
         # allocated on the compute stream: the caching allocator may hand back memory whose last
@@ -249,26 +268,25 @@ class BlockStream:
             self._waited.add(owner)
             if _on("side_waits_owner"):
                 self.ops.wait(side, self._marks.get(owner))
-        bounce = None
-        if src and self.ops.needs_bounce(src[0], self.place):
-            bounce = self._stage(block, src)
-            src = bounce.tensors
+        staged = [self.ops.needs_bounce(t, self.place) for t in src]  # per tensor: a block may be partly pinned
+        bounce = self._stage(block, src, staged) if any(staged) else None
+        if bounce is not None:
+            src = [b if s else t for t, b, s in zip(src, bounce.tensors, staged, strict=True)]
         self.ops.copy(buf.tensors, src, side, f"copy {index}")
         buf.ready = self.ops.record(side)
         if bounce is not None:
             bounce.read = buf.ready
-        for (_, dm), (_, sm) in zip(buf.module.named_modules(), block.named_modules(), strict=True):
-            for attr in _CAST_ATTRS:
-                if attr in sm.__dict__:
-                    dm.__dict__[attr] = sm.__dict__[attr]
+        _carry_patches(buf.module, block)
         self.bytes_copied += sum(t.numel() * t.element_size() for t in src)
         self.copies += 1
 
-    def _stage(self, block, src) -> _Bounce:
-        """Copy pageable host tensors into the least recently used pinned bounce buffer."""
+    def _stage(self, block, src, staged) -> _Bounce:
+        """Copy the pageable host tensors of ``src`` (``staged``) into the least recently used pinned
+        bounce buffer; the others (pinned, or on a GPU) are read where they are."""
         ring = self._bounces.setdefault(_shape_key(block), [])
-        bounce = _lru(ring, self.ring, lambda: _Bounce([self.ops.pinned_empty_like(t) for t in src]))
+        bounce = _lru(ring, self.ring, lambda: _Bounce(*self.ops.pinned_like(src)))
         if _on("bounce_waits_copy"):  # the copy that last read this bounce buffer must be done
             self.ops.host_wait(bounce.read)
-        self.ops.host_copy(bounce.tensors, src)
+        pairs = [(b, t) for b, t, s in zip(bounce.tensors, src, staged, strict=True) if s]
+        self.ops.host_copy([b for b, _ in pairs], [t for _, t in pairs])
         return bounce

@@ -162,7 +162,12 @@ class RankThreads:
                 return
             if not self._abort.is_set():
                 self._run(rank, task)
+            # nothing of a finished task stays alive here until the next one comes (up to a step
+            # later): its closure holds every rank's output rows, and the engine's pending list and
+            # the closure reference each other, so only clearing ``fn`` frees them without a GC pass
+            task.fn = None
             task.done.set()
+            task = None
 
     def _run(self, rank: int, task: _Task) -> None:
         ctx = self.worker_context() if self.worker_context is not None else contextlib.nullcontext()

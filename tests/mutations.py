@@ -1,0 +1,127 @@
+"""Re-run the mutation table of tests/README.md: apply each one-line change, run the test that must
+catch it, expect it red, restore the file (issue 30).
+
+    COMFYUI_PATH=/work/env/c029 /work/env/v029/bin/python tests/mutations.py          # all
+    /work/main/.venv/bin/python tests/mutations.py --pure                           # no ComfyUI
+    python tests/mutations.py --only 3,7                                            # by number
+
+Run from the repository root, on a clean tree (each file is restored byte for byte, also on
+Ctrl+C). A mutation whose test is marked ``comfy`` runs only where ``COMFYUI_PATH`` is set. Exit
+status 1 if any mutation survived (its test passed) or could not be applied.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# (file, exact text, its mutation, test node id, needs ComfyUI)
+MUTATIONS = [
+    ("parallel/sequence/ops.py", "if torch.cuda.is_available() and nbytes:", "if False:",
+     "tests/test_cuda_paths_on_cpu.py::test_bounce_buffers_are_page_locked_and_exactly_the_bytes_held", False),
+    ("parallel/sequence/ops.py", 'return self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()',
+     "return False",
+     "tests/test_cuda_paths_on_cpu.py::test_a_pageable_owner_needs_a_bounce_to_a_gpu_and_nothing_else_does", False),
+    ("parallel/sequence/stream.py", "buf.used = self.ops.record(self.ops.current_stream(self.place))",
+     "buf.used = None",
+     "tests/test_stream_order.py::test_order_rules_hold_and_numerics_match_the_plain_ring", False),
+    ("parallel/sequence/threads.py", "for stream in sorted(self.streams, key=lambda st: st.device == device):",
+     "for stream in ():",
+     "tests/test_cuda_paths_on_cpu.py::test_rank_threads_run_on_the_main_threads_stream", False),
+    ("parallel/sequence/ops.py", "side.wait_stream(stream)", "pass",
+     "tests/test_cuda_paths_on_cpu.py::test_a_copy_from_another_gpu_waits_for_the_rings_stream", False),
+    ("parallel/distributed/weights.py", "slot.copied.synchronize()\n        slot.index", "pass\n        slot.index",
+     "tests/test_cuda_paths_on_cpu.py::test_a_weight_ring_slot_is_refilled_only_after_the_copy_reading_it", False),
+    ("parallel/distributed/weights.py", "slot.copied.synchronize()\n        self._slots.clear()",
+     "pass\n        self._slots.clear()",
+     "tests/test_cuda_paths_on_cpu.py::test_a_weight_ring_slot_is_refilled_only_after_the_copy_reading_it", False),
+    ("parallel/distributed/secret.py", "hmac.compare_digest(mac, sign(key, *parts))",
+     "mac[:16] == sign(key, *parts)[:16]",
+     "tests/test_dist_secret.py::test_a_signature_is_checked_whole_and_in_constant_time", False),
+    ("parallel/distributed/secret.py", "hmac.compare_digest(mac, sign(key, *parts))", "mac == sign(key, *parts)",
+     "tests/test_dist_secret.py::test_a_signature_is_checked_whole_and_in_constant_time", False),
+    ("parallel/distributed/worker.py", "or flat.dtype != torch.uint8 or flat.numel() != self.layouts[(key, idx)].nbytes:",
+     "or flat.dtype != torch.uint8:",
+     "tests/test_dist_protocol.py::test_a_worker_refuses_owned_weights_that_do_not_fill_the_layout_exactly", False),
+    ("parallel/distributed/wire.py", "if offset != data.numel():", "if False:",
+     "tests/test_dist_protocol.py::test_received_bytes_must_be_exactly_what_the_header_announced", False),
+    ("parallel/cost/memory.py", "(f.ulysses * share * (g - 1) / g if g > 1", "(f.ulysses * 0.7 * share * (g - 1) / g if g > 1",
+     "tests/test_memory_plan_fake_gpu.py::test_the_plans_ulysses_term_bounds_the_exchange_measured", True),
+    ("loaders/comfy/shard_hooks.py", "key: value[c0:c1] if key in _CHUNK_LISTS",
+     "key: value[chunks - c1:chunks - c0] if key in _CHUNK_LISTS",
+     "tests/test_sequence_lean_comfy.py::test_lean_sequence_matches_batched_and_core", True),
+    ("loaders/comfy/vae_decode.py", "model.decode(a.to(dtype).to(device)).to(dtype=out_dtype)",
+     "model.decode(a.to(dtype).to(device))",
+     "tests/test_vae_decode_av_comfy.py::test_tiles_cast_to_core_output_dtype", True),
+    # the fixes of issue 30 part 1, each undone
+    ("parallel/sequence/stream.py", "dm.__dict__.pop(attr, None)", "pass",
+     "tests/test_stream_order.py::test_a_reused_buffer_carries_only_its_own_blocks_patches", False),
+    ("parallel/sequence/stream.py", "dm.__dict__.pop(attr, None)", "pass",
+     "tests/test_sequence_comfy.py::test_streamed_blocks_with_a_lora_on_some_blocks_match_core", True),
+    ("parallel/sequence/stream.py", "memo[id(m.__dict__[attr])] = m.__dict__[attr]", "pass",
+     "tests/test_stream_order.py::test_a_reused_buffer_carries_only_its_own_blocks_patches", False),
+    ("parallel/sequence/threads.py", "            task.fn = None\n", "",
+     "tests/test_sequence.py::test_a_finished_forward_keeps_no_rank_rows_alive_between_steps", False),
+    ("parallel/sequence/threads.py", "            task = None\n", "",
+     "tests/test_sequence.py::test_a_rank_thread_drops_a_finished_tasks_result", False),
+    # gpu_check's findings (issue 30 part 4) fixed in the ring
+    ("parallel/sequence/stream.py", "self.ops.needs_bounce(t, self.place) for t in src]",
+     "self.ops.needs_bounce(src[0], self.place) for t in src]",
+     "tests/test_stream_order.py::test_the_bounce_is_decided_per_tensor", False),
+    ("parallel/sequence/stream.py", '"pinned": sum(b.flat.numel()', '"pinned": sum(b.flat.numel() // 2',
+     "tests/test_stream_order.py::test_the_bounce_is_decided_per_tensor", False),
+    ("benchmarks/gpu_check_sections.py", "factors=factors if factors is not None else toy_factors())",
+     "factors=factors)", "tests/test_gpu_check_dry.py::test_the_memory_sections_plan_holds_the_toys_tracked_peak",
+     False),
+]
+
+
+def run_one(n: int, path: str, old: str, new: str, test: str, comfy: bool) -> str:
+    """'caught', 'SURVIVED', 'not applied' or 'skipped (...)'."""
+    if comfy and not os.environ.get("COMFYUI_PATH"):
+        return "skipped (needs COMFYUI_PATH)"
+    file = REPO / path
+    original = file.read_bytes()
+    text = original.decode("utf-8")
+    if text.count(old) != 1:
+        return f"not applied ({text.count(old)} matches of the text)"
+    try:
+        file.write_text(text.replace(old, new), encoding="utf-8")
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test]
+        if comfy:
+            cmd[4:4] = ["-m", "comfy"]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    finally:
+        file.write_bytes(original)
+    tail = proc.stdout.strip().splitlines()[-1:] or ["(no output)"]
+    if proc.returncode == 1 and " failed" in tail[0]:
+        return f"caught ({tail[0]})"
+    return f"SURVIVED (rc {proc.returncode}: {tail[0]})"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated mutation numbers (1-based)")
+    ap.add_argument("--pure", action="store_true", help="leave out the mutations whose test needs ComfyUI")
+    args = ap.parse_args()
+    wanted = {int(x) for x in args.only.split(",")} if args.only else None
+    bad = 0
+    for n, (path, old, new, test, comfy) in enumerate(MUTATIONS, 1):
+        if (wanted and n not in wanted) or (args.pure and comfy):
+            continue
+        t0 = time.monotonic()
+        verdict = run_one(n, path, old, new, test, comfy)
+        bad += verdict.startswith(("SURVIVED", "not applied"))
+        print(f"[mutations] {n:2d} {path}: {verdict} [{time.monotonic() - t0:.0f} s] {test.split('::')[-1]}",
+              flush=True)
+    print(f"[mutations] {'all caught' if not bad else f'{bad} not caught'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
