@@ -12,8 +12,17 @@ import pickle
 import pytest
 
 from harness import templates as tpl
-from sharddit.loaders.workflow import routes
 from sharddit.loaders.workflow.shard import SHARD_NODE, shard_workflow
+
+routes = None   # loaders/workflow/routes.py needs aiohttp (ComfyUI's environment): imported by the fixture below
+
+
+@pytest.fixture(autouse=True)
+def _routes(comfy_env):
+    global routes
+    from sharddit.loaders.workflow import routes as module
+
+    routes = module
 
 pytestmark = [pytest.mark.comfy, pytest.mark.no_blas]
 TEMPLATE = "video_wan2_2_14B_t2v"
@@ -50,7 +59,8 @@ def _shard(workflow, path="/sharddit/workflow/shard"):
 def _template():
     path = tpl.template_path(f"{TEMPLATE}.json")
     if path is None:
-        pytest.skip(f"no comfyui_workflow_templates_json package with {TEMPLATE} in this environment")
+        pytest.skip(f"no comfyui_workflow_templates_json package with {TEMPLATE} in this environment "
+                    "(added after ComfyUI 0.3.64)")
     return json.loads(path.read_text())
 
 
