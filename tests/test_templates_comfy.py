@@ -279,5 +279,10 @@ def test_converter_agrees_with_the_shipped_workflows_api_twins(env):
     import workflow_tools as wt
 
     widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
-    for name, ui_path, api_path in wt.workflow_pairs():
+    from harness.comfy_env import comfy_version
+
+    running = wt.version_tuple(comfy_version())
+    pairs = [p for p in wt.workflow_pairs() if wt.version_tuple(wt.min_comfyui(wt.load(p[1]))) <= running]
+    assert pairs, "no shipped workflow is marked for this ComfyUI"
+    for name, ui_path, api_path in pairs:   # a workflow marked for a newer ComfyUI names nodes this one lacks
         assert wt.strip_meta(tpl.ui_to_api(wt.load(ui_path), widgets)) == wt.strip_meta(wt.load(api_path)), name

@@ -47,7 +47,7 @@ def _too_new(name: str) -> str | None:
     if wt.version_tuple(_running()) >= wt.version_tuple(mark):
         return None
     return (f"{name} needs ComfyUI >= {mark}, this is {_running()}: not validated here "
-            f"(its nodes or model family were added after ComfyUI 0.3.64)")
+            f"(added after ComfyUI 0.3.64)")
 
 
 def _skip_if_too_new(name: str) -> None:
