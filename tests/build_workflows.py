@@ -328,6 +328,9 @@ class Graph:
                              if dst == nid and name == inp.name), None)
                 if link is not None:
                     inputs[inp.name] = [str(link[0]), link[1]]
+            for name, source in spec.extra.get("api_also", {}).items():  # 0.33's SaveVideo "format.codec"
+                if source in inputs:
+                    inputs[name] = inputs[source]
             out[str(nid)] = {"inputs": inputs, "class_type": node["type"],
                              "_meta": {"title": node["title"] or display_name(spec)}}
         return out

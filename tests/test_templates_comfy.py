@@ -278,6 +278,9 @@ def test_converter_agrees_with_the_shipped_workflows_api_twins(env):
     frontend queues: tests/test_browser_ui.py)."""
     import workflow_tools as wt
 
-    widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
+    mappings = env.nodes.NODE_CLASS_MAPPINGS
+    widgets = tpl.comfy_widget_inputs(mappings)
     for name, ui_path, api_path in wt.workflow_pairs():
-        assert wt.strip_meta(tpl.ui_to_api(wt.load(ui_path), widgets)) == wt.strip_meta(wt.load(api_path)), name
+        converted, twin = wt.comparable(wt.strip_meta(tpl.ui_to_api(wt.load(ui_path), widgets)),
+                                        wt.strip_meta(wt.load(api_path)), lambda c: mappings[c].INPUT_TYPES())
+        assert converted == twin, name
