@@ -69,6 +69,10 @@ class Family:
     lean_block_attr: str | None = None
     """A last-block attribute that selects the ``<name>/lean`` activation factors (``cost/memory.py``:
     HunyuanVideo single blocks that split ``linear1`` into ``mlp_hidden_dim_first`` free q/k/v early)."""
+    code_variant: tuple[str, str, str] | None = None
+    """``(submodule, name, suffix)``: when the last block's ``submodule`` calls ``name`` in its
+    ``forward``, the ``<name>/<suffix>`` activation factors (Wan's and LTX-Video's FFN through core's
+    ``linear_input_act``, ComfyUI 0.33: the up-projection stays alive through the down-projection)."""
     runs_fp16: bool = False
     """ComfyUI runs this family in fp16 (else fp16 files compute in bf16)."""
 
@@ -77,6 +81,11 @@ class Family:
         the block's code, never from a version string."""
         if self.lean_block_attr and hasattr(last_block, self.lean_block_attr):
             return f"{self.name}/lean"
+        if self.code_variant:
+            sub, called, suffix = self.code_variant
+            code = getattr(getattr(type(getattr(last_block, sub, None)), "forward", None), "__code__", None)
+            if called in getattr(code, "co_names", ()):
+                return f"{self.name}/{suffix}"
         return self.name
 
 
@@ -194,9 +203,11 @@ _HUNYUAN_TOKENS = (
 _MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 _ENTRIES = (
     Family("wan", "Wan", ("blocks",), (("x",),), token_specs=_WAN_TOKENS, image_models=("wan2.1",),
-           geometry=_wan_geometry, cost_shape=_wan_cost, runs_fp16=True),
+           geometry=_wan_geometry, cost_shape=_wan_cost, runs_fp16=True,
+           code_variant=("ffn", "linear_input_act", "fused_ffn")),
     Family("ltxv", "LTX-Video", ("transformer_blocks",), (("x",),), token_specs=_LTXV_TOKENS,
-           image_models=("ltxv",), geometry=_ltxv_geometry, cost_shape=_ltxv_cost),
+           image_models=("ltxv",), geometry=_ltxv_geometry, cost_shape=_ltxv_cost,
+           code_variant=("ff", "linear_input_act", "fused_ffn")),
     Family("hunyuan_video", "HunyuanVideo", *_MMDIT, home_every_block_kwargs=("control",),
            token_specs=_HUNYUAN_TOKENS, image_models=("hunyuan_video",), geometry=_hunyuan_geometry,
            cost_shape=_hunyuan_cost, lean_block_attr="mlp_hidden_dim_first"),

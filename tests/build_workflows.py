@@ -135,10 +135,12 @@ class Graph:
         self.links = []      # (link_id, src, src_slot, dst, input_name)
         self.groups = []     # (title, [node ids])
 
-    def node(self, nid, type_, pos, size, title=None, models=(), control="fixed", mode=0, **widgets):
+    def node(self, nid, type_, pos, size, title=None, models=(), control="fixed", mode=0, grows_to=None, **widgets):
         """``pos`` is where the node would like to be (``_stack`` may move it down); ``size`` is
         ``(width, None)`` for the height the frontend computes from the widgets, or ``(width, h)`` for a
-        node shown taller (text boxes, previews)."""
+        node shown taller (text boxes). ``grows_to``: the height a node reaches after a run (Save
+        Video's preview), saved at its drawn height (0.33's frontend sets a node with a dynamic combo
+        to that on load) with the room below it kept free in its group."""
         spec = self.table.get(type_)
         width, height = size
         if spec is not None:
@@ -155,8 +157,13 @@ class Graph:
         elif height is None:
             raise ValueError(f"{self.name}: node {nid} {type_}: no schema to compute its height from: give one")
         self.nodes[nid] = dict(type=type_, pos=list(pos), size=[width, height], widgets=widgets, title=title,
-                               models=list(models), control=control, mode=mode)
+                               models=list(models), control=control, mode=mode,
+                               room=max(0, (grows_to or 0) - height))
         return nid
+
+    def _height(self, nid) -> int:
+        """A node's height with the room it grows into (``grows_to``)."""
+        return self.nodes[nid]["size"][1] + self.nodes[nid].get("room", 0)
 
     def note(self, nid, pos, size, text, type_="MarkdownNote"):
         self.nodes[nid] = dict(type=type_, pos=list(pos), size=list(size), widgets={"text": text}, title=None,
@@ -212,7 +219,7 @@ class Graph:
                     continue
                 same = self._group_of(nid) == self._group_of(other)
                 gap = TITLE_H + NODE_GAP if same else GROUP_PAD + GROUP_GAP + GROUP_TOP
-                node["pos"][1] = max(node["pos"][1], o["pos"][1] + o["size"][1] + gap)
+                node["pos"][1] = max(node["pos"][1], o["pos"][1] + self._height(other) + gap)
             placed.append(nid)
 
     def _check_overlaps(self) -> None:
@@ -278,7 +285,7 @@ class Graph:
             xs = [self.nodes[i]["pos"][0] for i in ids]
             ys = [self.nodes[i]["pos"][1] for i in ids]
             x2 = [self.nodes[i]["pos"][0] + self.nodes[i]["size"][0] for i in ids]
-            y2 = [self.nodes[i]["pos"][1] + self.nodes[i]["size"][1] for i in ids]
+            y2 = [self.nodes[i]["pos"][1] + self._height(i) for i in ids]
             x, y = min(xs) - GROUP_PAD, min(ys) - GROUP_TOP
             w = max(x2) + GROUP_PAD - x
             if len(title) * TITLE_CHAR_W + 8 > w:
@@ -328,6 +335,9 @@ class Graph:
                              if dst == nid and name == inp.name), None)
                 if link is not None:
                     inputs[inp.name] = [str(link[0]), link[1]]
+            for name, source in spec.extra.get("api_also", {}).items():  # 0.33's SaveVideo "format.codec"
+                if source in inputs:
+                    inputs[name] = inputs[source]
             out[str(nid)] = {"inputs": inputs, "class_type": node["type"],
                              "_meta": {"title": node["title"] or display_name(spec)}}
         return out
@@ -369,7 +379,7 @@ def decode_nodes(g: Graph, first_id: int, x: int, samples_src, vae_src, fps, pre
     # 24 px row) and its frontend would grow the node over Save Video; a taller saved node is never shrunk.
     g.node(vid, "CreateVideo", (x, 300), (360, CREATE_VIDEO_H), fps=fps)
     g.link(dec, 0, vid, "images")
-    g.node(save, "SaveVideo", (x, 430), (360, 470), filename_prefix=prefix, format="auto", codec="auto")
+    g.node(save, "SaveVideo", (x, 430), (360, None), grows_to=470, filename_prefix=prefix, format="auto", codec="auto")
     g.link(vid, 0, save, "video")
     return dec, vid, save
 

@@ -81,8 +81,8 @@ def test_dropped_workflow_loads_cleanly_and_fits_the_window(ui, shots, comfy_ser
     assert browser.open_dialogs(ui) == [], "a dialog opened on drop (missing nodes or models?)"
     assert browser.error_notices(ui) == [], f"the frontend reports errors in the workflow: {shot}"
     twin = wt.strip_meta(wt.load(wt.API_DIR / f"{name}_api.json"))
-    queued = wt.without_new_optional_defaults(wt.strip_meta(ui.evaluate(GRAPH_TO_PROMPT)), twin,
-                                              comfy_server.object_info())
+    queued, twin = wt.comparable(wt.strip_meta(ui.evaluate(GRAPH_TO_PROMPT)), twin,
+                                 wt.object_info_types(comfy_server.object_info()))
     differ = {k: (queued.get(k), twin.get(k)) for k in sorted(set(queued) | set(twin)) if queued.get(k) != twin.get(k)}
     assert not differ, f"the frontend queues another graph than the API twin (frontend, twin): {differ}"
     # every ShardDiT node is there, with its widgets and the file's values

@@ -55,9 +55,25 @@ def test_config_matches_published_parameter_count(comfy, name):
     assert abs(params / 1e9 - published) <= half_unit, (name, params)
 
 
+# The text projection tensors of the LTX-2 / LTX-2.3 text encoder files (name -> shape; 3840 x 49 Gemma 3
+# hidden states in). ComfyUI picks the projection's class from these names, and from 0.33 on its sizes
+# too (0.29 fixed them, 0.33 defaults the video part to 3840 wide): each tree's own ``lt.sd_detect``
+# reads them, so the class built below is the one that tree builds for the real file.
+LTX2_PROJECTION = {"text_embedding_projection.aggregate_embed.weight": (3840, 3840 * 49)}
+LTX23_PROJECTION = {"text_embedding_projection.video_aggregate_embed.weight": (4096, 3840 * 49),
+                    "text_embedding_projection.video_aggregate_embed.bias": (4096,),
+                    "text_embedding_projection.audio_aggregate_embed.weight": (2048, 3840 * 49),
+                    "text_embedding_projection.audio_aggregate_embed.bias": (2048,)}
+
+
+def _projection_keys(shapes):
+    return {k: torch.empty(shape, device="meta") for k, shape in shapes.items()}
+
+
 @pytest.mark.comfy
 def test_text_encoder_sizes_are_comfyui_classes(comfy):
-    """``ENCODERS`` holds the parameter counts of ComfyUI 0.29's own text encoder classes on meta."""
+    """``ENCODERS`` holds the parameter counts of ComfyUI's own text encoder classes on meta, built
+    as ComfyUI builds them for the files (the projection's kind and sizes from its tensor names)."""
     _, text_encoders = comfy
     try:
         from comfy.text_encoders import hunyuan_image, hunyuan_video, kandinsky5, lt, wan
@@ -66,9 +82,10 @@ def test_text_encoder_sizes_are_comfyui_classes(comfy):
         pytest.skip("ComfyUI's LTX-2 / HunyuanVideo 1.5 / Kandinsky 5 text encoders are absent (added after "
                     "ComfyUI 0.3.64)")
     builds = {  # ComfyUI's factory -> (its attribute, our key) per part
-        lt.ltxav_te(text_projection_type="dual_linear"): (("gemma3_12b", "gemma3-12b"),
-                                                          ("text_embedding_projection", "ltx2.3-projection")),
-        lt.ltxav_te(text_projection_type="single_linear"): (("text_embedding_projection", "ltx2-projection"),),
+        lt.ltxav_te(**lt.sd_detect([_projection_keys(LTX23_PROJECTION)])): (
+            ("gemma3_12b", "gemma3-12b"), ("text_embedding_projection", "ltx2.3-projection")),
+        lt.ltxav_te(**lt.sd_detect([_projection_keys(LTX2_PROJECTION)])): (
+            ("text_embedding_projection", "ltx2-projection"),),
         hunyuan_image.te(byt5=True): (("qwen25_7b", "qwen2.5-vl-7b"), ("byt5_small", "byt5-small")),
         kandinsky5.te(): (("clip_l", "clip-l"),),
         wan.te(): (("umt5xxl", "umt5-xxl"),),

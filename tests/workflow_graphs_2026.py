@@ -121,7 +121,7 @@ def ltx23_t2v(t) -> Graph:
     g.node(19, "CreateVideo", (1240, 350), (360, CREATE_VIDEO_H), fps=25.0)
     g.link(17, 0, 19, "images")
     g.link(18, 0, 19, "audio")
-    g.node(20, "SaveVideo", (1240, 500), (360, 420), filename_prefix="video/sharddit_ltx2.3_t2v", format="auto",
+    g.node(20, "SaveVideo", (1240, 500), (360, None), grows_to=420, filename_prefix="video/sharddit_ltx2.3_t2v", format="auto",
            codec="auto")
     g.link(19, 0, 20, "video")
     files_note_node(g, 21, files_note("LTX-2.3 T2V with sound, 768×512, 97 frames", files, LTX23_NOTE + "\n\n" + PLAN_NOTE))

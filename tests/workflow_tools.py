@@ -74,7 +74,7 @@ class NodeSpec:
         return [i for i in self.inputs if not i.is_widget]
 
 
-def _core(node_id, inputs, outputs, output_node=False, since=None):
+def _core(node_id, inputs, outputs, output_node=False, since=None, api_also=None):
     parsed = []
     for text in inputs.split():
         optional = text.endswith("?")
@@ -84,7 +84,8 @@ def _core(node_id, inputs, outputs, output_node=False, since=None):
         name, typ = text.rstrip("*+").split(":")
         parsed.append(Input(name, typ, control=control, optional=optional, multiline=multiline))
     outs = tuple(tuple(o.split(":")) if ":" in o else (o, o) for o in outputs.split())
-    return NodeSpec(node_id, tuple(parsed), outs, output_node, since=since or COMFY_VERSIONS[0])
+    return NodeSpec(node_id, tuple(parsed), outs, output_node, since=since or COMFY_VERSIONS[0],
+                    extra={"api_also": api_also} if api_also else {})
 
 
 # The ComfyUI versions the tests run (tests/README.md): a node's ``since`` and a workflow's
@@ -141,7 +142,12 @@ CORE_NODES = {n.node_id: n for n in [
     _core("RandomNoise", "noise_seed:INT*", "NOISE"),
     _core("FluxGuidance", "conditioning:CONDITIONING guidance:FLOAT", "CONDITIONING"),
     _core("CreateVideo", "images:IMAGE fps:FLOAT audio:AUDIO?", "VIDEO"),
-    _core("SaveVideo", "video:VIDEO filename_prefix:STRING format:COMBO codec:COMBO", "", output_node=True),
+    # 0.33: `format` is a dynamic combo whose every option holds a `codec` combo ("format.codec"), and
+    # the old `codec` stays as a hidden optional input. Saved widgets [prefix, format, codec] load as
+    # format and format.codec on 0.33's frontend (which also queues the hidden codec); the API twin
+    # carries both names (api_also: "format.codec" takes codec's value), which each ComfyUI takes.
+    _core("SaveVideo", "video:VIDEO filename_prefix:STRING format:COMBO codec:COMBO", "", output_node=True,
+          api_also={"format.codec": "codec"}),
     _core("CFGGuider", "model:MODEL positive:CONDITIONING negative:CONDITIONING cfg:FLOAT", "GUIDER"),
     # ComfyUI 0.29.0 (absent from 0.3.64): LTX-2's audio, HunyuanVideo 1.5's and Kandinsky 5's latents.
     # LTXVEmptyLatentAudio's frame_rate is a FLOAT widget that also takes an INT link (MultiType).
@@ -415,6 +421,9 @@ def ui_to_api(ui: dict, table: dict, include_muted: bool = False) -> dict:
             origin_id, origin_slot, _, _, _ = links[inp["link"]]
             inputs[inp["name"]] = [str(origin_id), origin_slot]
         ordered = {i.name: inputs[i.name] for i in spec.inputs if i.name in inputs}
+        for name, source in spec.extra.get("api_also", {}).items():
+            if source in ordered:
+                ordered[name] = ordered[source]
         entry = {"inputs": ordered, "class_type": node["type"]}
         if node.get("title"):
             entry["_meta"] = {"title": node["title"]}
@@ -426,22 +435,61 @@ def strip_meta(api: dict) -> dict:
     return {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in api.items()}
 
 
-def without_new_optional_defaults(api: dict, twin: dict, object_info: dict) -> dict:
-    """``api`` less the inputs the twin lacks that are optional widgets at their default on this
-    ComfyUI (the converter fills in inputs a newer core appended, e.g. 0.29's CreateVideo
-    ``bit_depth``: the workflow means the same)."""
+def _type_name(typ) -> str:
+    return "COMBO" if isinstance(typ, (list, tuple)) else str(getattr(typ, "value", typ))
+
+
+def input_specs(input_types: dict, prefix: str = "") -> dict:
+    """``{name: (spec, optional)}`` of a node's ``INPUT_TYPES`` / object_info ``input``, a dynamic
+    combo's inputs under ``"combo.sub"`` (those of every option)."""
     out = {}
-    for nid, node in api.items():
-        optional = object_info.get(node["class_type"], {}).get("input", {}).get("optional", {})
-        known = twin.get(nid, {}).get("inputs", {})
-
-        def new_default(name, value):
-            spec = optional.get(name)
-            return name not in known and spec is not None and len(spec) > 1 and \
-                isinstance(spec[1], dict) and spec[1].get("default") == value
-
-        out[nid] = {**node, "inputs": {k: v for k, v in node["inputs"].items() if not new_default(k, v)}}
+    for section in ("required", "optional"):
+        for name, spec in (input_types.get(section) or {}).items():
+            out[prefix + name] = (spec, section == "optional")
+            opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+            if _type_name(spec[0]) == "COMFY_DYNAMICCOMBO_V3":
+                for option in opts.get("options", []):
+                    out.update(input_specs(option.get("inputs") or {}, f"{prefix}{name}."))
     return out
+
+
+def _optional_default(entry, value) -> bool:
+    """An optional widget input at its default (a dynamic combo's default: its first option)."""
+    if entry is None or not entry[1]:
+        return False
+    spec = entry[0]
+    opts = spec[1] if len(spec) > 1 and isinstance(spec[1], dict) else {}
+    if "default" in opts:
+        return opts["default"] == value
+    keys = [o.get("key") for o in opts.get("options", []) if isinstance(o, dict)]
+    return _type_name(spec[0]) == "COMFY_DYNAMICCOMBO_V3" and keys[:1] == [value]
+
+
+def comparable(api: dict, twin: dict, input_types) -> tuple:
+    """``(api, twin)`` reduced to what this ComfyUI reads, for comparing a converted or queued
+    prompt with its API twin: inputs this ComfyUI's class lacks are dropped from both (the twin's
+    "format.codec" on 0.29), and an optional input at its default that only one side has (0.29's
+    CreateVideo ``bit_depth`` filled in by a converter; 0.33's hidden SaveVideo ``codec``).
+    ``input_types``: class_type -> ``INPUT_TYPES()`` (or object_info's ``input``)."""
+    out_api, out_twin = {}, {}
+    for nid in set(api) | set(twin):
+        a, t = api.get(nid), twin.get(nid)
+        if a is None or t is None or a["class_type"] != t["class_type"]:
+            out_api[nid], out_twin[nid] = a, t
+            continue
+        specs = input_specs(input_types(a["class_type"]))
+
+        def keep(name, value, other):
+            return name in specs and (name in other or not _optional_default(specs.get(name), value))
+
+        out_api[nid] = {**a, "inputs": {k: v for k, v in a["inputs"].items() if keep(k, v, t["inputs"])}}
+        out_twin[nid] = {**t, "inputs": {k: v for k, v in t["inputs"].items() if keep(k, v, a["inputs"])}}
+    return out_api, out_twin
+
+
+def object_info_types(object_info: dict):
+    """``comparable``'s ``input_types`` from a server's /object_info."""
+    return lambda class_type: object_info[class_type]["input"]
 
 
 def model_files(ui: dict) -> list:

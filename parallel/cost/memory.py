@@ -75,7 +75,14 @@ ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
     # to 6 runs, ComfyUI 0.3.64; 0.84 of it otherwise); 1.05 plans 3.62 and 8.36, 3.5 % and 3.8 % above (a CI run
     # failed on this thread order)
     "wan": ActivationFactors(block=9.4, ulysses=6.25, home_hidden=1.05, rope=0.05),
+    # ``<family>/fused_ffn``: the FFN runs through core's ``linear_input_act`` (ComfyUI 0.33;
+    # ``families.Family.code_variant``), its up-projection alive through the down-projection. Measured
+    # on 0.33, a rank with its own batch group (g = 1), activations / own hidden state: Wan 2.1 14B
+    # 9.52 (720p cfg > 1, 2 GPUs: 2.97 GiB against 9.4's 2.94 planned), LTX-Video 13B 14.02 (720p
+    # cfg > 1, 2 GPUs: 1.50 GiB against 12.4's 1.33); +3 %, rounded up to 0.05
+    "wan/fused_ffn": ActivationFactors(block=9.8, ulysses=6.25, home_hidden=1.05, rope=0.05),
     "ltxv": ActivationFactors(block=12.4, ulysses=2.85, home_hidden=3.1, rope=0.05),
+    "ltxv/fused_ffn": ActivationFactors(block=14.45, ulysses=2.85, home_hidden=3.1, rope=0.05),
     "hunyuan_video": ActivationFactors(block=22.35, ulysses=1.05, home_hidden=0.75, rope=0.3, joint_text=True),
     # HunyuanVideo whose single blocks free q/k/v before the MLP (``del qkv``: ComfyUI 0.29, not 0.3.64;
     # ``families.activation_variant``): 720p x 129 cfg > 1 on 2 GPUs 9.7 GiB per rank instead of 14.4
