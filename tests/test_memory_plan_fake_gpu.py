@@ -154,6 +154,16 @@ def test_the_plans_ulysses_term_bounds_the_exchange_measured(sim, contexts, monk
                     mp.setitem(memory.ACTIVATION_FACTORS, k, replace(f, ulysses=0.0))
             return seq.plan_sequence_peaks(ctx, 1 if cfg == "cfg1" else 2, block_devices, home)
 
+    from sharddit.parallel.families import activation_variant
+    from sharddit.parallel.placement.sizing import get_blocks
+
+    ctx0 = _context(sim, contexts, model, "480p", 2)[0]
+    variant = activation_variant(ctx0.spec.family, get_blocks(ctx0.dit, ctx0.layout)[-1])
+    # LTX-Video with core's fused FFN (ComfyUI 0.33, ``ltxv/fused_ffn``): the FFN's peak (up-projection
+    # alive through the down-projection) is higher than attention plus its exchange, so a rank's peak
+    # holds no exchange buffer (measured 0.001 GiB beyond the block term, 2 ranks cfg 1): the plan's
+    # term is then a margin the peak does not reach, and only its upper bound can be checked here
+    exchange_at_peak = variant != "ltxv/fused_ffn"
     alone = _measured(sim, contexts, model, "480p", 2, "cfg6")[1]
     block = alone.activations / plan(2, "cfg6", ulysses=False)[1].activations  # measured / planned block term
     assert 0.8 <= block <= 1.0, f"block term measured {block:.3f} of the plan's"
@@ -165,4 +175,5 @@ def test_the_plans_ulysses_term_bounds_the_exchange_measured(sim, contexts, monk
             said = (f"{model} {n} ranks {cfg} (g = {g}) rank {r}: Ulysses term measured {exchange / GiB:.3f} GiB, "
                     f"planned {planned / GiB:.3f} GiB")
             assert planned > 0 and exchange <= planned, said
-            assert exchange >= 0.5 * planned, said
+            if exchange_at_peak:
+                assert exchange >= 0.5 * planned, said
