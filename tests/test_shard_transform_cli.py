@@ -90,4 +90,4 @@ def test_cli_unknown_or_absent_template_exits_2(cli):
         assert "pip install comfyui-workflow-templates" in done.stderr
         assert listed.returncode == 2 and "no comfyui_workflow_templates package installed" in listed.stdout
     else:
-        assert listed.returncode == 0 and set(listed.stdout.split()) == set(video_templates())
+        assert listed.returncode == 0 and set(listed.stdout.splitlines()) == set(video_templates())
