@@ -251,7 +251,8 @@ def test_fp8_weights_are_one_byte_and_compute_in_bf16(sim):
 def test_cli_rounds_a_size_off_the_grid_as_comfyui_does_and_refuses_a_truncated_file(tiny_wan_file, tmp_path):
     """A size off the model's grid is planned as ComfyUI computes it, and said: the latent node
     floors to the VAE stride (833x481 -> 104x60 latent cells for Wan), the DiT pads to 2x2 patches
-    (52x30 tokens = 832x480); LTX-2.3's 32-pixel cells take core's own 1280x720 to 1280x704.
+    (52x30 tokens = 832x480); LTX's 32-pixel cells take core's own 1280x720 to 1280x704 (LTX-Video
+    13B here: LTX-2.3, same cells, is not in ComfyUI 0.3.64).
     A truncated file is refused (exit 2) instead of planned as if it were whole."""
     env = {"COMFYUI_PATH": os.environ["COMFYUI_PATH"]}
     out = _cli("plan", "--model", "wan2.1-t2v-14b", "--devices", TWO_24, "--size", "833x481", "--frames", "5",
@@ -260,7 +261,7 @@ def test_cli_rounds_a_size_off_the_grid_as_comfyui_does_and_refuses_a_truncated_
     report = json.loads(out.stdout)
     assert report["size"][:2] == [832, 480] and report["latent_shape"][-2:] == [60, 104], report
     assert report["size_note"].startswith("size 833x481 -> 832x480: ComfyUI's latent node rounds down to 8-pixel"), report
-    out = _cli("plan", "--model", "ltx-2.3", "--devices", TWO_24, "--size", "1280x720", "--frames", "9",
+    out = _cli("plan", "--model", "ltxv-13b", "--devices", TWO_24, "--size", "1280x720", "--frames", "9",
                env_extra=env)
     assert out.returncode in (0, 3), out.stderr
     assert re.search(r"^size 1280x720 -> 1280x704: ComfyUI's latent node rounds down to 32-pixel steps", out.stdout,
