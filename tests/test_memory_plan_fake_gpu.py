@@ -164,6 +164,18 @@ def test_the_plans_ulysses_term_bounds_the_exchange_measured(sim, contexts, monk
     # holds no exchange buffer (measured 0.001 GiB beyond the block term, 2 ranks cfg 1): the plan's
     # term is then a margin the peak does not reach, and only its upper bound can be checked here
     exchange_at_peak = variant != "ltxv/fused_ffn"
+    if variant == "hunyuan_video":
+        # HunyuanVideo as ComfyUI 0.3.64 runs it (single blocks keep q/k/v through their MLP): the rank's
+        # peak falls in the MLP or in the exchange by thread order (0.151 and 0.000 GiB beyond the block
+        # term measured in two runs of the same case), so the exchange cannot be told apart from the
+        # block term by peaks; the plan's total (block + Ulysses) is what holds, checked by
+        # test_sequence_peak_within_ten_percent_of_plan. On 0.29 and 0.33 (``hunyuan_video/lean``) it can.
+        # Here: each non-home rank of a g > 1 group stays within block + Ulysses terms together.
+        for n, cfg, g in ULYSSES_CASES:
+            measured, full = _measured(sim, contexts, model, "480p", n, cfg), plan(n, cfg)
+            for r in range(1, n):
+                assert measured[r].activations <= full[r].activations, f"{model} {n} ranks {cfg} rank {r}"
+        return
     alone = _measured(sim, contexts, model, "480p", 2, "cfg6")[1]
     block = alone.activations / plan(2, "cfg6", ulysses=False)[1].activations  # measured / planned block term
     assert 0.8 <= block <= 1.0, f"block term measured {block:.3f} of the plan's"

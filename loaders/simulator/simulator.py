@@ -218,10 +218,10 @@ def _check_size(spec, width: int, height: int, frames: int) -> tuple:
                  g.temporal, frames, (frames - 1) // g.temporal * g.temporal + 1)
     if grid == (width, height):
         return grid, None
-    how = (f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps" if patch == 1 else
-           f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps and {spec.name} pads the latent to "
-           f"whole {patch}x{patch} patches, so its tokens cover")
-    return grid, f"size {width}x{height} -> {grid[0]}x{grid[1]}: {how} {grid[0]}x{grid[1]} ({spec.name} works in {cell}-pixel steps)"
+    how = f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps"
+    if patch > 1:
+        how += f" and {spec.name} pads the latent to whole {patch}x{patch} patches ({cell}-pixel steps in all)"
+    return grid, f"size {width}x{height} -> {grid[0]}x{grid[1]}: {how}"
 
 
 def _dtypes(dtype: str, spec) -> tuple[torch.dtype, torch.dtype]:
