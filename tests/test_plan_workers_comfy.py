@@ -142,13 +142,15 @@ def test_worker_devices_in_blocks_mode_exit_2_saying_sequence():
 
 @pytest.mark.comfy
 def test_the_host_is_judged_by_its_sequence_peak_not_by_blocks_mode():
-    """19 GiB on the host (18 usable): blocks mode would need the whole batch's activations beside
-    its half (no placement), the sequence rank needs its half, cond's activations and two
-    streamed blocks (~17.7 GiB): it fits, as the loader would run it."""
-    out = _plan("cuda:0=19GiB,box2/cuda:0=24GiB", "--json")
+    """20 GiB on the host (19 usable): blocks mode would need the whole batch's activations beside
+    the weights (no placement), the sequence rank needs its half, cond's activations and two
+    streamed blocks (17.7 GiB, 18.3 when a thread order brings the other rank's output home during
+    the home rank's own peak: seen in a CI run, so 19 GiB with 18 usable was too close): it fits,
+    as the loader would run it."""
+    out = _plan("cuda:0=20GiB,box2/cuda:0=24GiB", "--json")
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     host = report["workers"]["host"]["cuda:0"]
     assert report["fits"] and host["short_bytes"] == 0
-    assert host["weights"] + host["activations"] + host["prefetch"] <= host["usable"] == 18 * GiB
+    assert host["weights"] + host["activations"] + host["prefetch"] <= host["usable"] == 19 * GiB
     assert abs(host["weights"] - report["workers"]["devices"]["box2/cuda:0"]["share_bytes"]) < 1 * GiB  # its half
