@@ -186,16 +186,7 @@ def test_shard_command_in_the_canvas_menu_shards_runs_and_undoes(ui, shots, comf
     assert len(shards) == 2 and all(v["inputs"]["devices"] == "auto" for v in shards), shards
     assert (latent["inputs"]["width"], latent["inputs"]["height"]) == (64, 64), "the command lost the widget values"
     assert (queued["128:114"]["inputs"]["value"], queued["128:115"]["inputs"]["value"]) == (2, 1)
-    ui.evaluate("""() => { window.__shardditError = null;
-      app.api.addEventListener('execution_error', e => { window.__shardditError = e.detail; }); }""")
-    browser.run_button(ui).click()
-    ui.wait_for_function("""() => {
-      const save = app.graph.nodes.find(n => n.type === 'SaveVideo');
-      const out = app.nodeOutputStore?.getNodeOutputs?.(save) ?? app.nodeOutputs?.[save.id];
-      return window.__shardditError || out?.images?.some(i => i.filename.endsWith('.mp4'));
-    }""", timeout=600_000)
-    error = ui.evaluate("() => window.__shardditError")
-    assert error is None, f"{error['node_type']} failed: {error['exception_type']}: {error['exception_message']}"
+    browser.run_until_video(ui)
     ui.wait_for_timeout(1000)
     shot = browser.screenshot(ui, shots / "run_done.png")
     assert browser.error_notices(ui) == [], f"error notices after the run: {shot}"

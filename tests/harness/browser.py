@@ -269,3 +269,18 @@ def shard_graph_nodes(page, shot: Path) -> list:
     finally:
         page.evaluate("() => app.canvas.graph !== app.graph && app.canvas.setGraph(app.graph)")
     return nodes
+
+
+def run_until_video(ui) -> None:
+    """Press Run and wait until Save Video has its .mp4, or until a node fails: then fail at once
+    with the server's message (not after a 10-minute timeout)."""
+    ui.evaluate("""() => { window.__shardditError = null;
+      app.api.addEventListener('execution_error', e => { window.__shardditError = e.detail; }); }""")
+    run_button(ui).click()
+    ui.wait_for_function("""() => {
+      const save = app.graph.nodes.find(n => n.type === 'SaveVideo');
+      const out = app.nodeOutputStore?.getNodeOutputs?.(save) ?? app.nodeOutputs?.[save.id];
+      return window.__shardditError || out?.images?.some(i => i.filename.endsWith('.mp4'));
+    }""", timeout=600_000)
+    error = ui.evaluate("() => window.__shardditError")
+    assert error is None, f"{error['node_type']} failed: {error['exception_type']}: {error['exception_message']}"
