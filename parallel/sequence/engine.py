@@ -15,10 +15,11 @@ the block proxies and ``BlockRouter``), which:
 
 Where a rank runs is the ``RankRunner``'s business (``interfaces``): ``local.LocalRanks`` (threads
 of this process, the default) or ``distributed.ranks.DistRanks`` (some ranks in worker processes);
-the engine treats every rank and every batch group's ``Exchange`` the same way. Inside a block the
-first attention call is its self-attention, run as Ulysses attention over the group's exchange
-(``rank_block.BlockAttention``: the user's attention function, or the override another pack
-installed, on all tokens of the rank's share of the heads); later calls run locally.
+the engine treats every rank and every batch group's ``Exchange`` the same way. Inside a block its
+self-attention, identified by the module that calls it (``rank_block``), runs as Ulysses attention
+over the group's exchange (``rank_block.BlockAttention``: the user's attention function, the
+checkpoint's preferred one, or the override another pack installed, on all tokens of the rank's
+share of the heads); its other calls run locally.
 
 A rank that does not own a block streams it (``stream.BlockStream``) and prefetches the next
 once the current block's kernels are queued; the order rules of those copies are in ``stream``.
