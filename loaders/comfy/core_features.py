@@ -8,16 +8,30 @@ version string), for the plan's and ``auto``'s baseline rows (``parallel/cost/ba
   newer cores); otherwise (``plan`` without GPUs, ``--disable-dynamic-vram``, CPU) the rows name the
   condition instead.
 
+- The Comfy Compiler (core 0.35+, read from 0.38.1's ``comfy/model_prefetch.py``): a model's block
+  loop records its allocations in a comfy-aimdo *malloc graph* per thread
+  (``MALLOC_GRAPHS[threading.get_ident()]``, active while ``_comfy_active``), and core keeps work that
+  must stay out of it inside ``pause_malloc_graph()``; ``--disable-comfy-compiler`` turns the graphs
+  off, ``--disable-cuda-graphs`` the CUDA graphs captured on top of them (0.33 has the CUDA graphs
+  and that flag, not the malloc graphs).
+
 ComfyUI is imported inside the functions: ``plan`` imports this module before ``import_comfyui``.
 """
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.util
 import inspect
+import sys
+import threading
 
-__all__ = ["DYNAMIC_CONDITION", "NONE_HERE", "core_cfg_split_available", "core_checks_v3_combos",
-           "dynamic_vram_available", "dynamic_vram_condition"]
+__all__ = ["COMPILER_FLAG", "CUDA_GRAPHS_FLAG", "DYNAMIC_CONDITION", "NONE_HERE", "core_cfg_split_available",
+           "core_checks_v3_combos", "dynamic_vram_available", "dynamic_vram_condition", "malloc_graph_active",
+           "malloc_graph_module"]
+
+COMPILER_FLAG = "--disable-comfy-compiler"
+CUDA_GRAPHS_FLAG = "--disable-cuda-graphs"
 
 DYNAMIC_CONDITION = "on ComfyUI with dynamic VRAM (NVIDIA)"
 NONE_HERE = ("core's own options: neither in this ComfyUI (one GPU with dynamic VRAM needs core 0.16+, "
@@ -63,3 +77,22 @@ def core_checks_v3_combos() -> bool:
         return "Combo.io_type" in inspect.getsource(execution.validate_inputs)
     except (ImportError, AttributeError, OSError, TypeError):
         return True
+
+
+def malloc_graph_module():
+    """Core's ``comfy.model_prefetch`` when it has malloc graphs that work can be kept out of
+    (``pause_malloc_graph`` and the per-thread ``MALLOC_GRAPHS``), else None (0.33 and older)."""
+    prefetch = sys.modules.get("comfy.model_prefetch")
+    if prefetch is None:
+        if not _has_module("comfy.model_prefetch"):
+            return None
+        prefetch = importlib.import_module("comfy.model_prefetch")
+    has = callable(getattr(prefetch, "pause_malloc_graph", None)) and \
+        isinstance(getattr(prefetch, "MALLOC_GRAPHS", None), dict)
+    return prefetch if has else None
+
+
+def malloc_graph_active(prefetch) -> bool:
+    """Whether ``prefetch`` (``malloc_graph_module()``) records a malloc graph on this thread now."""
+    graph = prefetch.MALLOC_GRAPHS.get(threading.get_ident())
+    return bool(getattr(graph, "_comfy_active", False))

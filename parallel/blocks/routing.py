@@ -115,6 +115,9 @@ class BlockRouter:
         self.set_current_device = torch.cuda.is_available()
         self.engine = None
         """A ``SequenceEngine`` (``sequence.engine``) for `sequence` scopes; None: `blocks` only."""
+        self.block_scope = None
+        """A factory of a context manager every block call runs inside (ComfyUI: its compiler's
+        malloc graph paused, ``loaders/comfy/compile_guard``); None: none."""
         self._sequence = False
 
     # ---- registration (build_block_proxies) -------------------------------------------------
@@ -184,6 +187,12 @@ class BlockRouter:
 
     # ---- hot path ----------------------------------------------------------------------------
     def run_block(self, slot: BlockSlot, block, args: tuple, kwargs: dict):
+        if self.block_scope is not None:
+            with self.block_scope():
+                return self._route_block(slot, block, args, kwargs)
+        return self._route_block(slot, block, args, kwargs)
+
+    def _route_block(self, slot: BlockSlot, block, args: tuple, kwargs: dict):
         if self._sequence:
             home_after = self._home_all or slot.index in self._home_after
             return self.engine.run_block(slot, block, args, kwargs, home_after,

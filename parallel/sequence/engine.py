@@ -120,6 +120,9 @@ class SequenceEngine:
         self.should_stop = None
         """Called before each block, on the main thread and on every rank thread (ComfyUI: raises if the
         user interrupted), so an interrupt stops every rank at its next block."""
+        self.split_check = None
+        """Called before each block on the main thread: a reason this block call cannot run split now
+        (it then runs whole, in ``blocks`` mode, and the reason is logged once), or None."""
         self.interrupt_exceptions: tuple[type, ...] = ()
         """Exception types ``should_stop`` raises: re-raised as they are, not as a rank thread error."""
         self.streams = [BlockStream(d) for d in self.devices]
@@ -222,6 +225,9 @@ class SequenceEngine:
         spec = self.token_specs[slot.list_index]
         names = self._param_names(block)
         try:
+            reason = self.split_check() if self.split_check is not None else None
+            if reason:
+                raise SequenceUnsupported(reason)
             fwd = self._prepare(spec, names, args, kwargs)
         except SequenceUnsupported as e:
             self._note_fallback(str(e))
