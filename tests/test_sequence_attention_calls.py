@@ -60,7 +60,7 @@ class Preferred:
 
 def coarse_attention(q, k, v, heads, **kwargs):
     """A preferred attention whose result differs from the default (scores on a coarse grid)."""
-    b, length, c = q.shape
+    b, _, c = q.shape
     d = c // heads
     q, k, v = (t.view(b, -1, heads, d).transpose(1, 2) for t in (q, k, v))
     scores = torch.round(q @ k.transpose(-1, -2) * d ** -0.5 * 4) / 4
@@ -89,7 +89,8 @@ class ToyCrossAttention(nn.Module):
         self.to_q, self.to_k, self.to_v, self.to_out = (nn.Linear(dim, dim) for _ in range(4))
         self.comfy_attention = Preferred(preferred)
 
-    def forward(self, x, context=None, freqs=None, transformer_options={}):
+    def forward(self, x, context=None, freqs=None, transformer_options=None):
+        transformer_options = transformer_options or {}
         self_attn = context is None
         context = x if context is None else context
         q, k, v = self.to_q(x), self.to_k(context), self.to_v(context)
@@ -110,7 +111,7 @@ class ToyLTXBlock(nn.Module):
         self.ff = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(approximate="tanh"), nn.Linear(2 * dim, dim))
         self.modulation = nn.Parameter(torch.randn(1, 1, 3, dim) / dim ** 0.5)
 
-    def forward(self, x, e, freqs, context, transformer_options={}):
+    def forward(self, x, e, freqs, context, transformer_options=None):
         m = (self.modulation + e).unbind(2)
         x = x + self.attn1(self.norm(x) * (1 + m[1]) + m[0], freqs=freqs,
                            transformer_options=transformer_options) * m[2]

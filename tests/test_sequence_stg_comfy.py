@@ -69,7 +69,7 @@ def test_ltxv_with_cores_stg_in_sequence_matches_core(env, tiny):
 def test_cores_containers_reach_our_override_as_tensors(env):
     """Core's own ``wrap_attn`` and ``AttentionTensorContainer``: our override carries no
     ``container_function``, so core takes q/k/v out of their containers for it."""
-    import comfy.ldm.modules.attention as attention
+    from comfy.ldm.modules import attention
 
     from sharddit.parallel.sequence.rank_block import ATTENTION_OVERRIDE, BlockAttention
     from sharddit.parallel.sequence.split import Group, RankSlice
