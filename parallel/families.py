@@ -75,6 +75,9 @@ class Family:
     ``linear_input_act``, ComfyUI 0.33: the up-projection stays alive through the down-projection)."""
     runs_fp16: bool = False
     """ComfyUI runs this family in fp16 (else fp16 files compute in bf16)."""
+    max_batch: int = 2
+    """Largest batch ComfyUI gives the DiT in one call: 1 when it never batches cond and uncond
+    (MiniMax H3: a per-condition payload keeps them apart, and its forward takes batch 1)."""
 
     def activation_key(self, last_block) -> str:
         """The ``ACTIVATION_FACTORS`` key for a model whose last block is ``last_block``: read from
@@ -186,6 +189,27 @@ def _kandinsky5_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -
                       tuple(cfg.get("patch_size", (1, 2, 2))))
 
 
+# ---- MiniMax H3 (0.33 comfy/ldm/minimax/model.py ``MiniMaxH3Model``, ``DiTBlock``) ----
+def _minimax_h3_geometry(unet: dict) -> Geometry:
+    """latent_formats.MiniMaxH3Video: 24 channels, 16x spatial, 4x temporal (the audio latent beside it
+    is built by the simulator's inputs); Qwen3-VL 32B text (5120 wide, ``text_dim``), a prompt of a few
+    hundred tokens (256 here, as for the other LLM encoders)."""
+    return Geometry(unet.get("latents_dim", 24), 16, 4, context_tokens=256, context_dim=unet.get("text_dim", 5120))
+
+
+def _minimax_h3_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> ModelShape:
+    """One packed sequence (text, audio, video) through every block: fused q/k/v 3d² + out d², a SwiGLU
+    MLP (fc1 d x 2f, fc2 f x d); AdaLN from the time vector: t_dim x 6d for each of 3 modalities.
+    The audio stream (2 tokens per audio step, ~3 per video frame) is under 2% of the video's at
+    704p: left out of the per-token FLOPs, in the bytes."""
+    d, f = cfg.get("hidden_size", 5376), cfg.get("ffn_hidden_size", 14336)
+    per_token = 4 * d * d + 3 * d * f
+    adaln = cfg.get("time_embed_dim", 2688) * 18 * d
+    blocks = (BlockShape(cfg.get("num_layers", 50), per_token, per_token, per_token + adaln, True, False),)
+    return ModelShape(name, d, cfg.get("num_attention_heads", 56), blocks, text_tokens, spatial, temporal,
+                      tuple(cfg.get("patch_size", (1, 2, 2))))
+
+
 # `sequence` token axes (ComfyUI 0.3.64 and 0.29). Wan: x [B, L, C], e [B, 1|L, 6, C] (per token in
 # Wan 2.2 5B), freqs [B|1, L, 1, D/2, 2, 2]. LTXV: x [B, L, C], timestep [B, 1|L, 6C], pe = (cos,
 # sin) (0.3.64) or (rotation [B, L, H, D/2, 2, 2], split flag) (0.29) with tokens on dim 1; its
@@ -227,6 +251,13 @@ _ENTRIES = (
            cost_shape=_kandinsky5_cost,
            why_blocks_only="sequence mode does not split Kandinsky 5's tokens yet (not proven against "
                            "ComfyUI's sampler)"),
+    # MiniMax H3 (0.33 comfy/ldm/minimax/model.py): one list of ``DiTBlock``s called as
+    # ``block(h, t_emb, mod_segments, rope_freqs)`` on one packed sequence [S, C] (text, audio, video
+    # rows; batch 1); ``mod_segments`` names row ranges of that sequence.
+    Family("minimax_h3", "MiniMax H3", ("blocks",), (("x",),), image_models=("minimax_h3",),
+           geometry=_minimax_h3_geometry, cost_shape=_minimax_h3_cost, max_batch=1,
+           why_blocks_only="its blocks modulate row ranges of one packed text+audio+video sequence; "
+                           "sequence mode does not split that sequence yet"),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
 """Family name -> entry."""

@@ -109,7 +109,15 @@ def _hunyuan15(comfy, device, new, latent_channels=16):
     return dit, lambda: ((new(B, 16, T, H, W), new(B).abs(), new(B, 7, 32)), {})
 
 
-CASES = {"LTXAVModel": (_ltxav, 4), "Kandinsky5": (_kandinsky5, 4), "SCAILWanModel": (_scail, 4),
+def _minimax_h3(comfy, device, new):
+    from test_minimax_h3_comfy import TINY, h3_class
+
+    dit = h3_class()(**TINY, **_ops(comfy, device)).requires_grad_(False)  # as loaded: kitchen's rope is in place
+    # batch 1 (H3's only batch size): [video 24 x T x H x W, audio 32 x 2 x 8 steps], sigma x 1000, Qwen3-VL states
+    return dit, lambda: (([new(1, 24, T, H, W), new(1, 32, 2, 8)], new(1).abs() * 500, new(1, 7, 40)), {})
+
+
+CASES = {"MiniMaxH3Model": (_minimax_h3, 3), "LTXAVModel": (_ltxav, 4), "Kandinsky5": (_kandinsky5, 4), "SCAILWanModel": (_scail, 4),
          "WanDancerModel": (_wandancer, 4), "HunyuanVideo 1.5": (_hunyuan15, 3)}
 
 
@@ -175,7 +183,9 @@ def test_family_blocks_on_two_ranks_equal_unsharded(comfy, name):
 # LTX-2 passes its per-frame timesteps to the blocks as ComfyUI's ``CompressedTimestep`` (an object
 # with tensor slots): the router's nested-tensor map carries it to each block's device
 # (``parallel/tensor_map``: slotted data objects); without that this case raises the device mismatch.
-FAKE = [n for n in CASES if n != "HunyuanVideo 1.5"]
+# MiniMax H3's forward reads its timesteps as Python floats (``float(1 - sigma)``), which fake tensors
+# cannot give: its layout is proven on real tensors only (two-rank case above, test_minimax_h3_comfy.py).
+FAKE = [n for n in CASES if n not in ("HunyuanVideo 1.5", "MiniMaxH3Model")]
 
 
 @pytest.mark.parametrize("name", FAKE)

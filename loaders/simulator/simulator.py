@@ -114,6 +114,7 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
         inventory, devices = _host_devices(devices, inventory, n_workers)
     spec = _resolve(model)
     presets.check_comfyui_has(spec)
+    batch = _family_batch(spec, batch)
     (width, height), size_note = _check_size(spec, width, height, frames)
     _dtypes(dtype or spec.file_dtype or "bf16", spec)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
@@ -122,6 +123,16 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
                          f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
     return SimulationSetup(spec, inventory, request, devices, (width, height, frames), dtype, batch, parallel, cfg,
                            n_workers, size_note)
+
+
+def _family_batch(spec, batch: int | None) -> int | None:
+    """``batch`` within what ComfyUI gives this family's DiT in one call (``Family.max_batch``)."""
+    most = get_family(spec.family).max_batch
+    if batch is not None and batch > most:
+        if most == 1 and batch == 2:
+            log.info("[ShardDiT] %s: ComfyUI runs cond and uncond one after the other (batch 1)", spec.name)
+        return most
+    return most if batch is None and most == 1 else batch
 
 
 def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=None, workers=(),

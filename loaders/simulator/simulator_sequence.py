@@ -53,7 +53,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     if token_specs is None:
         raise ValueError(f"[ShardDiT] {why}")
     try:
-        with fake_device_mode() as mode:
+        with fake_device_mode(comfy_family(ctx.spec.family).sim_scalars) as mode:
             materialize_planned(dit, blocks, block_devices, home)
             handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
                                            torch.device(home))
