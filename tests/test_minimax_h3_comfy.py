@@ -98,3 +98,26 @@ def test_plan_h3_fp8_on_four_24gib_gpus(env, capsys):
     assert re.search(r"^text encoder: Qwen3-VL 32B \(H3's 50 layers\) 48\.0 GiB bf16 \(24\.0 fp8, 25\.8B", out,
                      re.MULTILINE), out
     assert "batch 1" in out  # ComfyUI never batches H3's cond and uncond
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+@pytest.mark.parametrize("devices", ["cpu,cpu", "cpu,cpu,cpu"])
+def test_h3_sequence_matches_core(env, h3_model, cfg, devices):
+    """`sequence` cuts H3's packed rows (text, audio and video tokens of one sample) into contiguous
+    ranges, one per rank, with the modulation ranges (``mod_segments``) renumbered per rank; Ulysses
+    attention gives each rank every row for its heads (4 heads over 3 ranks: 2, 1, 1). ComfyUI runs
+    cond and uncond as separate batch-1 calls, so at cfg > 1 every call is a token split too. Both
+    latents against core's KSampler under the pack's bound for token splits."""
+    from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
+    from harness.sampling import ours, stock
+
+    extras = {"tokens": 8, "dim": TINY["text_dim"]}
+    ref = stock(env, h3_model, _AVLatent(), extras, cfg=cfg)
+    got = ours(env, h3_model, _AVLatent(), extras, devices, cfg=cfg, parallel="sequence")
+    (state,) = h3_model.model.__dict__["_sharddit_states"].values()
+    stats = state.router.engine.stats  # the token split ran (no fallback to whole blocks)
+    n = devices.count(",") + 1
+    assert stats.fallbacks == 0 and stats.blocks_run == [TINY["num_layers"]] * n, stats
+    assert [len(r) for _, r in stats.groups] == [n]  # one group: every rank splits the one sample
+    for a, b, what in zip(got.tensors, ref.tensors, ("video", "audio"), strict=True):
+        assert_split_close(a, b, COMFY_SPLIT_BOUND, f"MiniMax H3 {what} {devices} cfg {cfg}")

@@ -150,9 +150,11 @@ def _ltxav_latent(x, frames: int, empty):
 
 
 def _minimax_h3_latent(x, frames: int, empty):
-    """MiniMax H3's DiT input: [video latent, audio latent [B, 32, 2, n]], n = frames x 5/3 rounded
-    (0.33 comfy_extras/nodes_minimax_h3.py: 24 fps video, audio latents at 40 a second)."""
-    return [x, empty(32, 2, round(frames * 5 / 3), dt=x.dtype)]
+    """MiniMax H3's DiT input: [video latent, audio latent [B, 32, 2, n]], n = frames x 5/3 rounded, of
+    the frames the video latent holds (0.33 comfy_extras/nodes_minimax_h3.py: 17k + 5 frames at 24 fps
+    in 5k + 2 latent frames, audio latents at 40 a second)."""
+    snapped = 5 + (x.shape[2] - 2) // 5 * 17
+    return [x, empty(32, 2, round(snapped * 5 / 3), dt=x.dtype)]
 
 
 @dataclass(frozen=True)

@@ -224,15 +224,21 @@ def _check_size(spec, width: int, height: int, frames: int) -> tuple:
                          f"width and height >= {g.spatial} pixels, frames >= 1")
     cell = g.spatial * patch
     grid = tuple(-(-(v // g.spatial) // patch) * cell for v in (width, height))
-    if (frames - 1) % g.temporal:
+    notes = []
+    if g.frame_grid:  # the latent node snaps the length up (MiniMax H3): said with the size
+        base, _, period, _ = g.frame_grid
+        snapped = base + max(0, -(-(frames - base) // period)) * period
+        if snapped != frames:
+            notes.append(f"frames {frames} -> {snapped}: {spec.name}'s latent node snaps up to {period}*k+{base} frames")
+    elif (frames - 1) % g.temporal:
         log.info("[ShardDiT] %s uses %d*k+1 frames; %d frames is rounded down to %d", spec.name,
                  g.temporal, frames, (frames - 1) // g.temporal * g.temporal + 1)
-    if grid == (width, height):
-        return grid, None
-    how = f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps"
-    if patch > 1:
-        how += f" and {spec.name} pads the latent to whole {patch}x{patch} patches ({cell}-pixel steps in all)"
-    return grid, f"size {width}x{height} -> {grid[0]}x{grid[1]}: {how}"
+    if grid != (width, height):
+        how = f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps"
+        if patch > 1:
+            how += f" and {spec.name} pads the latent to whole {patch}x{patch} patches ({cell}-pixel steps in all)"
+        notes.insert(0, f"size {width}x{height} -> {grid[0]}x{grid[1]}: {how}")
+    return grid, "; ".join(notes) or None
 
 
 def _dtypes(dtype: str, spec) -> tuple[torch.dtype, torch.dtype]:

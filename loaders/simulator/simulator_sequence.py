@@ -22,6 +22,7 @@ import torch
 from ...parallel.sequence.engine import attach_sequence_engine
 from ...parallel.blocks.sharding import attach_block_sharding
 from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
+from ..comfy.families import comfy_family
 from ...parallel.placement.sizing import get_blocks
 from .simulator_run import SimContext, back_to_meta, call_dit
 

@@ -88,6 +88,12 @@ ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
     # ``families.activation_variant``): 720p x 129 cfg > 1 on 2 GPUs 9.7 GiB per rank instead of 14.4
     "hunyuan_video/lean": ActivationFactors(block=14.65, ulysses=12.3, home_hidden=1.25, rope=0.05,
                                             joint_text=True),
+    # MiniMax H3 (ComfyUI 0.33, 50 blocks cut to 4, bf16, batch 1: ComfyUI never batches its conds) at
+    # 848x480 and 1344x768, 124 frames, on 2 and 4 fake GPUs, per byte of a rank's rows (its video
+    # tokens + the 256 text tokens; the audio rows, under 3 %, are in the margin): not-home ranks 15.53 /
+    # 15.43 (g = 2), 16.34 / 16.55 (g = 4), so block 13.91 and ulysses 4.48 bound both sizes; home holds
+    # 1.01-1.05 batch hidden states more (the input and the gathered output); +3 %, rounded up to 0.05
+    "minimax_h3": ActivationFactors(block=14.35, ulysses=4.6, home_hidden=1.1, rope=0.05, joint_text=True),
 }
 
 
