@@ -236,6 +236,9 @@ _HUNYUAN_TOKENS = (
 # so a contiguous cut of the rows is a token split like any other), rope_freqs [1, S, 1, r, 2, 2];
 # mod_segments (start, stop, row) ranges of S, cut per rank; t_emb (one row per timestep) whole.
 _MINIMAX_H3_TOKENS = (TokenSpec({"x": 0, "rope_freqs": 1}, unbatched=True, row_tables=("mod_segments",)),)
+# Kandinsky 5 (0.29/0.33): text blocks run whole (the text alone, before the video is embedded); visual
+# blocks split visual_embed [B, L, C] and freqs [1, L, ...]; text_embed (cross-attention) stays whole.
+_KANDINSKY5_TOKENS = (TokenSpec(whole=True), TokenSpec({"visual_embed": 1, "freqs": 1}))
 _MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 _ENTRIES = (
     Family("wan", "Wan", ("blocks",), (("x",),), token_specs=_WAN_TOKENS, image_models=("wan2.1",),
@@ -259,10 +262,8 @@ _ENTRIES = (
     # refine the text tokens, then visual blocks ``block(visual_embed, text_embed, time_embed, freqs)``
     # (the router brings the text home after the last text block, where the video is embedded).
     Family("kandinsky5", "Kandinsky 5", ("text_transformer_blocks", "visual_transformer_blocks"),
-           (("x",), ("visual_embed",)), image_models=("kandinsky5",), geometry=_kandinsky5_geometry,
-           cost_shape=_kandinsky5_cost,
-           why_blocks_only="sequence mode does not split Kandinsky 5's tokens yet (not proven against "
-                           "ComfyUI's sampler)"),
+           (("x",), ("visual_embed",)), token_specs=_KANDINSKY5_TOKENS, image_models=("kandinsky5",),
+           geometry=_kandinsky5_geometry, cost_shape=_kandinsky5_cost),
     # MiniMax H3 (0.33 comfy/ldm/minimax/model.py): one list of ``DiTBlock``s called as
     # ``block(h, t_emb, mod_segments, rope_freqs)`` on one packed sequence [S, C] (text, audio, video
     # rows; batch 1); ``mod_segments`` names row ranges of that sequence.

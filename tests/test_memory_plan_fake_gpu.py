@@ -29,9 +29,10 @@ GiB = 1 << 30
 SIZES = {"wan2.1-t2v-14b": {"480p": (832, 480, 81), "720p": (1280, 720, 81)},
          "hunyuanvideo-13b": {"480p": (848, 480, 129), "720p": (1280, 720, 129)},
          "ltxv-13b": {"480p": (768, 512, 121), "720p": (1280, 704, 121)},
-         "minimax-h3": {"480p": (848, 480, 124), "720p": (1344, 768, 124)}}
+         "minimax-h3": {"480p": (848, 480, 124), "720p": (1344, 768, 124)},
+         "kandinsky5-lite": {"480p": (848, 480, 121), "720p": (1280, 720, 121)}}
 DEPTH = {"wan2.1-t2v-14b": lambda n: {"num_layers": 4}, "ltxv-13b": lambda n: {"num_layers": 4},
-         "minimax-h3": lambda n: {"num_layers": 4},
+         "minimax-h3": lambda n: {"num_layers": 4}, "kandinsky5-lite": lambda n: {"num_visual_blocks": 4},
          "hunyuanvideo-13b": lambda n: {"depth": n // 2, "depth_single_blocks": n // 2}}
 """The cut model per rank count: 4 blocks (HunyuanVideo: one block per rank, half double, half single).
 With 2 blocks on 2 ranks the home rank's peak rose above the full model's (its first and last block

@@ -220,6 +220,8 @@ class SequenceEngine:
         if self.should_stop is not None:
             self.should_stop()
         spec = self.token_specs[slot.list_index]
+        if spec.whole:  # by design (``TokenSpec.whole``): no fallback to report
+            return run_whole(self.materialize(args), self.materialize(kwargs))
         names = self._param_names(block)
         try:
             fwd = self._prepare(spec, names, args, kwargs)

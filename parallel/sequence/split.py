@@ -51,6 +51,9 @@ class TokenSpec:
     text_first: bool = False
     """The ``T`` replicated tokens come *before* the main tokens in joint tensors (``L + T`` on the
     token axis), as in ComfyUI's HunyuanVideo since 0.14; False: after them. Read off the model."""
+    whole: bool = False
+    """This block list runs whole, on its owner's device, by design (Kandinsky 5's text blocks: a few
+    hundred text tokens before the video is embedded; splitting them would gain nothing)."""
     unbatched: bool = False
     """The hidden state has no batch dimension (MiniMax H3's packed ``[S, C]``: ComfyUI calls it
     with one sample at a time): the forward's batch is 1, its tokens on the stream's token dim."""
