@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .cost.inputs import BlockShape, ModelShape
+from .cost.inputs import BlockShape, ModelShape, latent_frames
 from .sequence.split import TokenSpec
 
 __all__ = ["FAMILIES", "Family", "Geometry", "activation_variant", "family_of", "geometry_of", "get_family", "shape_from_config",
@@ -38,9 +38,11 @@ class Geometry:
     """Width of the pooled text vector (HunyuanVideo's CLIP-L ``y``), 0 when none."""
     clip_tokens: int = 0
     """Image-encoder tokens (Wan 2.1 i2v ``clip_fea``), 0 when none."""
+    frame_grid: tuple = ()
+    """``cost.inputs.latent_frames``'s grid (MiniMax H3), () for ``temporal`` frames per latent frame."""
 
     def latent_shape(self, width: int, height: int, frames: int, batch: int) -> tuple:
-        t = (frames - 1) // self.temporal + 1
+        t = latent_frames(frames, self.temporal, self.frame_grid)
         return (batch, self.in_channels, t, height // self.spatial, width // self.spatial)
 
 
@@ -75,6 +77,9 @@ class Family:
     ``linear_input_act``, ComfyUI 0.33: the up-projection stays alive through the down-projection)."""
     runs_fp16: bool = False
     """ComfyUI runs this family in fp16 (else fp16 files compute in bf16)."""
+    max_batch: int = 2
+    """Largest batch ComfyUI gives the DiT in one call: 1 when it never batches cond and uncond
+    (MiniMax H3: a per-condition payload keeps them apart, and its forward takes batch 1)."""
 
     def activation_key(self, last_block) -> str:
         """The ``ACTIVATION_FACTORS`` key for a model whose last block is ``last_block``: read from
@@ -186,6 +191,33 @@ def _kandinsky5_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -
                       tuple(cfg.get("patch_size", (1, 2, 2))))
 
 
+# ---- MiniMax H3 (0.33 comfy/ldm/minimax/model.py ``MiniMaxH3Model``, ``DiTBlock``) ----
+_H3_FRAMES = (5, 2, 17, 5)
+"""0.33 comfy_extras/nodes_minimax_h3.py: frames snap up to 17k + 5; 5 frames -> 2 latent frames, each
+17 more -> 5 more (1344x768x124 -> 37 latent frames)."""
+
+
+def _minimax_h3_geometry(unet: dict) -> Geometry:
+    """latent_formats.MiniMaxH3Video: 24 channels, 16x spatial, 4x temporal (the audio latent beside it
+    is built by the simulator's inputs); Qwen3-VL 32B text (5120 wide, ``text_dim``), a prompt of a few
+    hundred tokens (256 here, as for the other LLM encoders)."""
+    return Geometry(unet.get("latents_dim", 24), 16, 4, context_tokens=256, context_dim=unet.get("text_dim", 5120),
+                    frame_grid=_H3_FRAMES)
+
+
+def _minimax_h3_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> ModelShape:
+    """One packed sequence (text, audio, video) through every block: fused q/k/v 3d² + out d², a SwiGLU
+    MLP (fc1 d x 2f, fc2 f x d); AdaLN from the time vector: t_dim x 6d for each of 3 modalities.
+    The audio stream (2 tokens per audio step, ~3 per video frame) is under 2% of the video's at
+    704p: left out of the per-token FLOPs, in the bytes."""
+    d, f = cfg.get("hidden_size", 5376), cfg.get("ffn_hidden_size", 14336)
+    per_token = 4 * d * d + 3 * d * f
+    adaln = cfg.get("time_embed_dim", 2688) * 18 * d
+    blocks = (BlockShape(cfg.get("num_layers", 50), per_token, per_token, per_token + adaln, True, False),)
+    return ModelShape(name, d, cfg.get("num_attention_heads", 56), blocks, text_tokens, spatial, temporal,
+                      tuple(cfg.get("patch_size", (1, 2, 2))), _H3_FRAMES)
+
+
 # `sequence` token axes (ComfyUI 0.3.64 and 0.29). Wan: x [B, L, C], e [B, 1|L, 6, C] (per token in
 # Wan 2.2 5B), freqs [B|1, L, 1, D/2, 2, 2]. LTXV: x [B, L, C], timestep [B, 1|L, 6C], pe = (cos,
 # sin) (0.3.64) or (rotation [B, L, H, D/2, 2, 2], split flag) (0.29) with tokens on dim 1; its
@@ -200,6 +232,13 @@ _HUNYUAN_TOKENS = (
               must_be_none=("modulation_dims_img", "modulation_dims_txt")),
     TokenSpec({"x": 1, "pe": 2}, tail_stream="txt", must_be_none=("modulation_dims",)),
 )
+# MiniMax H3 (0.33): one sample's packed rows h [S, C] (text, audio, video: all join one self-attention,
+# so a contiguous cut of the rows is a token split like any other), rope_freqs [1, S, 1, r, 2, 2];
+# mod_segments (start, stop, row) ranges of S, cut per rank; t_emb (one row per timestep) whole.
+_MINIMAX_H3_TOKENS = (TokenSpec({"x": 0, "rope_freqs": 1}, unbatched=True, row_tables=("mod_segments",)),)
+# Kandinsky 5 (0.29/0.33): text blocks run whole (the text alone, before the video is embedded); visual
+# blocks split visual_embed [B, L, C] and freqs [1, L, ...]; text_embed (cross-attention) stays whole.
+_KANDINSKY5_TOKENS = (TokenSpec(whole=True), TokenSpec({"visual_embed": 1, "freqs": 1}))
 _MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 _ENTRIES = (
     Family("wan", "Wan", ("blocks",), (("x",),), token_specs=_WAN_TOKENS, image_models=("wan2.1",),
@@ -223,10 +262,13 @@ _ENTRIES = (
     # refine the text tokens, then visual blocks ``block(visual_embed, text_embed, time_embed, freqs)``
     # (the router brings the text home after the last text block, where the video is embedded).
     Family("kandinsky5", "Kandinsky 5", ("text_transformer_blocks", "visual_transformer_blocks"),
-           (("x",), ("visual_embed",)), image_models=("kandinsky5",), geometry=_kandinsky5_geometry,
-           cost_shape=_kandinsky5_cost,
-           why_blocks_only="sequence mode does not split Kandinsky 5's tokens yet (not proven against "
-                           "ComfyUI's sampler)"),
+           (("x",), ("visual_embed",)), token_specs=_KANDINSKY5_TOKENS, image_models=("kandinsky5",),
+           geometry=_kandinsky5_geometry, cost_shape=_kandinsky5_cost),
+    # MiniMax H3 (0.33 comfy/ldm/minimax/model.py): one list of ``DiTBlock``s called as
+    # ``block(h, t_emb, mod_segments, rope_freqs)`` on one packed sequence [S, C] (text, audio, video
+    # rows; batch 1); ``mod_segments`` names row ranges of that sequence.
+    Family("minimax_h3", "MiniMax H3", ("blocks",), (("x",),), token_specs=_MINIMAX_H3_TOKENS,
+           image_models=("minimax_h3",), geometry=_minimax_h3_geometry, cost_shape=_minimax_h3_cost, max_batch=1),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
 """Family name -> entry."""

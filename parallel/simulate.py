@@ -50,11 +50,17 @@ class ThreadSafeFakeTensorMode(FakeTensorMode):
     Each worker enters the mode itself (the dispatch-mode stack is per thread).
     """
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, scalars: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self._thread_lock = threading.RLock()
+        self.scalars = scalars
+        """A Python number read off a fake tensor (``float(t)``, ``t.item()``) gives a stand-in
+        (``SCALAR_STANDIN``) instead of failing: for forwards that only branch on such values (MiniMax
+        H3's timesteps) when the simulation measures shapes and bytes, not values."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.scalars and func is torch.ops.aten._local_scalar_dense.default:
+            return SCALAR_STANDIN[0] if args[0].is_floating_point() else SCALAR_STANDIN[1]
         with self._thread_lock:
             return super().__torch_dispatch__(func, types, args, kwargs if kwargs is not None else {})
 
@@ -67,8 +73,12 @@ class ThreadSafeFakeTensorMode(FakeTensorMode):
             return super().__exit__(a, b, c)
 
 
+SCALAR_STANDIN = (0.5, 1)
+"""(float, integer) a fake tensor reads as under ``fake_device_mode(scalars=True)``."""
+
+
 @contextlib.contextmanager
-def fake_device_mode():
+def fake_device_mode(scalars: bool = False):
     """``no_grad`` + ``FakeTensorMode``: tensors may claim any ``cuda:N`` on a CPU-only build.
 
     ``no_grad`` is required: autograd metadata on a fake CUDA tensor aborts the process.
@@ -77,7 +87,7 @@ def fake_device_mode():
     swap = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(False)
     try:
-        with torch.no_grad(), ThreadSafeFakeTensorMode(allow_non_fake_inputs=False) as mode:
+        with torch.no_grad(), ThreadSafeFakeTensorMode(allow_non_fake_inputs=False, scalars=scalars) as mode:
             yield mode
     finally:
         torch.__future__.set_swap_module_params_on_conversion(swap)
@@ -281,7 +291,10 @@ def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,
     Allocates what flash / memory-efficient SDPA allocates on a GPU: the output (laid out
     ``b, L, heads, d`` so the usual ``transpose(1, 2).reshape`` is a view) and a transient fp32
     log-sum-exp of ``b x heads x L``. Inputs on different devices raise, like a real kernel.
+    q, k, v may come in ComfyUI's single-owner containers (0.33+: an object whose ``take()`` hands
+    the tensor over), as a backend takes them when called directly.
     """
+    q, k, v = (_taken(t) for t in (q, k, v))
     for name, t in (("k", k), ("v", v), ("mask", mask)):
         if t is not None and t.device != q.device:
             raise RuntimeError(
@@ -301,3 +314,8 @@ def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,
     if skip_output_reshape:
         return out.transpose(1, 2)
     return out.view(b, length, h * dv)
+
+
+def _taken(t):
+    """The tensor of an attention input: itself, or what its container hands over."""
+    return t if isinstance(t, torch.Tensor) or not callable(getattr(t, "take", None)) else t.take()

@@ -109,7 +109,15 @@ def _hunyuan15(comfy, device, new, latent_channels=16):
     return dit, lambda: ((new(B, 16, T, H, W), new(B).abs(), new(B, 7, 32)), {})
 
 
-CASES = {"LTXAVModel": (_ltxav, 4), "Kandinsky5": (_kandinsky5, 4), "SCAILWanModel": (_scail, 4),
+def _minimax_h3(comfy, device, new):
+    from test_minimax_h3_comfy import TINY, h3_class
+
+    dit = h3_class()(**TINY, **_ops(comfy, device)).requires_grad_(False)  # as loaded: kitchen's rope is in place
+    # batch 1 (H3's only batch size): [video 24 x T x H x W, audio 32 x 2 x 8 steps], sigma x 1000, Qwen3-VL states
+    return dit, lambda: (([new(1, 24, T, H, W), new(1, 32, 2, 8)], new(1).abs() * 500, new(1, 7, 40)), {})
+
+
+CASES = {"MiniMaxH3Model": (_minimax_h3, 3), "LTXAVModel": (_ltxav, 4), "Kandinsky5": (_kandinsky5, 4), "SCAILWanModel": (_scail, 4),
          "WanDancerModel": (_wandancer, 4), "HunyuanVideo 1.5": (_hunyuan15, 3)}
 
 
@@ -166,7 +174,8 @@ def test_family_blocks_on_two_ranks_equal_unsharded(comfy, name):
     assert torch.isfinite(ref).all() and ref.abs().max() > 0
     assert torch.equal(got, ref)
     specs, why = find_arch_spec(type(dit).__name__).sequence_specs(dit)
-    if name != "HunyuanVideo 1.5":  # the HunyuanVideo class runs `sequence` (test_sequence_comfy.py)
+    if name not in ("HunyuanVideo 1.5", "MiniMaxH3Model", "Kandinsky5"):  # these run `sequence` (test_sequence_comfy.py,
+        # test_minimax_h3_comfy.py, the Kandinsky 5 test below)
         assert specs is None and why.startswith(find_arch_spec(type(dit).__name__).name + " runs in blocks mode only")
 
 
@@ -175,7 +184,9 @@ def test_family_blocks_on_two_ranks_equal_unsharded(comfy, name):
 # LTX-2 passes its per-frame timesteps to the blocks as ComfyUI's ``CompressedTimestep`` (an object
 # with tensor slots): the router's nested-tensor map carries it to each block's device
 # (``parallel/tensor_map``: slotted data objects); without that this case raises the device mismatch.
-FAKE = [n for n in CASES if n != "HunyuanVideo 1.5"]
+# MiniMax H3's forward reads its timesteps as Python floats (``float(1 - sigma)``), which fake tensors
+# cannot give: its layout is proven on real tensors only (two-rank case above, test_minimax_h3_comfy.py).
+FAKE = [n for n in CASES if n not in ("HunyuanVideo 1.5", "MiniMaxH3Model")]
 
 
 @pytest.mark.parametrize("name", FAKE)
@@ -223,11 +234,13 @@ def test_causal_wan_is_refused_with_the_reason():
 
 
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
-def test_kandinsky5_through_sharddit_ksampler_equals_core(env, cfg, caplog):
+def test_kandinsky5_through_sharddit_ksampler_equals_core(env, cfg):
     """End to end on ComfyUI's own loader and sampler: a tiny Kandinsky 5 file's state dict, core's
-    KSampler against ShardDiT's on ``cpu,cpu`` and ``cpu,cpu,cpu`` in both modes. `sequence` falls
-    back to `blocks` (the family's reason in the log), so every run is the unsharded maths:
-    ``torch.equal``."""
+    KSampler against ShardDiT's on ``cpu,cpu`` and ``cpu,cpu,cpu``. `blocks` is the unsharded maths:
+    ``torch.equal``. `sequence` runs the text blocks whole (``TokenSpec.whole``: the text alone, before
+    the video exists) and splits the visual blocks' tokens (Ulysses self-attention, cross-attention
+    to the whole text on each rank's rows): within the pack's bound for token splits, no fallback."""
+    from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
     from harness.sampling import load, ours, stock
 
     import comfy.ops
@@ -243,15 +256,15 @@ def test_kandinsky5_through_sharddit_ksampler_equals_core(env, cfg, caplog):
     latent = torch.zeros(1, 16, 2, 8, 8)
     ref = stock(env, model, latent, extras, cfg=cfg)
     for devices in ("cpu,cpu", "cpu,cpu,cpu"):
-        for parallel in ("blocks", "sequence"):
-            caplog.clear()
-            with caplog.at_level("INFO", logger="sharddit"):
-                got = ours(env, model, latent, extras, devices, cfg=cfg, parallel=parallel)
-            assert torch.equal(got, ref), (devices, parallel)
-            (state,) = model.model.__dict__["_sharddit_states"].values()
-            assert state.router.stats.blocks_run > 0, (devices, parallel)  # the shards ran
-            if parallel == "sequence":
-                assert "Kandinsky 5 runs in blocks mode only" in caplog.text
+        assert torch.equal(ours(env, model, latent, extras, devices, cfg=cfg, parallel="blocks"), ref), devices
+        (state,) = model.model.__dict__["_sharddit_states"].values()
+        assert state.router.stats.blocks_run == 4, devices  # the shards ran
+        got = ours(env, model, latent, extras, devices, cfg=cfg, parallel="sequence")
+        stats = state.router.engine.stats
+        n = devices.count(",") + 1
+        assert stats.fallbacks == 0 and stats.blocks_run == [2] * n, stats  # each rank ran both visual blocks
+        assert sum(stats.exchanges) > 0 or cfg > 1 and n == 2  # Ulysses ran (cfg > 1 on 2: one sample each)
+        assert_split_close(got, ref, COMFY_SPLIT_BOUND, f"Kandinsky 5 {devices} cfg {cfg}")
 
 
 class _AVLatent:

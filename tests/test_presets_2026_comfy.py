@@ -21,6 +21,7 @@ PUBLISHED = {  # preset -> (ComfyUI class, billions of parameters as published, 
     "kandinsky5-lite": ("Kandinsky5", 2, 0.5),  # kandinskylab Kandinsky 5.0 Video Lite: "2B"
     "kandinsky5-pro": ("Kandinsky5", 19, 0.5),  # kandinskylab Kandinsky 5.0 Video Pro: "19B"
     "wan2.2-i2v-a14b": ("WanModel", 14, 0.5),  # Wan-AI/Wan2.2-I2V-A14B: two 14B experts
+    "minimax-h3": ("MiniMaxH3Model", 33, 0.5),  # MiniMax H3: "about 33B" in the DiT (0.33's class: 33.12B)
 }
 
 
@@ -92,13 +93,19 @@ def test_text_encoder_sizes_are_comfyui_classes(comfy):
         lt.ltxv_te(): (("t5xxl", "t5-xxl"),),
         hunyuan_video.hunyuan_video_clip(): (("llama", "llava-llama3-8b"),),
     }
+    expected = set(text_encoders.ENCODERS)
+    try:
+        from comfy.text_encoders import minimax
+        builds[minimax.te()] = (("qwen3vl_32b", "qwen3-vl-32b-h3"),)
+    except ImportError:  # 0.29: no MiniMax H3
+        expected.discard("qwen3-vl-32b-h3")
     seen = set()
     for factory, parts in builds.items():
         model = factory(device="meta", dtype=torch.bfloat16)
         for attr, key in parts:
             assert sum(p.numel() for p in getattr(model, attr).parameters()) == text_encoders.ENCODERS[key][1], key
             seen.add(key)
-    assert seen == set(text_encoders.ENCODERS)
+    assert seen == expected
 
 
 @pytest.mark.comfy
@@ -131,7 +138,7 @@ def test_every_preset_names_its_text_encoder():
 
     expect = {"ltx-2.3": ("gemma3-12b", "ltx2.3-projection"), "hunyuanvideo-1.5": ("qwen2.5-vl-7b", "byt5-small"),
               "hunyuanvideo-13b": ("llava-llama3-8b", "clip-l"), "kandinsky5-pro": ("qwen2.5-vl-7b", "clip-l"),
-              "wan2.2-i2v-a14b": ("umt5-xxl",), "ltxv-13b": ("t5-xxl",)}
+              "wan2.2-i2v-a14b": ("umt5-xxl",), "ltxv-13b": ("t5-xxl",), "minimax-h3-fp8": ("qwen3-vl-32b-h3",)}
     for name, keys in expect.items():
         assert encoders_of(PRESETS[name]) == keys, name
     assert all(encoders_of(spec) for spec in PRESETS.values())

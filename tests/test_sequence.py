@@ -224,3 +224,26 @@ def test_a_rank_thread_drops_a_finished_tasks_result():
         assert ref() is None, "the idle rank thread still holds its last task's result"
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_row_table_cut_gives_each_rank_its_rows(ranks):
+    """MiniMax H3's ``mod_segments`` (``TokenSpec.row_tables``): ``(start, stop, row)`` ranges of one
+    packed sequence, ``row`` an index or one per token. Cut per rank and renumbered from the rank's
+    first row, every token keeps the modulation row it had (token by token), and nothing else."""
+    from sharddit.parallel.sequence.split import cut_row_table, rank_slices
+
+    main = 23
+    per_token = torch.arange(100, 110)
+    table = [(0, 5, 1), (5, 9, 4), (9, 19, per_token), (19, 23, 2)]
+    want = [r for a, b, row in table for r in (row.tolist() if isinstance(row, torch.Tensor) else [row] * (b - a))]
+    got = []
+    for rs in rank_slices(plan_groups(1, ranks), main):
+        cut = cut_row_table(table, rs, main, 0, "mod_segments")
+        t0, t1 = rs.tokens
+        assert cut[0][0] == 0 and cut[-1][1] == t1 - t0  # renumbered from the rank's first row, contiguous
+        assert all(b0 == a1 for (_, b0, _), (a1, _, _) in zip(cut, cut[1:]))
+        got += [r for a, b, row in cut for r in (row.tolist() if isinstance(row, torch.Tensor) else [row] * (b - a))]
+    assert got == want
+    with pytest.raises(ValueError, match="outside 23 tokens"):
+        cut_row_table([(0, 30, 1)], rank_slices(plan_groups(1, 2), main)[0], main, 0, "mod_segments")

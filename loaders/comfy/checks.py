@@ -215,6 +215,9 @@ def check_latent(model, latent: dict) -> None:
                          f"denoise (a size is 0); "
                          f"give {node} at least 1 frame and a width and height of at least 16")
     core_fixes = not (video and samples.ndim == 5) and not torch.count_nonzero(samples)
-    if shape[1] != want and not core_fixes:
+    channels = shape[1]
+    if getattr(samples, "is_nested", False):  # (video, audio) streams: the format names the widest
+        channels = max(int(s.shape[1]) for s in samples.unbind())
+    if channels != want and not core_fixes:
         raise ValueError(f"[ShardDiT] the latent has {shape[1]} channels (shape {shape}), but {family}): it was "
                          f"made for another model family; use {node}")

@@ -149,6 +149,14 @@ def _ltxav_latent(x, frames: int, empty):
     return [x, empty(8, frames, 16, dt=x.dtype)]
 
 
+def _minimax_h3_latent(x, frames: int, empty):
+    """MiniMax H3's DiT input: [video latent, audio latent [B, 32, 2, n]], n = frames x 5/3 rounded, of
+    the frames the video latent holds (0.33 comfy_extras/nodes_minimax_h3.py: 17k + 5 frames at 24 fps
+    in 5k + 2 latent frames, audio latents at 40 a second)."""
+    snapped = 5 + (x.shape[2] - 2) // 5 * 17
+    return [x, empty(32, 2, round(snapped * 5 / 3), dt=x.dtype)]
+
+
 @dataclass(frozen=True)
 class ComfyFamily:
     """ComfyUI's side of one family (see the module docstring)."""
@@ -164,6 +172,9 @@ class ComfyFamily:
     """``(video latent, frames, empty) -> x`` as the sampler gives it to the DiT (LTX-2: with its audio)."""
     refused: Mapping[str, str] = field(default_factory=dict)
     """ComfyUI classes of this family that cannot be sharded -> why (the error says it)."""
+    sim_scalars: bool = False
+    """The forward reads Python numbers off its inputs (MiniMax H3's timesteps): the simulator's fake
+    tensors give stand-ins (``parallel.simulate.fake_device_mode(scalars=True)``)."""
 
 
 _WAN, _HY = "wan", "hunyuan_video"
@@ -190,6 +201,8 @@ COMFY_FAMILIES: dict[str, ComfyFamily] = {f.family: f for f in (
                 sim_latent=_ltxav_latent),
     ComfyFamily("kandinsky5", (ArchSpec("Kandinsky 5", "kandinsky5", ("Kandinsky5",)),),
                 sim_inputs=lambda unet, g, empty: {"y": empty(g.pooled_dim)}),
+    ComfyFamily("minimax_h3", (ArchSpec("MiniMax H3", "minimax_h3", ("MiniMaxH3Model",)),),
+                sim_latent=_minimax_h3_latent, sim_scalars=True),
 )}
 """Family name (as in ``parallel/families.py``) -> ComfyUI's side."""
 

@@ -92,7 +92,16 @@ _LTX_23 = dict(image_model="ltxav", num_layers=48, attention_head_dim=128, cross
 _KANDINSKY5 = dict(image_model="kandinsky5", visual_embed_dim=132, patch_size=(1, 2, 2), in_text_dim=3584,
                    in_text_dim2=768, in_visual_dim=16, out_visual_dim=16)
 
+# MiniMax H3 (ComfyUI 0.33 comfy/ldm/minimax/model.py): ``MiniMaxH3Model``'s constructor defaults are the
+# released configuration (5376 wide, 50 blocks, 56 heads of 128, SwiGLU 14336, Qwen3-VL text 5120 wide,
+# full-width AdaLN from a 2688-wide time embedding): 33.12B parameters built on meta (the model card:
+# "about 33B"). model_detection.py reads these from the weights; core's templates load an int8 file of it.
+_MINIMAX_H3 = dict(image_model="minimax_h3", hidden_size=5376, num_layers=50, num_attention_heads=56,
+                   attention_head_dim=128, ffn_hidden_size=14336, latents_dim=24, audio_latents_dim=32,
+                   text_dim=5120, time_embed_dim=2688)
+
 _K5, _LTXAV = "comfy.ldm.kandinsky5.model:Kandinsky5", "comfy.ldm.lightricks.av_model:LTXAVModel"
+_H3 = "comfy.ldm.minimax.model:MiniMaxH3Model"
 
 
 def _preset(name: str, unet: dict, experts: int = 1, dtype: str | None = None, requires: str | None = None) -> ModelSpec:
@@ -148,6 +157,9 @@ PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
     # Lightricks/LTX-2.3-fp8 ltx-2.3-22b-dev-fp8.safetensors, the file core's video_ltx2_3_t2v.json template
     # loads with CheckpointLoaderSimple: the same DiT in 1-byte weights (ComfyUI computes in bf16)
     _preset("ltx-2.3-fp8", _LTX_23, dtype="fp8", requires=_LTXAV),
+    _preset("minimax-h3", _MINIMAX_H3, requires=_H3),
+    # the same DiT in 1-byte weights (fp8, or the int8 file core's video_minimax_h3_* templates load)
+    _preset("minimax-h3-fp8", _MINIMAX_H3, dtype="fp8", requires=_H3),
 )}
 
 _ST_DTYPES = {

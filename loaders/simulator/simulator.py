@@ -114,6 +114,7 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
         inventory, devices = _host_devices(devices, inventory, n_workers)
     spec = _resolve(model)
     presets.check_comfyui_has(spec)
+    batch = _family_batch(spec, batch)
     (width, height), size_note = _check_size(spec, width, height, frames)
     _dtypes(dtype or spec.file_dtype or "bf16", spec)
     inventory, request = _inventory_and_request(devices, reserve_vram_gb, inventory)
@@ -122,6 +123,16 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
                          f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
     return SimulationSetup(spec, inventory, request, devices, (width, height, frames), dtype, batch, parallel, cfg,
                            n_workers, size_note)
+
+
+def _family_batch(spec, batch: int | None) -> int | None:
+    """``batch`` within what ComfyUI gives this family's DiT in one call (``Family.max_batch``)."""
+    most = get_family(spec.family).max_batch
+    if batch is not None and batch > most:
+        if most == 1 and batch == 2:
+            log.info("[ShardDiT] %s: ComfyUI runs cond and uncond one after the other (batch 1)", spec.name)
+        return most
+    return most if batch is None and most == 1 else batch
 
 
 def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=None, workers=(),
@@ -213,15 +224,21 @@ def _check_size(spec, width: int, height: int, frames: int) -> tuple:
                          f"width and height >= {g.spatial} pixels, frames >= 1")
     cell = g.spatial * patch
     grid = tuple(-(-(v // g.spatial) // patch) * cell for v in (width, height))
-    if (frames - 1) % g.temporal:
+    notes = []
+    if g.frame_grid:  # the latent node snaps the length up (MiniMax H3): said with the size
+        base, _, period, _ = g.frame_grid
+        snapped = base + max(0, -(-(frames - base) // period)) * period
+        if snapped != frames:
+            notes.append(f"frames {frames} -> {snapped}: {spec.name}'s latent node snaps up to {period}*k+{base} frames")
+    elif (frames - 1) % g.temporal:
         log.info("[ShardDiT] %s uses %d*k+1 frames; %d frames is rounded down to %d", spec.name,
                  g.temporal, frames, (frames - 1) // g.temporal * g.temporal + 1)
-    if grid == (width, height):
-        return grid, None
-    how = f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps"
-    if patch > 1:
-        how += f" and {spec.name} pads the latent to whole {patch}x{patch} patches ({cell}-pixel steps in all)"
-    return grid, f"size {width}x{height} -> {grid[0]}x{grid[1]}: {how}"
+    if grid != (width, height):
+        how = f"ComfyUI's latent node rounds down to {g.spatial}-pixel steps"
+        if patch > 1:
+            how += f" and {spec.name} pads the latent to whole {patch}x{patch} patches ({cell}-pixel steps in all)"
+        notes.insert(0, f"size {width}x{height} -> {grid[0]}x{grid[1]}: {how}")
+    return grid, "; ".join(notes) or None
 
 
 def _dtypes(dtype: str, spec) -> tuple[torch.dtype, torch.dtype]:

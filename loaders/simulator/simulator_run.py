@@ -50,7 +50,7 @@ def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str], home
     dit, layout = ctx.dit, ctx.layout
     blocks = get_blocks(dit, layout)
     try:
-        with fake_device_mode(), _attention_standin():
+        with fake_device_mode(comfy_family(ctx.spec.family).sim_scalars), _attention_standin():
             materialize_planned(dit, blocks, block_devices, home)
             handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
                                            torch.device(home))

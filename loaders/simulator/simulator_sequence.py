@@ -22,6 +22,7 @@ import torch
 from ...parallel.sequence.engine import attach_sequence_engine
 from ...parallel.blocks.sharding import attach_block_sharding
 from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
+from ..comfy.families import comfy_family
 from ...parallel.placement.sizing import get_blocks
 from .simulator_run import SimContext, back_to_meta, call_dit
 
@@ -53,7 +54,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     if token_specs is None:
         raise ValueError(f"[ShardDiT] {why}")
     try:
-        with fake_device_mode() as mode:
+        with fake_device_mode(comfy_family(ctx.spec.family).sim_scalars) as mode:
             materialize_planned(dit, blocks, block_devices, home)
             handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
                                            torch.device(home))
@@ -93,17 +94,21 @@ def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], h
     from ...parallel.cost.memory import plan_sequence_memory
     from ...parallel.blocks.sharding import get_block_list
 
+    from ..comfy.specs import find_arch_spec
+
     shape = shape_from_spec(ctx.spec)
-    kinds, start = [], 0
+    specs, _ = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
+    kinds, whole, start = [], [], 0
     for i, path in enumerate(ctx.layout.block_lists):
         n = len(get_block_list(ctx.dit, path))
         kinds += [(i, b) for b in ctx.block_bytes[start:start + n]]
+        whole += [bool(specs and specs[i].whole)] * n
         start += n
     variant = activation_variant(ctx.spec.family, get_blocks(ctx.dit, ctx.layout)[-1])
     return plan_sequence_memory(variant, shape.width, shape.image_tokens(*ctx.size), batch,
                                 list(dict.fromkeys(block_devices)), ctx.block_bytes, block_devices, home,
                                 ctx.home_bytes, kinds, ctx.spec.geometry.context_tokens,
-                                torch.empty((), dtype=ctx.compute_dtype).element_size(), shape.heads)
+                                torch.empty((), dtype=ctx.compute_dtype).element_size(), shape.heads, whole=whole)
 
 
 def _buffer_bytes(stream) -> int:

@@ -23,7 +23,7 @@ from ...parallel.cost.inputs import (
     normalize_gpu_name,
     table_gpu_name,
 )
-from ...parallel.families import shape_from_spec
+from ...parallel.families import get_family, shape_from_spec
 from ...parallel.cost.model import (
     STRATEGIES,
     Workload,
@@ -183,15 +183,21 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         block_devices, home = planned_devices(seq_ctx, plan)
         ranks = list(dict.fromkeys(block_devices))
         if len(ranks) > 1:
-            seq = run_fake_sequence_forward(ctx, work.batch, block_devices, home)
+            # a family whose conds ComfyUI never batches (MiniMax H3): cond, then uncond, each split
+            apart = work.batch > get_family(ctx.spec.family).max_batch
+            seq = run_fake_sequence_forward(ctx, 1 if apart else work.batch, block_devices, home)
             hw = hardware_from_options([names.get(d, names["*"]) for d in ranks], link_gbps=link_gbps)
-            costs["sequence"] = estimate_sequence(work, hw, [block_devices.count(r) for r in ranks])
+            estimate = estimate_sequence_lean if apart else estimate_sequence
+            costs["sequence"] = estimate(work, hw, [block_devices.count(r) for r in ranks])
+            if apart:
+                lean_note = (f"{get_family(ctx.spec.family).title}: ComfyUI runs cond and uncond one after the other, so "
+                             "each runs over every GPU (weights streamed twice per step)")
             costs["one_gpu"] = estimate_one_gpu(work, hw)
             for p in seq:
                 usable.setdefault(p.device, _usable_of(inventory, p.device, ctx.request.reserve_bytes))
             seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             fits["sequence"] = _all_fit(seq, usable)
-            if not fits["sequence"] and work.batch > 1:
+            if not fits["sequence"] and work.batch > 1 and not apart:
                 lean = run_fake_sequence_forward(ctx, 1, block_devices, home)  # one pass: one sample
                 if _all_fit(lean, usable):  # lean only where the batched split does not fit
                     worst = max(seq, key=lambda p: p.total - (usable[p.device] or 0))

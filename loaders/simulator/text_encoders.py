@@ -30,6 +30,8 @@ ENCODERS: dict[str, tuple[str, int]] = {
     "umt5-xxl": ("umT5-XXL", 5_680_910_337),  # wan.te: umt5xxl
     "t5-xxl": ("T5-XXL", 4_762_310_657),  # lt.ltxv_te: t5xxl
     "llava-llama3-8b": ("LLaVA-LLaMA-3 8B", 7_505_186_817),  # hunyuan_video_clip: llama
+    # 0.33 minimax.te: qwen3vl_32b, Qwen3-VL 32B cut to its first 50 of 64 layers (Qwen3VL_32BConfig)
+    "qwen3-vl-32b-h3": ("Qwen3-VL 32B (H3's 50 layers)", 25_753_095_921),
 }
 """Key -> (name users know, parameters in ComfyUI 0.29's class)."""
 
@@ -51,6 +53,8 @@ def encoders_of(spec) -> tuple[str, ...]:
         return ("llava-llama3-8b", "clip-l")
     if spec.family == "kandinsky5":
         return ("qwen2.5-vl-7b", "clip-l")
+    if spec.family == "minimax_h3":
+        return ("qwen3-vl-32b-h3",)
     return ()
 
 

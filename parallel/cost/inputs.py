@@ -25,6 +25,7 @@ __all__ = [
     "GPU_PEAK_TFLOPS",
     "BlockShape",
     "ModelShape",
+    "latent_frames",
     "gpu_flops",
     "link_bandwidth",
     "normalize_gpu_name",
@@ -77,6 +78,16 @@ class BlockShape:
     """Image tokens attend to the text tokens in a separate cross-attention (Wan, LTXV)."""
 
 
+def latent_frames(frames: int, temporal: int, frame_grid: tuple = ()) -> int:
+    """Latent frames of a ``frames``-frame video: ``(frames - 1) // temporal + 1`` (the latent nodes
+    round down), or on a grid ``(base frames, base latents, period frames, period latents)`` that the
+    latent node snaps up to (MiniMax H3: 17k + 5 frames -> 5k + 2 latent frames)."""
+    if not frame_grid:
+        return (frames - 1) // temporal + 1
+    base_f, base_l, period_f, period_l = frame_grid
+    return base_l + max(0, -(-(frames - base_f) // period_f)) * period_l
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the cost model needs of a DiT: widths, blocks, token geometry."""
@@ -95,6 +106,8 @@ class ModelShape:
     """Frames per latent frame after the first."""
     patch: tuple[int, int, int]
     """Latent cells per token along (frames, height, width)."""
+    frame_grid: tuple = ()
+    """``latent_frames``'s grid, () for ``temporal`` frames per latent frame."""
 
     @property
     def block_count(self) -> int:
@@ -106,8 +119,8 @@ class ModelShape:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} {value!r} must be a positive integer (pixels or frames)")
         pt, ph, pw = self.patch
-        latent_frames = (frames - 1) // self.temporal + 1
-        return (math.ceil(latent_frames / pt) * math.ceil(height // self.spatial / ph)
+        t = latent_frames(frames, self.temporal, self.frame_grid)
+        return (math.ceil(t / pt) * math.ceil(height // self.spatial / ph)
                 * math.ceil(width // self.spatial / pw))
 
 

@@ -88,6 +88,17 @@ ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
     # ``families.activation_variant``): 720p x 129 cfg > 1 on 2 GPUs 9.7 GiB per rank instead of 14.4
     "hunyuan_video/lean": ActivationFactors(block=14.65, ulysses=12.3, home_hidden=1.25, rope=0.05,
                                             joint_text=True),
+    # MiniMax H3 (ComfyUI 0.33, 50 blocks cut to 4, bf16, batch 1: ComfyUI never batches its conds) at
+    # 848x480 and 1344x768, 124 frames, on 2 and 4 fake GPUs, per byte of a rank's rows (its video
+    # tokens + the 256 text tokens; the audio rows, under 3 %, are in the margin): not-home ranks 15.53 /
+    # 15.43 (g = 2), 16.34 / 16.55 (g = 4), so block 13.91 and ulysses 4.48 bound both sizes; home holds
+    # 1.01-1.05 batch hidden states more (the input and the gathered output); +3 %, rounded up to 0.05
+    # Kandinsky 5 (ComfyUI 0.33, visual blocks cut to 4; text blocks run whole), Lite and Pro at 848x480
+    # and 1280x720 x 121, 2 and 4 fake GPUs, cfg 1 and > 1, per byte of a rank's visual rows: g = 1
+    # 7.13-7.15, g = 2 11.14-11.15 (ulysses 8.0), g = 4 12.15-12.17 (6.7); home 0.55-0.99 batch hidden
+    # states more (Lite's, the rotary tables weigh more beside its 1792 width); +3 %, rounded up to 0.05
+    "kandinsky5": ActivationFactors(block=7.35, ulysses=8.25, home_hidden=1.05, rope=0.05),
+    "minimax_h3": ActivationFactors(block=14.35, ulysses=4.6, home_hidden=1.1, rope=0.05, joint_text=True),
 }
 
 
@@ -105,14 +116,17 @@ class RankMemory:
         return self.weights + self.prefetch + self.activations
 
 
-def compute_prefetch_bytes(block_bytes, block_devices, device: str, block_kinds=None, ring: int = 2) -> int:
+def compute_prefetch_bytes(block_bytes, block_devices, device: str, block_kinds=None, ring: int = 2,
+                           whole=None) -> int:
     """Bytes of the ring buffers a rank on ``device`` fills: per block kind it streams (blocks on
     another device), ``min(ring, how many it streams)`` buffers of that kind's largest block.
-    ``block_kinds``: one hashable per block (its shape); None: blocks of equal bytes are one kind."""
+    ``block_kinds``: one hashable per block (its shape); None: blocks of equal bytes are one kind.
+    ``whole``: per block, True when it runs whole on its owner (``TokenSpec.whole``: never streamed)."""
     kinds = list(block_kinds) if block_kinds is not None else list(block_bytes)
+    whole = list(whole) if whole is not None else [False] * len(kinds)
     streamed: dict = {}
-    for nbytes, dev, kind in zip(block_bytes, block_devices, kinds, strict=True):
-        if str(dev) != str(device):
+    for nbytes, dev, kind, alone in zip(block_bytes, block_devices, kinds, whole, strict=True):
+        if str(dev) != str(device) and not alone:
             count, top = streamed.get(kind, (0, 0))
             streamed[kind] = (count + 1, max(top, int(nbytes)))
     return sum(min(ring, count) * top for count, top in streamed.values())
@@ -149,9 +163,10 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
 
 def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks, block_bytes, block_devices,
                          home: str, home_bytes: int, block_kinds=None, text_tokens: int = 0,
-                         act_bytes: int = 2, heads: int = 0, factors: ActivationFactors | None = None
-                         ) -> list[RankMemory]:
-    """Per rank (``ranks``: one device each, in rank order): weights, ring buffers, activations."""
+                         act_bytes: int = 2, heads: int = 0, factors: ActivationFactors | None = None,
+                         whole=None) -> list[RankMemory]:
+    """Per rank (``ranks``: one device each, in rank order): weights, ring buffers, activations;
+    ``whole``: ``compute_prefetch_bytes``'s."""
     ranks = [str(d) for d in ranks]
     home = str(home)
     home_rank = ranks.index(home) if home in ranks else -1
@@ -161,8 +176,8 @@ def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks
     for r, dev in enumerate(ranks):
         weights = sum(int(b) for b, d in zip(block_bytes, block_devices, strict=True) if str(d) == dev)
         weights += int(home_bytes) if dev == home else 0
-        out.append(RankMemory(dev, weights, compute_prefetch_bytes(block_bytes, block_devices, dev, block_kinds),
-                              acts[r]))
+        out.append(RankMemory(dev, weights, compute_prefetch_bytes(block_bytes, block_devices, dev, block_kinds,
+                                                                   whole=whole), acts[r]))
     return out
 
 

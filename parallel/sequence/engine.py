@@ -39,7 +39,7 @@ from ..tensor_map import map_tensors, tensors_in
 from .interfaces import RankRunner
 from .local import LocalRanks
 from .rank_block import ATTENTION_OVERRIDE, BlockAttention, with_attention
-from .split import Group, RankSlice, TokenSpec, plan_groups, rank_slices, split_arg
+from .split import Group, RankSlice, TokenSpec, cut_row_table, plan_groups, rank_slices, split_arg
 from .stream import BlockStream, begin_forward, end_forward
 from .threads import RankThreadError, RankThreads
 
@@ -89,6 +89,7 @@ class _Forward:
     def __init__(self, engine: SequenceEngine, batch: int, main: int):
         self.batch, self.main, self.tail = batch, main, 0
         self.text_first = any(s.text_first for s in engine.token_specs)
+        self.unbatched = any(s.unbatched for s in engine.token_specs)
         n = len(engine.devices)
         self.groups: list[Group] = plan_groups(batch, n)
         self.ranks = [_Rank(rs, engine.devices[rs.rank], engine.streams[rs.rank])
@@ -223,6 +224,8 @@ class SequenceEngine:
         if self.should_stop is not None:
             self.should_stop()
         spec = self.token_specs[slot.list_index]
+        if spec.whole:  # by design (``TokenSpec.whole``): no fallback to report
+            return run_whole(self.materialize(args), self.materialize(kwargs))
         names = self._param_names(block)
         try:
             reason = self.split_check() if self.split_check is not None else None
@@ -270,15 +273,18 @@ class SequenceEngine:
                 and id(values[spec.tail_stream]) not in fwd.placeholders:
             fwd.tail = values[spec.tail_stream].shape[1]
         if fwd is None:
-            primary = next((values[n] for n in spec.token_dims if n not in spec.replicated_streams
-                            and isinstance(values.get(n), torch.Tensor)), None)
+            name = next((n for n in spec.token_dims if n not in spec.replicated_streams
+                         and isinstance(values.get(n), torch.Tensor)), None)
+            primary = values.get(name)
             if primary is None or primary.dim() < 2:
                 raise SequenceUnsupported("no token-carrying hidden state found")
-            _check_every_rank_has_tokens(primary.shape[0], primary.shape[1], len(self.devices))
+            # [B, L, ...], or one sample's [L, ...] (``TokenSpec.unbatched``)
+            batch, main = (1, primary.shape[spec.token_dims[name]]) if spec.unbatched else primary.shape[:2]
+            _check_every_rank_has_tokens(batch, main, len(self.devices))
             if self.pool is None:
                 self.pool = RankThreads(self.devices, self.timeout_s, self.worker_context, self.serial_lock)
             self._stream_base = [s.bytes_copied for s in self.streams]
-            fwd = self._fwd = _Forward(self, primary.shape[0], primary.shape[1])
+            fwd = self._fwd = _Forward(self, batch, main)
             begin_forward(self.streams)  # the rings wait for what ComfyUI queued on the owners so far
             if spec.tail_stream and isinstance(values.get(spec.tail_stream), torch.Tensor):
                 fwd.tail = values[spec.tail_stream].shape[1]
@@ -302,26 +308,28 @@ class SequenceEngine:
         self._wait_all(fwd)
         self.stats.gathers += 1
         full = torch.empty(ph.shape, dtype=ph.dtype, device=self.home)
+        whole = full.unsqueeze(0) if fwd.unbatched else full  # [B, L, ...] either way (a view)
         for g in fwd.groups:
             b0, b1 = g.batch
             for pos, r in enumerate(g.ranks):
                 local = self.runner.rows(fwd, r, name, self.pool)
+                local = local.unsqueeze(0) if fwd.unbatched else local
                 replicated = name in self._replicated(fwd)
                 if replicated or len(g.ranks) == 1:
                     if pos == 0:
-                        full[b0:b1].copy_(local)
+                        whole[b0:b1].copy_(local)
                     continue
                 t0, t1 = fwd.ranks[r].slice.tokens
                 mine = t1 - t0
                 text = local.shape[1] - mine  # the replicated text tokens this stream carries (0: none)
                 if fwd.text_first:  # [text, rows]
-                    full[b0:b1, text + t0:text + t1].copy_(local[:, text:])
+                    whole[b0:b1, text + t0:text + t1].copy_(local[:, text:])
                     if pos == 0 and text:  # the text, once per group
-                        full[b0:b1, :text].copy_(local[:, :text])
+                        whole[b0:b1, :text].copy_(local[:, :text])
                 else:  # [rows, text]
-                    full[b0:b1, t0:t1].copy_(local[:, :mine])
+                    whole[b0:b1, t0:t1].copy_(local[:, :mine])
                     if pos == 0 and text:
-                        full[b0:b1, fwd.main:].copy_(local[:, mine:])
+                        whole[b0:b1, fwd.main:].copy_(local[:, mine:])
         return full
 
     def _replicated(self, fwd) -> set[str]:
@@ -376,6 +384,9 @@ class SequenceEngine:
             return self._cached(rank, value, lambda: self._rank_options(fwd, rank, value))
         if not isinstance(value, (torch.Tensor, tuple, list)):
             return value
+        if name in spec.row_tables:
+            return self._cached(rank, value, lambda: _to_rank(cut_row_table(value, rank.slice, fwd.main, fwd.tail,
+                                                                             name), rank.device, False))
         is_stream = name in stream_names
         dim = None if name in spec.replicated_streams else spec.token_dims.get(name)
         make = functools.partial(_to_rank, split_arg(value, dim, rank.slice, fwd.batch, fwd.main, fwd.tail,

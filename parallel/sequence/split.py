@@ -31,7 +31,7 @@ import torch
 
 from ..tensor_map import map_tensors
 
-__all__ = ["Group", "TokenSpec", "even_ranges", "plan_groups", "RankSlice"]
+__all__ = ["Group", "TokenSpec", "cut_row_table", "even_ranges", "plan_groups", "RankSlice"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,17 @@ class TokenSpec:
     text_first: bool = False
     """The ``T`` replicated tokens come *before* the main tokens in joint tensors (``L + T`` on the
     token axis), as in ComfyUI's HunyuanVideo since 0.14; False: after them. Read off the model."""
+    whole: bool = False
+    """This block list runs whole, on its owner's device, by design (Kandinsky 5's text blocks: a few
+    hundred text tokens before the video is embedded; splitting them would gain nothing)."""
+    unbatched: bool = False
+    """The hidden state has no batch dimension (MiniMax H3's packed ``[S, C]``: ComfyUI calls it
+    with one sample at a time): the forward's batch is 1, its tokens on the stream's token dim."""
+    row_tables: tuple[str, ...] = ()
+    """Arguments listing ``(start, stop, row)`` ranges of the token axis (MiniMax H3's
+    ``mod_segments``: which modulation row applies to which tokens; ``row`` an index, or one per
+    token): each rank gets the ranges that meet its tokens, renumbered from its first row
+    (``cut_row_table``)."""
 
 
 def even_ranges(total: int, parts: int) -> list[tuple[int, int]]:
@@ -122,6 +133,28 @@ def slice_tokens(t: torch.Tensor, dim: int, rs: RankSlice, main: int, tail: int,
         return torch.cat([t.narrow(dim, start, stop - start), t.narrow(dim, main, tail)], dim=dim)
     raise ValueError(f"[ShardDiT] sequence mode: argument {what!r} has {size} tokens on dim {dim}, expected "
                      f"{main} (image tokens), {main + tail} (with {tail} text tokens) or 1")
+
+
+def cut_row_table(table, rs: RankSlice, main: int, tail: int, what: str) -> list:
+    """A ``(start, stop, row)`` table over the token axis cut to the rank's rows ``rs.tokens``,
+    renumbered from 0; a per-token ``row`` (a tensor of ``stop - start``) is sliced with it. Ranges
+    outside the rank's rows are dropped. With replicated text tokens (``tail``) the table would
+    have to cover them too: not supported (ValueError; the call runs whole)."""
+    if tail:
+        raise ValueError(f"[ShardDiT] sequence mode: row table {what!r} beside replicated text tokens")
+    t0, t1 = rs.tokens
+    out = []
+    for entry in table:
+        a, b, row = entry
+        if not (0 <= a <= b <= main):
+            raise ValueError(f"[ShardDiT] sequence mode: row table {what!r} has range {a}-{b} outside {main} tokens")
+        lo, hi = max(a, t0), min(b, t1)
+        if lo >= hi:
+            continue
+        if isinstance(row, torch.Tensor) and row.dim() > 0:
+            row = row[lo - a:hi - a]
+        out.append((lo - t0, hi - t0, row))
+    return out
 
 
 def slice_batch(t: torch.Tensor, batch: int, rs: RankSlice) -> torch.Tensor:
