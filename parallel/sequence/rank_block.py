@@ -46,9 +46,10 @@ log = logging.getLogger("sharddit")
 ATTENTION_OVERRIDE = "optimized_attention_override"
 """ComfyUI's ``transformer_options`` key for an attention function that wraps ``optimized_attention``."""
 
-SELF_ATTENTION_NAMES = ("self_attn", "attn1")
+SELF_ATTENTION_NAMES = ("self_attn", "attn1", "self_attention")
 """A block's self-attention submodule as ComfyUI names it (Wan's ``WanAttentionBlock.self_attn``;
-LTXV's ``BasicTransformerBlock.attn1``, as core's SD ``BasicTransformerBlock`` names it)."""
+LTXV's ``BasicTransformerBlock.attn1``, as core's SD ``BasicTransformerBlock`` names it; Kandinsky 5's
+``TransformerDecoderBlock.self_attention``)."""
 
 _STACK_DEPTH = 16
 _warned: set[str] = set()
