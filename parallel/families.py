@@ -77,6 +77,9 @@ class Family:
     ``linear_input_act``, ComfyUI 0.33: the up-projection stays alive through the down-projection)."""
     runs_fp16: bool = False
     """ComfyUI runs this family in fp16 (else fp16 files compute in bf16)."""
+    default_cfg: float | None = None
+    """The guidance ``plan`` assumes when none is given, where core's templates sample this family
+    otherwise than with cfg > 1 (MiniMax H3: 1, ``BasicGuider`` on the prompt alone); None: plan's own."""
     max_batch: int = 2
     """Largest batch ComfyUI gives the DiT in one call: 1 when it never batches cond and uncond
     (MiniMax H3: a per-condition payload keeps them apart, and its forward takes batch 1)."""
@@ -268,7 +271,8 @@ _ENTRIES = (
     # ``block(h, t_emb, mod_segments, rope_freqs)`` on one packed sequence [S, C] (text, audio, video
     # rows; batch 1); ``mod_segments`` names row ranges of that sequence.
     Family("minimax_h3", "MiniMax H3", ("blocks",), (("x",),), token_specs=_MINIMAX_H3_TOKENS,
-           image_models=("minimax_h3",), geometry=_minimax_h3_geometry, cost_shape=_minimax_h3_cost, max_batch=1),
+           image_models=("minimax_h3",), geometry=_minimax_h3_geometry, cost_shape=_minimax_h3_cost, max_batch=1,
+           default_cfg=1.0),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
 """Family name -> entry."""

@@ -51,9 +51,10 @@ def add_arguments(p) -> None:
     p.add_argument("--parallel", default=DEFAULT_PARALLEL, choices=PARALLEL_MODES,
                    help="strategy to report: 'blocks' (capacity), 'sequence' (speed) or 'auto' (default: the "
                         "fastest that fits, predicted by the cost model)")
-    p.add_argument("--cfg", default=DEFAULT_CFG, type=_cfg,
-                   help=f"guidance scale (default {DEFAULT_CFG:g}): 1 = cond only (batch 1); > 1 = cond + uncond "
-                        "every step, which sequence mode splits over the GPUs first")
+    p.add_argument("--cfg", default=None, type=_cfg,
+                   help=f"guidance scale (default {DEFAULT_CFG:g}; MiniMax H3: 1, as core's templates sample it): "
+                        "1 = cond only (batch 1); > 1 = cond + uncond every step, which sequence mode splits over "
+                        "the GPUs first")
     p.add_argument("--gpu", metavar="NAME", type=_gpu,
                    help=f"GPU kind for the speed prediction ({', '.join(GPU_PEAK_TFLOPS)}); default: the "
                         f"devices' NVML names, else {DEFAULT_GPU}")

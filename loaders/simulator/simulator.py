@@ -98,6 +98,8 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
     if batch not in (None, 1, 2):
         raise ValueError(f"[ShardDiT] batch {batch!r} is not valid: 1 (cond and uncond one after the other), "
                          f"2 (together, as ComfyUI does when it fits) or None/'auto' (2 if it fits, else 1)")
+    if cfg is None:  # the guidance core's templates sample this family with (MiniMax H3: the prompt alone)
+        cfg = _family_cfg(model)
     if parallel is not None:
         parallel, cfg = check_parallel(parallel), check_cfg(DEFAULT_CFG if cfg is None else cfg)
         if gpu:
@@ -123,6 +125,15 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
                          f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
     return SimulationSetup(spec, inventory, request, devices, (width, height, frames), dtype, batch, parallel, cfg,
                            n_workers, size_note)
+
+
+def _family_cfg(model) -> float | None:
+    """The family's ``Family.default_cfg`` for a preset or file; None (the default) when it has none
+    or the model cannot be read yet (``_resolve`` then says why)."""
+    try:
+        return get_family(_resolve(model).family).default_cfg
+    except ValueError:
+        return None
 
 
 def _family_batch(spec, batch: int | None) -> int | None:

@@ -5,8 +5,12 @@ shared by the engine's threads (``local.LocalRanks``) and by worker processes
 Inside a block, ComfyUI calls ``optimized_attention`` through
 ``transformer_options[ATTENTION_OVERRIDE]``. The block's **self-attention** runs as Ulysses attention
 over the batch group's ``Exchange``; every other call (cross-attention to the text) runs locally on
-the rank's rows. A call is identified by the module that makes it (``calling_module``: the
-innermost ``nn.Module`` whose method is on the call stack), not by its place in the block:
+the rank's rows. A call is identified by the module that makes it, not by its place in the block:
+while a rank runs a block, forward hooks of its own thread (``ModuleWatch``) on the block's
+attention modules (its self-attention, and any module carrying ``comfy_attention``) say which of
+them is running. (Reading the caller off the stack frames would need ``frame.f_locals``, whose
+snapshot keeps every local tensor of that frame alive until it returns: measured +1.5 % peak on
+gpu_check's toy, more on blocks that attend from their own ``forward``.)
 
 - a block with a submodule ComfyUI names as its self-attention (``SELF_ATTENTION_NAMES``: Wan's
   ``self_attn``, LTXV's ``attn1``): the calls that module makes. Core's LTXV STG
@@ -25,23 +29,20 @@ takes them itself when it is handed containers all the same.
 preferred attention, e.g. comfy-kitchen's int8), passed as ``preferred_attention=`` and dropped by
 core once an override is installed, as ours always is in `sequence`. ``BlockAttention`` calls what
 core would have called without it: another pack's override if one was installed, else the calling
-module's ``comfy_attention.function``, else ``func``. When the calling module cannot be found it
-says once that the preferred attention is not used.
+module's ``comfy_attention.function`` (the watched module running the call), else ``func``.
 """
 from __future__ import annotations
 
 import functools
-import logging
-import sys
+import threading
 
 import torch
 
 from .ulysses import ulysses_attention
 
-__all__ = ["ATTENTION_OVERRIDE", "SELF_ATTENTION_NAMES", "BlockAttention", "calling_module", "run_rank_block",
+__all__ = ["ATTENTION_OVERRIDE", "SELF_ATTENTION_NAMES", "BlockAttention", "ModuleWatch", "run_rank_block",
            "self_attention_module", "with_attention"]
 
-log = logging.getLogger("sharddit")
 
 ATTENTION_OVERRIDE = "optimized_attention_override"
 """ComfyUI's ``transformer_options`` key for an attention function that wraps ``optimized_attention``."""
@@ -51,8 +52,6 @@ SELF_ATTENTION_NAMES = ("self_attn", "attn1", "self_attention")
 LTXV's ``BasicTransformerBlock.attn1``, as core's SD ``BasicTransformerBlock`` names it; Kandinsky 5's
 ``TransformerDecoderBlock.self_attention``)."""
 
-_STACK_DEPTH = 16
-_warned: set[str] = set()
 
 
 def self_attention_module(block: torch.nn.Module | None) -> torch.nn.Module | None:
@@ -64,26 +63,49 @@ def self_attention_module(block: torch.nn.Module | None) -> torch.nn.Module | No
     return None
 
 
-def calling_module(skip: int = 1, depth: int = _STACK_DEPTH) -> torch.nn.Module | None:
-    """The innermost ``nn.Module`` whose method is on the stack above the caller (``skip`` frames
-    up), within ``depth`` frames; None when there is none."""
-    frame = sys._getframe(skip + 1)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        code = frame.f_code
-        if code.co_argcount and code.co_varnames[0] == "self":
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, torch.nn.Module):
-                return owner
-        frame = frame.f_back
-    return None
+class ModuleWatch:
+    """Which of some modules is running on *this* thread, by forward hooks that act only for the
+    thread that installed them (other rank threads may run the same module object at once).
+    ``current`` is the innermost watched module running now, or None. Hooks are removed on exit."""
+
+    def __init__(self, modules):
+        self.modules = [m for m in dict.fromkeys(modules) if isinstance(m, torch.nn.Module)]
+        self._thread = threading.get_ident()
+        self._stack: list = []
+        self._handles: list = []
+
+    @property
+    def current(self) -> torch.nn.Module | None:
+        return self._stack[-1] if self._stack else None
+
+    def _enter(self, module, *_):
+        if threading.get_ident() == self._thread:
+            self._stack.append(module)
+
+    def _leave(self, module, *_):
+        if threading.get_ident() == self._thread and self._stack and self._stack[-1] is module:
+            self._stack.pop()
+
+    def __enter__(self):
+        for m in self.modules:
+            self._handles.append(m.register_forward_pre_hook(self._enter))
+            self._handles.append(m.register_forward_hook(self._leave, always_call=True))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._handles:
+            h.remove()
+        self._handles, self._stack = [], []
 
 
-def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        log.warning(message)
+def attention_modules(block: torch.nn.Module | None) -> list:
+    """The modules of ``block`` whose attention calls are told apart: its self-attention
+    (``self_attention_module``) and every submodule carrying a preferred attention (``comfy_attention``)."""
+    if block is None:
+        return []
+    found = [self_attention_module(block)]
+    found += [m for m in block.modules() if getattr(m, "comfy_attention", None) is not None]
+    return [m for m in found if m is not None]
 
 
 def _is_container(x) -> bool:
@@ -112,18 +134,21 @@ class BlockAttention:
         self.calls = 0
         self._self_module: torch.nn.Module | None = None
         self._by_module = False
+        self.watch: ModuleWatch | None = None
+        """The running block's ``ModuleWatch`` (``run_rank_block`` sets it); None: no module is told apart."""
 
-    def begin_block(self, block: torch.nn.Module | None = None) -> None:
+    def begin_block(self, block: torch.nn.Module | None = None, watch: ModuleWatch | None = None) -> None:
         """A new block (``block``: the module the rank runs, a streamed copy or the owner's own)."""
         self.calls = 0
         self._self_module = self_attention_module(block)
-        self._by_module = self._self_module is not None
+        self._by_module = self._self_module is not None and watch is not None
+        self.watch = watch
 
     restart = begin_block
 
     def __call__(self, func, *args, **kwargs):
         args = _taken(args)
-        caller = calling_module()
+        caller = self.watch.current if self.watch is not None else None
         is_self = self._is_self_attention(caller)
         self.calls += 1
         attend = self._attend(func, caller)
@@ -132,11 +157,8 @@ class BlockAttention:
         return ulysses_attention(self.exchange, self.rs, self.main, attend, args, kwargs, self.text_first)
 
     def _is_self_attention(self, caller) -> bool:
-        if self._by_module and caller is not None:
-            return caller is self._self_module
         if self._by_module:
-            _warn_once("caller", "[ShardDiT] sequence mode: the module making an attention call could not be "
-                                 "found; the block's first call is taken as its self-attention")
+            return caller is self._self_module
         return self.calls == 0
 
     def _attend(self, func, caller):
@@ -144,13 +166,7 @@ class BlockAttention:
         if self.prev is not None:
             return functools.partial(self.prev, func)
         preferred = getattr(getattr(caller, "comfy_attention", None), "function", None)
-        if callable(preferred):
-            return preferred
-        if caller is None:
-            _warn_once("preferred", "[ShardDiT] sequence mode: the calling module of an attention call could not "
-                                    "be found, so a checkpoint's preferred attention (comfy_attention) is not "
-                                    "used; ComfyUI's optimized attention runs instead")
-        return func
+        return preferred if callable(preferred) else func
 
 
 def with_attention(options: dict, attention: BlockAttention) -> dict:
@@ -160,9 +176,10 @@ def with_attention(options: dict, attention: BlockAttention) -> dict:
 
 def run_rank_block(module: torch.nn.Module, args, kwargs: dict, attentions, stream_names, index: int) -> dict:
     """Call ``module`` (block ``index``) on one rank's arguments; its outputs by stream name."""
-    for attention in attentions:
-        attention.begin_block(module)
-    out = module(*args, **kwargs)
+    with ModuleWatch(attention_modules(module) if attentions else ()) as watch:
+        for attention in attentions:
+            attention.begin_block(module, watch)
+        out = module(*args, **kwargs)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     if len(outs) != len(stream_names):
         raise RuntimeError(f"[ShardDiT] block {index} returned {len(outs)} tensors for "
