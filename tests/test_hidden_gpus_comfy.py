@@ -10,34 +10,15 @@ from pathlib import Path
 
 import pytest
 from harness.comfy_env import pack_module
+from harness.fake_nvml import FAKE_PYNVML, write_fake_pynvml
 
 pytestmark = pytest.mark.comfy
 REPO = Path(__file__).resolve().parents[1]
-GPUS = [("RTX 4090", "GPU-aa11-0000", "00000000:01:00.0"), ("RTX 3090", "GPU-bb22-0000", "00000000:21:00.0"),
-        ("RTX 3060", "GPU-cc33-0000", "00000000:41:00.0")]
-FAKE_PYNVML = f'''"""Stand-in for nvidia-ml-py's pynvml (test only): three GPUs."""
-from types import SimpleNamespace
-GPUS = {GPUS!r}
-def nvmlInit(): pass
-def nvmlShutdown(): pass
-def nvmlDeviceGetCount(): return len(GPUS)
-def nvmlDeviceGetHandleByIndex(i): return GPUS[i]
-def nvmlDeviceGetMemoryInfo(g): return SimpleNamespace(total=24 << 30, free=20 << 30, used=0)
-def nvmlDeviceGetName(g): return g[0]
-def nvmlDeviceGetUUID(g): return g[1]
-def nvmlDeviceGetPciInfo(g): return SimpleNamespace(busId=g[2])
-'''
 NOTE = "[ShardDiT] NVML sees 3 GPUs, torch 0: RTX 4090 (NVML 0), RTX 3090 (NVML 1), RTX 3060 (NVML 2) hidden"
 
 
 def _fake_pynvml(folder: Path):
-    import importlib.util
-
-    (folder / "pynvml.py").write_text(FAKE_PYNVML)
-    spec = importlib.util.spec_from_file_location("pynvml", folder / "pynvml.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return write_fake_pynvml(folder)
 
 
 def test_plan_node_says_once_which_gpus_are_hidden(env, monkeypatch, tmp_path):

@@ -37,6 +37,7 @@ __all__ = [
     "read_cpu_info",
     "read_hidden_note",
     "read_inventory",
+    "read_nvml_gpu_count",
 ]
 
 log = logging.getLogger("sharddit")
@@ -245,6 +246,15 @@ def read_hidden_note(devices: str) -> str:
     """``hidden_note`` of this machine's inventory, for a ``devices`` input that plans on it
     (``""`` for imagined GPUs, ``"cuda:0=24GiB,..."``): ``plan`` and the Plan node print it."""
     return "" if "=" in str(devices) else read_inventory().hidden_note
+
+
+def read_nvml_gpu_count() -> tuple[int | None, str]:
+    """(GPUs NVML sees on this machine, all of them whatever ``CUDA_VISIBLE_DEVICES`` says; None and
+    why when NVML cannot be read): what ``selftest`` sets beside torch's count."""
+    try:
+        return len(_read_nvml_physical()), ""
+    except Exception as err:  # pynvml missing, no driver: the caller says so
+        return None, f"{type(err).__name__}: {err}"
 
 
 def _nvml_gpus(physical: tuple[PhysicalGpu, ...]) -> tuple[tuple[DeviceInfo, ...] | None, str]:
