@@ -76,7 +76,10 @@ def _hidden(ctx) -> str:
     """The inventory's line on GPUs this process cannot use (ComfyUI's Windows default shows one GPU
     unless started with ``--cuda-device all``): they may be what the plan is missing."""
     note = ctx.inventory.hidden_note
-    return f" More GPUs exist: {note.removeprefix('[ShardDiT] ')}" if note else ""
+    if not note:
+        return ""
+    fix = note.partition("To use them: ")[2] or note.removeprefix("[ShardDiT] ")
+    return f" This machine has more GPUs than this process sees; to use them: {fix}"
 
 
 def format_weight_error(ctx, entry, start: int, stop: int, cap: int) -> str:
