@@ -122,3 +122,21 @@ def test_placement_counts_the_vram_aimdo_holds_for_comfyui(env, monkeypatch, tmp
     monkeypatch.setattr(cmm, "aimdo_enabled", False)  # dynamic VRAM off: aimdo holds nothing for ComfyUI
     assert placement.current_inventory().get("cuda:1").releasable_bytes == 0
     assert placement.plan_component_device("vae", 30 << 30, "auto", reserve_vram_gb=0.0) == "cpu"
+
+
+def test_releasable_memory_adds_torchs_cached_blocks(env, monkeypatch):
+    """What core's ``get_free_memory`` adds to the driver's free memory: torch's reserved but inactive
+    blocks (NVML counts them as used). Stand-in allocator numbers on three CUDA devices."""
+    import torch
+
+    settings = pack_module(env, "loaders.comfy.core_settings")
+    stats = {1: {"reserved_bytes.all.current": 5 << 30, "active_bytes.all.current": 2 << 30}}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda i: stats.get(i, {}))
+    monkeypatch.setattr(settings, "aimdo_on", lambda: False)
+    assert [settings.releasable_bytes(d) >> 30 for d in ("cuda:0", "cuda:1", "cuda:2", "cpu")] == [0, 3, 0, 0]
+    assert settings.releasable_bytes("cuda:5") == 0, "a device torch does not have"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert settings.releasable_bytes("cuda:1") == 0, "before CUDA is used nothing is cached (and no context is made)"

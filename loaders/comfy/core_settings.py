@@ -76,10 +76,11 @@ def _aimdo_bytes(index: int) -> int:
 
 
 def _torch_cached_bytes(index: int) -> int:
-    """torch's reserved-but-inactive blocks on ``cuda:index`` (0 without a real CUDA device there)."""
+    """torch's reserved-but-inactive blocks on ``cuda:index`` (0 without a real CUDA device there;
+    0 before this process used CUDA at all: nothing is cached then, and no context is made to ask)."""
     import torch
 
-    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized() or index >= torch.cuda.device_count():
         return 0
     stats = torch.cuda.memory_stats(index)
     return max(0, int(stats.get("reserved_bytes.all.current", 0)) - int(stats.get("active_bytes.all.current", 0)))
