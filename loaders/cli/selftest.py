@@ -46,8 +46,8 @@ from ...parallel.tiling import TileSpec, plan_tiles
 from ..comfyui_import import dynamic_vram_status
 from .selftest_dynamic import check_dynamic_vram
 from .selftest_models import WAN_DIT, build_wan_dit, build_wan_vae
-from .selftest_settings import comfyui_version, gpu_lines, settings_line, settings_summary
 from .selftest_sequence import check_prefetch_overlap, check_sequence, sequence_devices
+from .selftest_settings import comfyui_version, gpu_lines, settings_line, settings_summary
 from ..comfy.shard_hooks import get_shard_state
 from ..comfy.shard_pipeline import shard_model
 from ..comfy.vae_decode import core_tile_params, decode_tiled
