@@ -77,3 +77,14 @@ def test_the_ring_bounces_through_pinned_memory_only_when_allowed(monkeypatch):
     assert seq_ops.TorchOps().pin is True
     seq_ops.set_pinned_memory(False)  # what --disable-pinned-memory makes the loaders do
     assert seq_ops.TorchOps().pin is False and not seq_ops.pinned_memory_allowed()
+
+
+def test_the_windows_fix_names_both_of_cores_switches():
+    """ComfyUI on Windows: all GPUs with --cuda-device all; with several visible its start-up warning
+    also asks for --disable-pinned-memory (0.33), which the block ring then follows."""
+    from sharddit.parallel.placement.visible import PhysicalGpu, hidden_gpus_note
+
+    gpus = [PhysicalGpu(i, f"GPU {i}", 24 * G, 20 * G, f"GPU-{i}a", f"00000000:0{i + 1}:00.0") for i in range(2)]
+    note = hidden_gpus_note(gpus, gpus[:1], 1, "0", windows=True)
+    assert "start ComfyUI with --cuda-device all" in note and "--disable-pinned-memory" in note
+    assert "--disable-pinned-memory" not in hidden_gpus_note(gpus, gpus[:1], 1, "0", windows=False)
