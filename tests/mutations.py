@@ -24,7 +24,8 @@ REPO = Path(__file__).resolve().parents[1]
 MUTATIONS = [
     ("parallel/sequence/ops.py", "if torch.cuda.is_available() and nbytes:", "if False:",
      "tests/test_cuda_paths_on_cpu.py::test_bounce_buffers_are_page_locked_and_exactly_the_bytes_held", False),
-    ("parallel/sequence/ops.py", 'return self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()',
+    ("parallel/sequence/ops.py",
+     'return self.pin and self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()',
      "return False",
      "tests/test_cuda_paths_on_cpu.py::test_a_pageable_owner_needs_a_bounce_to_a_gpu_and_nothing_else_does", False),
     ("parallel/sequence/stream.py", "buf.used = self.ops.record(self.ops.current_stream(self.place))",
@@ -78,6 +79,41 @@ MUTATIONS = [
     ("benchmarks/gpu_check_sections.py", "factors=factors if factors is not None else toy_factors())",
      "factors=factors)", "tests/test_gpu_check_dry.py::test_the_memory_sections_plan_holds_the_toys_tracked_peak",
      False),
+    # issue 31 part 2, platform items: hidden GPUs (Windows), aimdo's memory, pinned memory, fast_disk clones
+    ("parallel/placement/devices.py", "hidden = f\" {hidden_note.removeprefix('[ShardDiT] ')}\" if hidden_note else \"\"",
+     "hidden = \"\"", "tests/test_hidden_gpus_and_core_memory.py::"
+     "test_a_missing_device_error_names_the_hidden_gpus_and_the_fix", False),
+    ("parallel/placement/planner.py", "existing, inventory.hidden_note)", "existing)",
+     "tests/test_hidden_gpus_and_core_memory.py::"
+     "test_the_planner_names_hidden_gpus_for_a_missing_device_and_a_dit_that_does_not_fit", False),
+    ("parallel/placement/plan_text.py", "    if not note:\n        return \"\"\n", "    return \"\"\n",
+     "tests/test_hidden_gpus_and_core_memory.py::"
+     "test_the_planner_names_hidden_gpus_for_a_missing_device_and_a_dit_that_does_not_fit", False),
+    ("parallel/placement/inventory.py", "return self.free_bytes + self.held_bytes + self.releasable_bytes",
+     "return self.free_bytes + self.held_bytes",
+     "tests/test_hidden_gpus_and_core_memory.py::test_memory_comfyui_can_release_is_available_to_the_planner", False),
+    ("parallel/sequence/ops.py", "return self.pin and self.is_async(dst_place)", "return self.is_async(dst_place)",
+     "tests/test_hidden_gpus_and_core_memory.py::test_the_ring_bounces_through_pinned_memory_only_when_allowed", False),
+    ("loaders/comfy/model_loading.py",
+     "check_devices_exist(parsed.unique_devices, inventory.names, inventory.hidden_note)",
+     "check_devices_exist(parsed.unique_devices, inventory.names)",
+     "tests/test_hidden_gpus_comfy.py::test_node_errors_name_the_hidden_gpus_and_cuda_device_all", True),
+    ("loaders/comfy/shard_devices.py", "    _say_hidden(chosen, inventory)\n", "",
+     "tests/test_hidden_gpus_comfy.py::test_auto_says_it_chose_from_the_one_gpu_shown", True),
+    ("loaders/comfy/placement.py", "return with_releasable(inventory.with_held_bytes(held))",
+     "return inventory.with_held_bytes(held)",
+     "tests/test_hidden_gpus_comfy.py::test_placement_counts_the_vram_aimdo_holds_for_comfyui", True),
+    ("loaders/comfy/shard_pipeline.py", "    sync_pinned_memory()  #", "    pass  #",
+     "tests/test_core_settings_comfy.py::test_the_ring_follows_disable_pinned_memory", True),
+    ("loaders/comfy/shard_pipeline.py", "    model = clonable(model)", "    pass",
+     "tests/test_core_settings_comfy.py::test_a_patcher_subclass_without_fast_disk_shards_and_clones", True),
+    ("loaders/comfy/core_settings.py", 'if args is None or not hasattr(args, "disable_cuda_graphs"):', "if True:",
+     "tests/test_selftest_comfy.py::test_selftest_switches_set_cores_own_or_say_it_has_none", True),
+    ("loaders/cli/selftest_settings.py", '        lines.append(note.removeprefix("[ShardDiT] "))', "        pass",
+     "tests/test_selftest_comfy.py::test_cpu_selftest_passes_with_full_report", True),
+    ("loaders/comfy/core_settings.py", "    return _aimdo_bytes(index) + _torch_cached_bytes(index)",
+     "    return _aimdo_bytes(index)",
+     "tests/test_hidden_gpus_comfy.py::test_releasable_memory_adds_torchs_cached_blocks", True),
 ]
 
 

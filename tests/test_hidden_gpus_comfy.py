@@ -10,34 +10,15 @@ from pathlib import Path
 
 import pytest
 from harness.comfy_env import pack_module
+from harness.fake_nvml import FAKE_PYNVML, write_fake_pynvml
 
 pytestmark = pytest.mark.comfy
 REPO = Path(__file__).resolve().parents[1]
-GPUS = [("RTX 4090", "GPU-aa11-0000", "00000000:01:00.0"), ("RTX 3090", "GPU-bb22-0000", "00000000:21:00.0"),
-        ("RTX 3060", "GPU-cc33-0000", "00000000:41:00.0")]
-FAKE_PYNVML = f'''"""Stand-in for nvidia-ml-py's pynvml (test only): three GPUs."""
-from types import SimpleNamespace
-GPUS = {GPUS!r}
-def nvmlInit(): pass
-def nvmlShutdown(): pass
-def nvmlDeviceGetCount(): return len(GPUS)
-def nvmlDeviceGetHandleByIndex(i): return GPUS[i]
-def nvmlDeviceGetMemoryInfo(g): return SimpleNamespace(total=24 << 30, free=20 << 30, used=0)
-def nvmlDeviceGetName(g): return g[0]
-def nvmlDeviceGetUUID(g): return g[1]
-def nvmlDeviceGetPciInfo(g): return SimpleNamespace(busId=g[2])
-'''
 NOTE = "[ShardDiT] NVML sees 3 GPUs, torch 0: RTX 4090 (NVML 0), RTX 3090 (NVML 1), RTX 3060 (NVML 2) hidden"
 
 
 def _fake_pynvml(folder: Path):
-    import importlib.util
-
-    (folder / "pynvml.py").write_text(FAKE_PYNVML)
-    spec = importlib.util.spec_from_file_location("pynvml", folder / "pynvml.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return write_fake_pynvml(folder)
 
 
 def test_plan_node_says_once_which_gpus_are_hidden(env, monkeypatch, tmp_path):
@@ -67,3 +48,95 @@ def test_plan_command_says_once_which_gpus_are_hidden(tmp_path):
     assert proc.returncode in (0, 3), proc.stderr[-3000:]
     assert proc.stdout.startswith(NOTE), proc.stdout[:600]
     assert (proc.stdout + proc.stderr).count("NVML sees") == 1
+
+
+HIDDEN = "RTX 3090 (NVML 1), RTX 3060 (NVML 2) hidden from this process (CUDA_VISIBLE_DEVICES '0')"
+
+
+@pytest.fixture
+def windows_one_gpu(env, monkeypatch, tmp_path):
+    """ComfyUI on Windows without --cuda-device all: CUDA_VISIBLE_DEVICES=0 of three GPUs."""
+    inv = pack_module(env, "parallel.placement.inventory")
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(tmp_path))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setattr(inv, "_read_torch_ids", lambda: None)
+    monkeypatch.setattr(inv, "_on_windows", lambda: True)
+    assert inv.read_inventory().names == ("cuda:0", "cpu")
+    return inv
+
+
+@pytest.mark.parametrize("node_id, inputs", [
+    ("ShardDiTLoadDiffusionModel", {"devices": "cuda:0,cuda:1"}),
+    ("ShardDiTShardModel", {"devices": "cuda:0,cuda:2"}),
+    ("ShardDiTKSampler", {"devices": "cuda:1"}),
+    ("ShardDiTLoadTextEncoder", {"device": "cuda:1"}),
+    ("ShardDiTLoadVAE", {"device": "cuda:2"}),
+    ("ShardDiTVAEDecodeTiled", {"devices": "cuda:0,cuda:1"}),
+])
+def test_node_errors_name_the_hidden_gpus_and_cuda_device_all(env, windows_one_gpu, node_id, inputs):
+    message = env.nodes.NODE_CLASS_MAPPINGS[node_id].validate_inputs(**inputs)
+    assert isinstance(message, str) and "does not exist; this machine has cuda:0, cpu" in message, message
+    assert HIDDEN in message and "start ComfyUI with --cuda-device all" in message, message
+
+
+def test_auto_says_it_chose_from_the_one_gpu_shown(env, tiny, windows_one_gpu, caplog):
+    import logging
+
+    from harness.sampling import load
+
+    shard_devices = pack_module(env, "loaders.comfy.shard_devices")
+    model = load(env, tiny.wan21_t2v_state_dict())
+    with caplog.at_level(logging.WARNING, logger="sharddit"):
+        assert shard_devices._local_auto_devices(model, 0.0, None) == "cuda:0"
+        assert shard_devices._local_auto_devices(model, 0.0, None) == "cuda:0"
+    said = [r.getMessage() for r in caplog.records if "devices 'auto' -> cuda:0" in r.getMessage()]
+    assert len(said) == 1, f"once per choice: {said}"
+    assert "chosen from the 1 GPU this process sees" in said[0] and HIDDEN in said[0]
+    assert "--cuda-device all" in said[0]
+
+
+def test_placement_counts_the_vram_aimdo_holds_for_comfyui(env, monkeypatch, tmp_path):
+    """comfy-aimdo (dynamic VRAM) keeps VRAM for ComfyUI that NVML reports as used; core's own
+    ``ModelPatcher.get_free_memory`` adds ``comfy_aimdo.model_vbar.vbars_analyze(index)`` back.
+    Stand-in numbers: NVML 20 GiB free on each of three GPUs, aimdo can release 12 GiB on cuda:1.
+    A 30 GiB VAE then fits only there, and ``auto`` must put it there, not on the CPU."""
+    try:
+        import comfy.memory_management as cmm
+        from comfy_aimdo import model_vbar
+    except ImportError as err:
+        pytest.skip(f"this ComfyUI has no comfy-aimdo dynamic VRAM ({err}) (added after ComfyUI 0.3.64)")
+    assert hasattr(cmm, "aimdo_enabled") and hasattr(model_vbar, "vbars_analyze")
+    inv = pack_module(env, "parallel.placement.inventory")
+    placement = pack_module(env, "loaders.comfy.placement")
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(inv, "_read_torch_ids", lambda: None)
+    monkeypatch.setattr(placement, "_PLACED", {})  # no DiT or other component placed by earlier tests
+    monkeypatch.setattr(cmm, "aimdo_enabled", True)
+    monkeypatch.setattr(model_vbar, "vbars_analyze", lambda device=None: {1: 12 << 30}.get(device, 0))
+    now = placement.current_inventory()
+    assert now.names == ("cuda:0", "cuda:1", "cuda:2", "cpu")
+    assert [g.releasable_bytes >> 30 for g in now.gpus] == [0, 12, 0]
+    assert now.get("cuda:1").available_bytes == 32 << 30 and now.get("cuda:0").available_bytes == 20 << 30
+    assert placement.plan_component_device("vae", 30 << 30, "auto", reserve_vram_gb=0.0) == "cuda:1"
+    monkeypatch.setattr(cmm, "aimdo_enabled", False)  # dynamic VRAM off: aimdo holds nothing for ComfyUI
+    assert placement.current_inventory().get("cuda:1").releasable_bytes == 0
+    assert placement.plan_component_device("vae", 30 << 30, "auto", reserve_vram_gb=0.0) == "cpu"
+
+
+def test_releasable_memory_adds_torchs_cached_blocks(env, monkeypatch):
+    """What core's ``get_free_memory`` adds to the driver's free memory: torch's reserved but inactive
+    blocks (NVML counts them as used). Stand-in allocator numbers on three CUDA devices."""
+    import torch
+
+    settings = pack_module(env, "loaders.comfy.core_settings")
+    stats = {1: {"reserved_bytes.all.current": 5 << 30, "active_bytes.all.current": 2 << 30}}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "memory_stats", lambda i: stats.get(i, {}))
+    monkeypatch.setattr(settings, "aimdo_on", lambda: False)
+    assert [settings.releasable_bytes(d) >> 30 for d in ("cuda:0", "cuda:1", "cuda:2", "cpu")] == [0, 3, 0, 0]
+    assert settings.releasable_bytes("cuda:5") == 0, "a device torch does not have"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert settings.releasable_bytes("cuda:1") == 0, "before CUDA is used nothing is cached (and no context is made)"

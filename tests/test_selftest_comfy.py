@@ -36,14 +36,35 @@ def _one(lines, start: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def cpu_report():
-    return _selftest(CUDA_VISIBLE_DEVICES="")
+def cpu_report(tmp_path_factory):
+    """Every GPU hidden from torch, three served by a stand-in NVML (as ComfyUI on Windows without
+    --cuda-device all, or CUDA_VISIBLE_DEVICES narrowed): the report must say so."""
+    from harness.fake_nvml import write_fake_pynvml
+
+    folder = tmp_path_factory.mktemp("fake_nvml")
+    write_fake_pynvml(folder)
+    return _selftest(CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(folder))
+
+
+def _core_has(flag: str) -> bool:
+    """Whether the ComfyUI under test has a command-line switch (read from its own cli_args.py)."""
+    return flag in (Path(os.environ["COMFYUI_PATH"]) / "comfy" / "cli_args.py").read_text()
 
 
 def test_cpu_selftest_passes_with_full_report(cpu_report):
     lines = _lines(cpu_report)
     assert lines and all(line.startswith(PREFIX) for line in lines), cpu_report.stdout
     assert "ComfyUI device cpu" in _one(lines, "ComfyUI ")
+    assert re.search(r"ComfyUI \d+\.\d+\.\d+ at ", _one(lines, "ComfyUI ")), "the version, read from the tree"
+    settings = _one(lines, "settings:")
+    compiler = "off (needs dynamic VRAM on a CUDA GPU)" if _core_has("--disable-comfy-compiler") else "not in this ComfyUI"
+    graphs = "off (needs dynamic VRAM on a CUDA GPU)" if _core_has("--disable-cuda-graphs") else "not in this ComfyUI"
+    dynamic = re.search(r"dynamic VRAM (off: .*)$", _one(lines, "ComfyUI ")).group(1)  # why differs by core
+    assert settings == (f"{PREFIX} settings: dynamic VRAM {dynamic}, Comfy Compiler {compiler}, "
+                        f"CUDA graphs {graphs}, pinned memory on"), settings
+    assert _one(lines, "GPUs:") == f"{PREFIX} GPUs: torch sees 0, NVML sees 3"
+    hidden = _one(lines, "NVML sees 3 GPUs, torch 0:")
+    assert "RTX 4090 (NVML 0), RTX 3090 (NVML 1), RTX 3060 (NVML 2) hidden" in hidden and "CUDA_VISIBLE_DEVICES=0,1,2" in hidden
     assert "GiB free /" in _one(lines, "device cpu (CPU):")
     assert "cpu vs cpu blocks 0-1, cpu blocks 2-3" in _one(lines, "sampling: tiny Wan 2.1 DiT")
     assert "identical, max diff 0" in _one(lines, "sampling: PASS: bit-exact expected")
@@ -59,7 +80,29 @@ def test_cpu_selftest_passes_with_full_report(cpu_report):
     assert _one(lines, "prefetch:").startswith(f"{PREFIX} prefetch: no GPU: skipped")
     dynamic = _one(lines, "dynamic VRAM:")
     assert dynamic.startswith(f"{PREFIX} dynamic VRAM: off: ") and "skipped" in dynamic
-    assert "7/7 checks passed" in _one(lines, "PASS:")
+    verdict = _one(lines, "PASS:")
+    assert "7/7 checks passed" in verdict and verdict.endswith(settings.split("settings: ", 1)[1]), verdict
+
+
+def test_selftest_switches_set_cores_own_or_say_it_has_none(comfy_env, monkeypatch):
+    """``selftest --disable-cuda-graphs`` / ``--disable-comfy-compiler``: core's switch where it exists."""
+    from comfy.cli_args import args
+    from harness.comfy_env import pack_module
+
+    settings = pack_module(comfy_env, "loaders.cli.selftest_settings")
+    for name in settings.SWITCHES:
+        if hasattr(args, name):
+            monkeypatch.setattr(args, name, False)
+    lines = settings.apply_switches({name: True for name in settings.SWITCHES})
+    for name, flag in (("disable_comfy_compiler", "--disable-comfy-compiler"),
+                       ("disable_cuda_graphs", "--disable-cuda-graphs")):
+        if _core_has(flag):
+            assert getattr(args, name) is True and not any(line.startswith(flag) for line in lines)
+        else:
+            assert f"{flag}: " in "\n".join(lines) and "not in this ComfyUI; nothing to turn off" in "\n".join(lines)
+    summary = settings.settings_summary("off: no CUDA GPU")
+    assert ("CUDA graphs off (--disable-cuda-graphs)" if _core_has("--disable-cuda-graphs")
+            else "CUDA graphs not in this ComfyUI") in summary
 
 
 def test_without_comfyui_exit_2_and_says_how():

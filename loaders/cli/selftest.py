@@ -47,6 +47,7 @@ from ..comfyui_import import dynamic_vram_status
 from .selftest_dynamic import check_dynamic_vram
 from .selftest_models import WAN_DIT, build_wan_dit, build_wan_vae
 from .selftest_sequence import check_prefetch_overlap, check_sequence, sequence_devices
+from .selftest_settings import comfyui_version, gpu_lines, settings_line, settings_summary
 from ..comfy.shard_hooks import get_shard_state
 from ..comfy.shard_pipeline import shard_model
 from ..comfy.vae_decode import core_tile_params, decode_tiled
@@ -118,9 +119,10 @@ def _run_checks(comfyui_root, import_s: float) -> int:
     start = time.perf_counter()
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     ref, devices = choose_devices(n_gpus)
-    _say(f"ComfyUI {_comfyui_version()} at {comfyui_root}, torch {torch.__version__}, "
+    _say(f"ComfyUI {comfyui_version()} at {comfyui_root}, torch {torch.__version__}, "
          f"ComfyUI device {mm.get_torch_device()}, dynamic VRAM {dynamic_vram_status()}")
-    for line in _device_lines():
+    _say(settings_line(dynamic_vram_status()))
+    for line in gpu_lines() + _device_lines():
         _say(line)
     checks = [_run(name, fn) for name, fn in (
         ("sampling", lambda c: check_sampling(c, ref, devices)),
@@ -133,7 +135,8 @@ def _run_checks(comfyui_root, import_s: float) -> int:
     failed = [c.name for c in checks if not c.ok]
     verdict = f"FAIL ({', '.join(failed)})" if failed else "PASS"
     _say(f"{verdict}: {len(checks) - len(failed)}/{len(checks)} checks passed in "
-         f"{time.perf_counter() - start:.1f} s (+ {import_s:.1f} s importing ComfyUI)")
+         f"{time.perf_counter() - start:.1f} s (+ {import_s:.1f} s importing ComfyUI), under "
+         f"{settings_summary(dynamic_vram_status())}")
     return 1 if failed else 0
 
 
@@ -152,15 +155,6 @@ def _run(name: str, fn) -> Check:
     for line in check.lines:
         _say(f"{name}: {line}")
     return check
-
-
-def _comfyui_version() -> str:
-    try:
-        import comfyui_version
-
-        return comfyui_version.__version__
-    except ImportError:
-        return "(version unknown)"
 
 
 def _device_lines() -> list[str]:

@@ -20,13 +20,20 @@ def add_arguments(p) -> None:
     p.add_argument("--disable-dynamic-vram", action="store_true",
                    help="run as ComfyUI started with --disable-dynamic-vram (by default ComfyUI's dynamic VRAM is "
                         "on where its main.py turns it on: NVIDIA GPUs, ComfyUI 0.16+)")
+    p.add_argument("--disable-comfy-compiler", action="store_true",
+                   help="run as ComfyUI started with --disable-comfy-compiler (ComfyUI 0.34+; said when absent)")
+    p.add_argument("--disable-cuda-graphs", action="store_true",
+                   help="run as ComfyUI started with --disable-cuda-graphs (said when this ComfyUI has no such switch)")
 
 
 def run(args) -> int:
     t0 = time.perf_counter()
     root = import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False),
                           dynamic_vram=not getattr(args, "disable_dynamic_vram", False))
-    from .selftest import run_selftest  # imports ComfyUI: after import_comfyui
+    from .selftest import PREFIX, run_selftest  # imports ComfyUI: after import_comfyui
+    from .selftest_settings import SWITCHES, apply_switches
 
+    for line in apply_switches({name: getattr(args, name, False) for name in SWITCHES}):
+        print(f"{PREFIX} {line}", flush=True)
     return run_selftest(root, import_s=time.perf_counter() - t0)
 

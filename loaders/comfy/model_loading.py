@@ -40,7 +40,8 @@ def check_devices(devices: str) -> None:
     local, remote = split_worker_devices(devices)
     parsed = parse_devices(local)
     if not parsed.auto:
-        check_devices_exist(parsed.unique_devices, read_inventory().names)
+        inventory = read_inventory()
+        check_devices_exist(parsed.unique_devices, inventory.names, inventory.hidden_note)
     check_workers(devices, remote)
 
 
@@ -69,7 +70,8 @@ def check_component_device(device: str) -> None:
     """Cheap checks of a single ``device`` input (``auto``, ``cpu``, ``cuda:N``)."""
     chosen = parse_component_device(device)
     if chosen != "auto":
-        check_devices_exist([chosen], read_inventory().names)
+        inventory = read_inventory()
+        check_devices_exist([chosen], inventory.names, inventory.hidden_note)
 
 
 def unet_model_options(weight_dtype: str) -> dict:

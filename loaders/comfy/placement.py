@@ -17,6 +17,7 @@ import comfy.model_management as mm
 from ...parallel.placement.inventory import Inventory, read_inventory
 from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
 from ...parallel.placement.planner import Footprint, PlacementRequest, plan_placement
+from .core_settings import with_releasable
 
 log = logging.getLogger("sharddit")
 
@@ -109,7 +110,8 @@ def is_sharddit_patcher(patcher) -> bool:
 
 
 def current_inventory() -> Inventory:
-    """The inventory now, with bytes ShardDiT's own loaded models hold counted as available."""
+    """The inventory now, with bytes ShardDiT's own loaded models hold counted as available, and
+    what ComfyUI's memory manager can release (comfy-aimdo, torch's cache: ``core_settings``)."""
     inventory = read_inventory()
     held = {d: b for d, b in sharddit_holdings().items() if d in inventory.names}
-    return inventory.with_held_bytes(held)
+    return with_releasable(inventory.with_held_bytes(held))

@@ -3,6 +3,8 @@ machine's planner choice, plus every joined worker where the mode can use them);
 are checked (joined, listed once, not with ``parallel=blocks``) before anything is planned."""
 from __future__ import annotations
 
+import logging
+
 from ...parallel.placement.devices import split_worker_devices
 from ...parallel.placement.planner import PlacementRequest, plan_placement
 from .distributed import check_workers, resolve_auto_devices
@@ -12,6 +14,9 @@ from .specs import find_arch_spec, get_arch_spec
 from .shard_plan import footprint_of
 
 __all__ = ["resolve_devices"]
+
+log = logging.getLogger("sharddit")
+_SAID: set = set()  # (choice, note) pairs logged: the inventory is read on every prompt
 
 
 def resolve_devices(request: ShardRequest) -> Devices:
@@ -40,4 +45,17 @@ def _local_auto_devices(model, reserve_vram_gb, inventory) -> str:
     fp = footprint_of(dit, get_arch_spec(dit))
     inventory = inventory if inventory is not None else current_inventory()
     plan = plan_placement(inventory, fp, PlacementRequest(devices="auto", reserve_vram_gb=reserve_vram_gb))
-    return ",".join(dict.fromkeys(r.device for r in plan.block_ranges))
+    chosen = ",".join(dict.fromkeys(r.device for r in plan.block_ranges))
+    _say_hidden(chosen, inventory)
+    return chosen
+
+
+def _say_hidden(chosen: str, inventory) -> None:
+    """``auto`` chose among the GPUs this process sees; when the driver has more (ComfyUI's Windows
+    default: one GPU unless started with ``--cuda-device all``) say so, once per choice."""
+    note = inventory.hidden_note
+    if note and (chosen, note) not in _SAID:
+        _SAID.add((chosen, note))
+        n = len(inventory.gpus)
+        log.warning("[ShardDiT] devices 'auto' -> %s, chosen from the %d GPU%s this process sees. %s", chosen, n,
+                    "" if n == 1 else "s", note.removeprefix("[ShardDiT] "))

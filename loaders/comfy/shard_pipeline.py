@@ -15,6 +15,8 @@ import logging
 
 from ...parallel.cost.mode import DEFAULT_PARALLEL, check_parallel
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
+from .core_settings import sync_pinned_memory
+from .patcher_clone import clonable
 from .shard_mode import attach_mode
 from .shard_devices import resolve_devices
 from .shard_hooks import get_shard_state
@@ -43,6 +45,8 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
         if reason is not None:
             logging.getLogger("sharddit").info("%s; devices 'auto': the model passes through unsharded", reason)
             return model
+    sync_pinned_memory()  # the block ring follows ComfyUI's --disable-pinned-memory
+    model = clonable(model)  # a pack's patcher subclass that core's clone() cannot rebuild (fast_disk)
     request = ShardRequest(model, devices, float(reserve_vram_gb), check_parallel(parallel), inventory)
     where = resolve_devices(request)
     choice = decide_mode(request, where)

@@ -88,7 +88,8 @@ def check_decode_devices(devices: str) -> None:
     parsed = parse_devices(devices)
     if not parsed.auto:
         check_decode_device_count(len(parsed.entries))
-        check_devices_exist(parsed.unique_devices, read_inventory().names)
+        inventory = read_inventory()
+        check_devices_exist(parsed.unique_devices, inventory.names, inventory.hidden_note)
 
 
 def resolve_devices(vae, devices: str) -> list[torch.device]:
@@ -101,7 +102,8 @@ def resolve_devices(vae, devices: str) -> list[torch.device]:
         log.warning("[ShardDiT] VAE decode ignores device weights in %r: each device takes the next batch "
                     "when it is free", devices)
     names = [e.device for e in parsed.entries]
-    check_devices_exist(dict.fromkeys(names), read_inventory().names)
+    inventory = read_inventory()
+    check_devices_exist(dict.fromkeys(names), inventory.names, inventory.hidden_note)
     return [torch.device(n) for n in names]
 
 

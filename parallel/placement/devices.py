@@ -136,8 +136,12 @@ def _parse_weight(text: str, part: str, context: str) -> float:
     return weight
 
 
-def check_devices_exist(devices: Iterable[str], available: Iterable[str]) -> None:
-    """Raise ValueError for the first device not in ``available`` (e.g. ``inventory.names``)."""
+def check_devices_exist(devices: Iterable[str], available: Iterable[str], hidden_note: str = "") -> None:
+    """Raise ValueError for the first device not in ``available`` (e.g. ``inventory.names``).
+
+    ``hidden_note``: the inventory's line on GPUs the driver has but this process cannot use
+    (``Inventory.hidden_note``: ComfyUI on Windows shows one GPU unless started with
+    ``--cuda-device all``); appended to the error, since it is then the reason and names the fix."""
     existing = tuple(available)
     for device in devices:
         if device not in existing:
@@ -148,7 +152,8 @@ def check_devices_exist(devices: Iterable[str], available: Iterable[str]) -> Non
                 if gpus
                 else "no GPU is visible to torch here: use 'cpu' or 'auto' (check the driver and CUDA_VISIBLE_DEVICES)"
             )
-            raise ValueError(f"device {device!r} does not exist; this machine has {has}; {fix}")
+            hidden = f" {hidden_note.removeprefix('[ShardDiT] ')}" if hidden_note else ""
+            raise ValueError(f"device {device!r} does not exist; this machine has {has}; {fix}.{hidden}")
 
 
 MEMBER_NAME_FORM = "1 to 32 ASCII letters, digits, '.', '_' or '-', starting with a letter or digit (e.g. box2)"

@@ -37,6 +37,7 @@ __all__ = [
     "read_cpu_info",
     "read_hidden_note",
     "read_inventory",
+    "read_nvml_gpu_count",
 ]
 
 log = logging.getLogger("sharddit")
@@ -66,11 +67,16 @@ class DeviceInfo:
     """``"dddd:bb:dd"`` PCI bus id; empty when unknown."""
     held_bytes: int = 0
     """Bytes ShardDiT itself already holds there (see ``Inventory.with_held_bytes``)."""
+    releasable_bytes: int = 0
+    """Bytes ComfyUI's memory manager holds there and gives back on demand (comfy-aimdo's
+    reclaimable pages, torch's cached blocks): NVML counts them as used
+    (``Inventory.with_releasable_bytes``)."""
 
     @property
     def available_bytes(self) -> int:
-        """Free plus what ShardDiT holds: re-planning the same models may reuse that memory."""
-        return self.free_bytes + self.held_bytes
+        """Free plus what ShardDiT holds (re-planning the same models may reuse that memory) plus
+        what ComfyUI can release for it."""
+        return self.free_bytes + self.held_bytes + self.releasable_bytes
 
     @property
     def is_cuda(self) -> bool:
@@ -125,12 +131,23 @@ class Inventory:
         planner counts ``free + held`` so that queueing the same workflow twice plans the same
         placement and moves nothing. Devices missing from ``held`` get 0.
         """
-        unknown = set(held) - set(self.names)
+        return self._with_bytes("held_bytes", held)
+
+    def with_releasable_bytes(self, releasable: Mapping[str, int]) -> Inventory:
+        """Copy with ``releasable_bytes`` set per device: memory ComfyUI holds and can release
+        (comfy-aimdo's dynamic VRAM keeps it for ComfyUI; NVML reports it as used, so free memory
+        alone would plan too little). Devices missing from ``releasable`` get 0."""
+        return self._with_bytes("releasable_bytes", releasable)
+
+    def _with_bytes(self, field: str, per_device: Mapping[str, int]) -> Inventory:
+        what = field.replace("_", " ")
+        unknown = set(per_device) - set(self.names)
         if unknown:
-            raise ValueError(f"held bytes for {sorted(unknown)}, which are not in the inventory ({', '.join(self.names)})")
-        if any(v < 0 for v in held.values()):
-            raise ValueError(f"held bytes must be >= 0, got {dict(held)}")
-        return replace(self, devices=tuple(replace(d, held_bytes=int(held.get(d.device, 0))) for d in self.devices))
+            raise ValueError(f"{what} for {sorted(unknown)}, which are not in the inventory ({', '.join(self.names)})")
+        if any(v < 0 for v in per_device.values()):
+            raise ValueError(f"{what} must be >= 0, got {dict(per_device)}")
+        return replace(self, devices=tuple(replace(d, **{field: int(per_device.get(d.device, 0))})
+                                           for d in self.devices))
 
 
 def parse_bytes(text: str) -> int:
@@ -229,6 +246,15 @@ def read_hidden_note(devices: str) -> str:
     """``hidden_note`` of this machine's inventory, for a ``devices`` input that plans on it
     (``""`` for imagined GPUs, ``"cuda:0=24GiB,..."``): ``plan`` and the Plan node print it."""
     return "" if "=" in str(devices) else read_inventory().hidden_note
+
+
+def read_nvml_gpu_count() -> tuple[int | None, str]:
+    """(GPUs NVML sees on this machine, all of them whatever ``CUDA_VISIBLE_DEVICES`` says; None and
+    why when NVML cannot be read): what ``selftest`` sets beside torch's count."""
+    try:
+        return len(_read_nvml_physical()), ""
+    except Exception as err:  # pynvml missing, no driver: the caller says so
+        return None, f"{type(err).__name__}: {err}"
 
 
 def _nvml_gpus(physical: tuple[PhysicalGpu, ...]) -> tuple[tuple[DeviceInfo, ...] | None, str]:

@@ -35,8 +35,10 @@ def _format_usable(ctx, device: str, loads: dict, home: int = 0) -> str:
         return "cpu (RAM size unknown, assumed enough)"
     info = ctx.inventory.get(device)
     terms = [f"{format_gib(info.available_bytes)} free"]
-    if info.held_bytes:
-        terms[0] += f" (incl. {format_gib(info.held_bytes)} held by ShardDiT)"
+    parts = [f"{format_gib(b)} {who}" for b, who in ((info.held_bytes, "held by ShardDiT"),
+                                                      (info.releasable_bytes, "ComfyUI can release")) if b]
+    if parts:
+        terms[0] += f" (incl. {' and '.join(parts)})"
     if device != "cpu":
         terms.append(f"{format_gib(ctx.request.reserve_bytes)} reserve")
     terms.append(f"{format_gib(max(a, fp.dit_activation_bytes))} activations")
@@ -66,8 +68,18 @@ def format_dit_error(ctx, devices, loads: dict) -> str:
         f"{format_gib(max(fp.block_bytes))}) plus {format_gib(fp.dit_activation_bytes)} GiB of activations "
         f"on each device it runs on. Usable for blocks: {'; '.join(usable) or 'no device'}; "
         f"together {format_gib(total)} GiB for {format_gib(sum(fp.block_bytes))} GiB of blocks. "
-        + _FIX.format(reserve=ctx.request.reserve_vram_gb)
+        + _FIX.format(reserve=ctx.request.reserve_vram_gb) + _hidden(ctx)
     )
+
+
+def _hidden(ctx) -> str:
+    """The inventory's line on GPUs this process cannot use (ComfyUI's Windows default shows one GPU
+    unless started with ``--cuda-device all``): they may be what the plan is missing."""
+    note = ctx.inventory.hidden_note
+    if not note:
+        return ""
+    fix = note.partition("To use them: ")[2] or note.removeprefix("[ShardDiT] ")
+    return f" This machine has more GPUs than this process sees; to use them: {fix}"
 
 
 def format_weight_error(ctx, entry, start: int, stop: int, cap: int) -> str:

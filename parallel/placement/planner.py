@@ -64,7 +64,7 @@ def plan_placement(inventory: Inventory, footprint: Footprint, request: Placemen
     devlist = request.device_list
     explicit = [e.device for e in devlist.entries] + [request.text_encoder_device, request.vae_device]
     existing = inventory.names if inventory.cpu is not None else inventory.names + ("cpu",)
-    check_devices_exist([d for d in explicit if d != "auto"], existing)
+    check_devices_exist([d for d in explicit if d != "auto"], existing, inventory.hidden_note)
     loads: dict = {}
     notes: list[str] = []
     te, vae = request.text_encoder_device, request.vae_device

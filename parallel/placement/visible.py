@@ -124,7 +124,8 @@ def hidden_gpus_note(physical: Sequence[PhysicalGpu], visible: Sequence[Physical
     every = ",".join(str(i) for i in range(len(physical)))
     if windows:
         fix = ("start ComfyUI with --cuda-device all (on Windows ComfyUI sets CUDA_VISIBLE_DEVICES=0 without it, "
-               "e.g. add it to run_nvidia_gpu.bat), and do not set CUDA_VISIBLE_DEVICES yourself")
+               "e.g. add it to run_nvidia_gpu.bat; add --disable-pinned-memory too where ComfyUI's start-up warning "
+               "asks for it), and do not set CUDA_VISIBLE_DEVICES yourself")
     elif cuda_visible_devices is not None:
         fix = (f"unset CUDA_VISIBLE_DEVICES or list every GPU in it (CUDA_VISIBLE_DEVICES={every}; "
                f"ComfyUI: --cuda-device {every})")

@@ -14,7 +14,20 @@ import weakref
 
 import torch
 
-__all__ = ["TorchOps", "flat_size", "flat_views", "real_cuda"]
+__all__ = ["TorchOps", "flat_size", "flat_views", "pinned_memory_allowed", "real_cuda", "set_pinned_memory"]
+
+_PINNED = [True]
+"""Whether the ring may page-lock host memory (its bounce buffers): ComfyUI's
+``--disable-pinned-memory`` turns it off (``loaders/comfy/core_settings.py`` sets it per sharding call)."""
+
+
+def set_pinned_memory(allowed: bool) -> None:
+    """Default of ``TorchOps(pin=None)``: False = copy from pageable host memory, never pin."""
+    _PINNED[0] = bool(allowed)
+
+
+def pinned_memory_allowed() -> bool:
+    return _PINNED[0]
 
 _ALIGN = 64
 """Byte alignment of each tensor in a flat buffer (any dtype's view; whole cache lines for DMA)."""
@@ -67,7 +80,12 @@ def real_cuda(device) -> bool:
 
 
 class TorchOps:
-    """Streams and events of ``torch.cuda``; no-ops (None) where the device has none."""
+    """Streams and events of ``torch.cuda``; no-ops (None) where the device has none. ``pin``: may
+    page-lock bounce buffers (None: ``pinned_memory_allowed()`` when made); without, host->GPU copies
+    read pageable memory (the copy then blocks the host thread: slower, same bytes)."""
+
+    def __init__(self, pin: bool | None = None):
+        self.pin = pinned_memory_allowed() if pin is None else bool(pin)
 
     def home(self, device) -> torch.device:
         return torch.device(device)
@@ -81,7 +99,7 @@ class TorchOps:
     def needs_bounce(self, t: torch.Tensor, dst_place) -> bool:
         """A host->GPU copy from pageable memory: ``copy_(non_blocking=True)`` from it blocks the
         host thread until the copy is done, so it is staged through pinned memory first."""
-        return self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()
+        return self.pin and self.is_async(dst_place) and t.device.type == "cpu" and not t.is_pinned()
 
     def empty_like(self, t: torch.Tensor, place) -> torch.Tensor:
         return torch.empty_like(t, device=place)
