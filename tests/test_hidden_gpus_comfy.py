@@ -140,3 +140,29 @@ def test_releasable_memory_adds_torchs_cached_blocks(env, monkeypatch):
     assert settings.releasable_bytes("cuda:5") == 0, "a device torch does not have"
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     assert settings.releasable_bytes("cuda:1") == 0, "before CUDA is used nothing is cached (and no context is made)"
+
+
+def test_the_plan_node_counts_what_aimdo_can_release(env, monkeypatch, tmp_path):
+    """The Plan node plans on the free memory the loaders use: NVML free + what aimdo can release.
+    Stand-in numbers as above (20 GiB free each, aimdo 12 GiB on cuda:1): Wan 2.1 14B bf16 (26.6 GiB of
+    weights) fits on cuda:1 alone only when the 12 GiB count."""
+    try:
+        import comfy.memory_management as cmm
+        from comfy_aimdo import model_vbar
+    except ImportError as err:
+        pytest.skip(f"this ComfyUI has no comfy-aimdo dynamic VRAM ({err}) (added after ComfyUI 0.3.64)")
+    assert hasattr(cmm, "aimdo_enabled")
+    inv = pack_module(env, "parallel.placement.inventory")
+    plan_node = pack_module(env, "loaders.simulator.plan_node")
+    settings = pack_module(env, "loaders.comfy.core_settings")
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(tmp_path))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(inv, "_read_torch_ids", lambda: None)
+    # aimdo on for the memory reading only (core's ops would run their dynamic-VRAM path on the meta model)
+    monkeypatch.setattr(settings, "aimdo_on", lambda: True)
+    monkeypatch.setattr(model_vbar, "vbars_analyze", lambda device=None: {1: 12 << 30}.get(device, 0))
+    _, report = plan_node.run_plan("wan2.1-t2v-14b", "cuda:1", 832, 480, 17, "1", "bf16", 1.0, "blocks", 1.0)
+    assert report.fits and [d.device for d in report.devices if d.blocks] == ["cuda:1"]
+    monkeypatch.setattr(settings, "aimdo_on", lambda: False)
+    _, report = plan_node.run_plan("wan2.1-t2v-14b", "cuda:1", 832, 480, 17, "1", "bf16", 1.0, "blocks", 1.0)
+    assert not report.fits

@@ -3,6 +3,7 @@ simulated plan for the chosen preset, as one text and as a picture (``plan_pictu
 from __future__ import annotations
 
 from ...parallel.placement.inventory import read_inventory
+from ..comfy.core_settings import with_releasable
 from ..comfy.distributed import describe_workers
 from ..comfy.placement import read_loaded
 from ..comfy.shard_hooks import get_shard_state
@@ -64,7 +65,7 @@ def run_plan(model: str, devices: str, width: int, height: int, frames: int, bat
     if "=" not in devices:
         inventory = read_inventory()
         held = {d: s for d, (_, s) in holdings.items() if d in inventory.names and s}
-        inventory = inventory.with_held_bytes(held)
+        inventory = with_releasable(inventory.with_held_bytes(held))  # as the loaders count free memory
     report = simulator.simulate(model, devices=devices, width=width, height=height, frames=frames,
                                 batch=None if batch == "auto" else int(batch), dtype=dtype,
                                 reserve_vram_gb=reserve_vram_gb, inventory=inventory, parallel=parallel, cfg=cfg,
