@@ -18,10 +18,10 @@ signed, numbered, schema-checked, never unpickled):
   of the blocks this worker owns that came with it,
   post this worker's part of the weight broadcasts of the blocks it mentions first (the current
   one and the next: sent from here for a block it owns, received into a ``WeightRing`` slot
-  otherwise), then (never before) its exchanges of this block (``order.CollectiveOrder``: every
-  process posts a step's broadcasts, then its exchanges, then the next step's), rebuild the rank's arguments (the hidden state it kept, constants defined once per
-  forward), run the block with a Ulysses attention override over ``DistExchange``, keep the
-  output rows;
+  otherwise), rebuild the rank's arguments (the hidden state it kept, constants defined once per
+  forward), run the block with a Ulysses attention override over ``DistExchange`` (its exchanges
+  posted after those broadcasts: ``order.CollectiveOrder``, the order every process keeps), keep
+  the output rows;
 - ``held``: report the bytes of the blocks it owns and of its receive ring;
 - ``fetch``: send back the rows of one hidden state;
 - ``leave``: leave the session (the weights go with it).
