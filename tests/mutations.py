@@ -20,6 +20,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+_ORDER = "tests/test_dist_order.py::test_every_process_posts_its_collectives_in_one_common_order"
+_SYNCS = "tests/test_dist_exchange.py::test_the_gloo_path_waits_on_the_host_once_per_exchange_call"
 # (file, exact text, its mutation, test node id, needs ComfyUI)
 MUTATIONS = [
     ("parallel/sequence/ops.py", "if torch.cuda.is_available() and nbytes:", "if False:",
@@ -114,6 +116,23 @@ MUTATIONS = [
     ("loaders/comfy/core_settings.py", "    return _aimdo_bytes(index) + _torch_cached_bytes(index)",
      "    return _aimdo_bytes(index)",
      "tests/test_hidden_gpus_comfy.py::test_releasable_memory_adds_torchs_cached_blocks", True),
+    # issue 30 fix 5: one order of every process's collectives, one host sync per exchange call
+    ("parallel/distributed/order.py", "        if phase == EXCHANGE:\n", "        if False:\n",
+     _ORDER, False),
+    ("parallel/distributed/order.py", "self._wait(lambda: all(f >= step - 1 for f in self._finished.values()),",
+     "self._wait(lambda: True,", _ORDER, False),
+    ("parallel/distributed/order.py", "        if phase == EXCHANGE:\n",
+     "        self._last = (-1, EXCHANGE)  # the order's own check made blind too\n        if False:\n", _ORDER, False),
+    ("parallel/distributed/wire.py", "        offset += raw.numel()\n",
+     "        offset += raw.numel()\n        if staged:\n            host_sync(_record(raw.device))\n", _SYNCS, False),
+    ("parallel/distributed/wire.py", "data = _host_buffer(sum(sizes), True)", "data = _host_buffer(sum(sizes), False)",
+     _SYNCS, False),
+    ("parallel/distributed/wire.py", "return _host_buffer(nbytes, any(_on_gpu(d) for d in local_devices))",
+     "return _host_buffer(nbytes, False)", _SYNCS, False),
+    ("parallel/distributed/exchange.py", "self.wire, header=not known)", "self.wire, header=True)", _SYNCS, False),
+    ("parallel/sequence/local.py", "        rank.stream.done_with(module, index)\n",
+     "        rank.stream.done_with(module, index)\n        torch.zeros(1).item()\n",
+     "tests/test_dist_exchange.py::test_the_local_path_has_no_host_sync", False),
 ]
 
 

@@ -12,8 +12,9 @@ shapes, which Ulysses attention knows from the token and head ranges both sides 
 header travels and no host sync waits for one; without ``expect`` a fixed-size header all-to-all
 (dtypes, shapes; every size checked against a limit) goes first.
 
-Every collective is posted asynchronously and waited on for at most the group's timeout; a
-failure marks the exchange broken (later calls fail at once) and names the peers.
+Every collective is posted asynchronously, in its turn of the process's ``order.CollectiveOrder``
+when one is given (the same order on every process, as NCCL needs), and waited on for at most the
+group's timeout; a failure marks the exchange broken (later calls fail at once) and names the peers.
 
 A failure (a peer died, or did not answer within the group's timeout) raises ``DistPeerError``
 naming every remote peer of the group in every local position's thread, so the user learns which
@@ -37,6 +38,7 @@ from .wire import (
     pack_parts,
     part_items,
     part_sizes,
+    receive_buffer,
     unpack_expected,
     unpack_parts,
 )
@@ -74,7 +76,8 @@ class DistExchange:
     ``device``: this process's one position's device, or ``{position: device}`` for every position
     of this process (each has its own thread calling ``all_to_all``); ``peers[p]``: a label for
     position ``p`` in errors (``"worker w1 (rank 1, cpu)"``); ``pool``: the ``sequence.threads.RankThreads`` whose
-    threads call (its abort stops a wait at once), or None.
+    threads call (its abort stops a wait at once), or None; ``order``: the process's
+    ``order.CollectiveOrder`` (the calling threads are inside its ``exchanging`` step), or None.
 
     Counters per position: ``bytes_received`` (bytes of the parts every other position sent it,
     as ``ThreadExchange`` counts), ``bytes_sent`` (bytes of its parts that left this process),
@@ -82,7 +85,7 @@ class DistExchange:
     """
 
     def __init__(self, group, group_ranks: list[int], device, peers: list[str], timeout_s: float,
-                 backend: str = "gloo", pool=None):
+                 backend: str = "gloo", pool=None, order=None):
         n = len(group_ranks)
         self.group = group
         self.group_ranks = list(group_ranks)
@@ -97,6 +100,8 @@ class DistExchange:
         self.peers = list(peers)
         self.timeout_s = timeout_s
         self.pool = pool
+        self.order = order
+        """``order.CollectiveOrder`` every all-to-all is posted through (None: posted at once)."""
         self.bytes_received = [0] * n
         self.bytes_sent = [0] * n
         self.calls = [0] * n
@@ -206,9 +211,10 @@ class DistExchange:
         sends = [self._pairs(self.local, self.positions_of(r)) if r != self.rank else [] for r in self.procs]
         recvs = [self._pairs(self.positions_of(r), self.local) if r != self.rank else [] for r in self.procs]
         flat = [posts[i][j] for pairs in sends for i, j in pairs]
-        header, data, sizes = pack_parts(flat, list(range(len(flat))), self.wire)
         pairs_in = [pair for pairs in recvs for pair in pairs]
-        if all(expects.get(j) is not None for j in self.local):
+        known = all(expects.get(j) is not None for j in self.local)
+        header, data, sizes = pack_parts(flat, list(range(len(flat))), self.wire, header=not known)
+        if known:
             specs = [[_spec(s) for s in expects[j][i]] for i, j in pairs_in]
             in_sizes = expect_sizes(specs)
         else:
@@ -216,10 +222,10 @@ class DistExchange:
             header_in = torch.empty(len(pairs_in), HEADER, dtype=torch.int64, device=self.wire)
             self._collective(header_in, header, [len(p) for p in recvs], [len(p) for p in sends])
             in_sizes, specs = part_sizes(header_in), None
-        data_in = torch.empty(sum(in_sizes), dtype=torch.uint8, device=self.wire)
+        data_in = receive_buffer(sum(in_sizes), self.wire, self.devices.values())
         self._collective(data_in, data, _per_proc(in_sizes, recvs), _per_proc(sizes, sends))
-        got = unpack_parts(header_in, data_in, self.wire) if specs is None else unpack_expected(specs, data_in,
-                                                                                                self.wire)
+        dests = [self.devices[j] for _, j in pairs_in]  # each part lands on its position's device
+        got = unpack_parts(header_in, data_in, dests) if specs is None else unpack_expected(specs, data_in, dests)
         with self._cond:
             for (i, j), size in zip([p for pairs in sends for p in pairs], sizes, strict=True):
                 self.bytes_sent[i] += size
@@ -230,8 +236,10 @@ class DistExchange:
     def _collective(self, out, inp, out_sizes: list[int], in_sizes: list[int]) -> None:
         """One ``all_to_all_single``, posted asynchronously and waited on for at most the timeout
         (a dead peer on NCCL would otherwise block this thread, and a host sync, forever)."""
-        work = dist.all_to_all_single(out, inp, output_split_sizes=out_sizes, input_split_sizes=in_sizes,
-                                      group=self.group, async_op=True)
+        def post():
+            return dist.all_to_all_single(out, inp, output_split_sizes=out_sizes, input_split_sizes=in_sizes,
+                                          group=self.group, async_op=True)
+        work = post() if self.order is None else self.order.post(f"all_to_all of processes {self.procs}", post)
         if not work.wait(datetime.timedelta(seconds=self.timeout_s)):
             raise TimeoutError(f"all_to_all not done within {self.timeout_s:.0f} s")
 

@@ -21,6 +21,11 @@ the host's copy (ComfyUI keeps it in RAM: the shard of a worker's blocks lives o
 Ulysses exchanges between a host rank and worker ranks go through ``DistExchange``; the host
 fetches a worker's rows only where the engine gathers.
 
+**Order.** Every collective of a forward (the designated proxy thread's broadcasts, the exchanges
+of the host ranks that exchange with workers) is posted through one ``order.CollectiveOrder`` per
+forward, by step (the forward's block calls): step ``s``'s broadcasts before its exchanges, its
+exchanges before step ``s + 1``'s broadcasts, as every worker posts them (NCCL needs one order).
+
 A worker process serves one rank (one device; ``worker --devices a,b`` starts one process per
 device); the host may hold several ranks of one batch group (its threads share one exchange).
 """
@@ -35,6 +40,7 @@ import torch
 from ..tensor_map import map_tensors, tensors_in
 from .weights import WeightLayout, pack_block, same_version, weights_version
 from .exchange import DistExchange
+from .order import CollectiveOrder
 from .host import DistWorkerError
 from .lobby import Lobby
 from .block_specs import describe_block
@@ -132,6 +138,10 @@ class DistRanks:
         self._mentioned: dict[str, set] = {}
         self._host_sent: set = set()
         self._host_works: list = []
+        self.order: CollectiveOrder | None = None
+        """The order of this forward's collectives (``order``)."""
+        self._exchangers: set[int] = set()
+        """Local ranks whose batch group has workers: they post exchanges."""
 
     def _groups(self, n):
         """Process groups of the batch groups that mix processes, for every batch size (one
@@ -169,6 +179,8 @@ class DistRanks:
         self._mentioned = {n: set() for n in self.names}
         self._host_sent = set()
         self._host_works = []
+        self.order = CollectiveOrder(self.session.timeout_s, self.engine.pool)
+        self._exchangers = set()
 
     def end_forward(self, ok: bool) -> None:
         s = self.session
@@ -196,8 +208,11 @@ class DistRanks:
         key = tuple(sorted({self.dist_rank[r] for r in group.ranks}))
         peers = [self._label(r) for r in group.ranks]
         devices = {group.ranks.index(r): self.engine.devices[r] for r in local}
+        for r in local:
+            self.order.add_exchanger(r)
+            self._exchangers.add(r)
         return DistExchange(self.session.groups[key], [self.dist_rank[r] for r in group.ranks], devices, peers,
-                            self.session.timeout_s, self.backend, pool)
+                            self.session.timeout_s, self.backend, pool, self.order)
 
     def _label(self, rank: int) -> str:
         name = self.remote.get(rank)
@@ -208,6 +223,9 @@ class DistRanks:
         """A local rank computes here; a remote rank's thread sends its worker the block command."""
         if rank.slice.rank in self.remote:
             self._run_remote(fwd, rank, index, block, args, kwargs, stream_names, nxt)
+        elif rank.slice.rank in self._exchangers:
+            with self.order.exchanging(rank.slice.rank, rank.blocks_run):
+                self.local.run_block(fwd, rank, index, block, args, kwargs, stream_names, nxt)
         else:
             self.local.run_block(fwd, rank, index, block, args, kwargs, stream_names, nxt)
 
@@ -253,7 +271,8 @@ class DistRanks:
         what = f"block {index}" + (" (receiving the weights of the blocks it owns)" if owned else "")
         sent = s.send(name, msg, what)
         if rank.slice.rank == self.designated:
-            self._host_broadcasts(blocks)
+            with self.order.weights(rank.blocks_run):  # after every exchange of the step before
+                self._host_broadcasts(blocks)
         s.receive(name, what)
         self.bytes_sent[name] += sent
         for key, version in updated:
@@ -287,7 +306,7 @@ class DistRanks:
                 continue
             flat = pack_block(blk, self.layout(idx, blk), self.wire)
             try:
-                work = s.broadcast(flat, 0, "all")
+                work = self.order.post(f"broadcast of block {idx}", lambda flat=flat: s.broadcast(flat, 0, "all"))
             except Exception as e:
                 raise self._weights_error(idx, e) from e
             self._host_works.append((idx, flat, work))

@@ -9,6 +9,13 @@ Two things cross processes in distributed `sequence` mode, both through torch.di
   When both sides know what they exchange (``expect``: the dtype and shape of every item each
   source sends, as Ulysses attention knows from the token and head ranges), no header travels:
   the split sizes follow from ``expect``, and no host sync waits for a header.
+
+  **Host syncs.** Gloo sends host memory: the parts a process sends from a GPU are copied, without
+  blocking, into one page-locked buffer, and the host waits once (``host_sync``, the one wait of
+  this path) per GPU they came from before gloo reads them; received bytes go to a page-locked
+  buffer and on to each destination's device without blocking. So an all-to-all costs a process
+  with one GPU position one host sync under gloo, and none in the copies under NCCL (its parts
+  stay on the GPU). In-process exchanges (``sequence.threads``) have none.
 - **messages**: control commands between the host (rank 0) and one worker (``Channel``): the
   schema-checked, signed messages of ``distributed.protocol`` (JSON, tensors as raw bytes; never
   pickle), sent as a length word, the header, then the tensors' bytes, with ``send``/``recv`` on
@@ -41,6 +48,7 @@ from .protocol import (
     PROTOCOL as PROTOCOL_VERSION,
 )
 from .secret import HOW_TO_MAKE, sign, verify
+from ..sequence.ops import real_cuda
 
 __all__ = [
     "HEADER",
@@ -48,9 +56,11 @@ __all__ = [
     "Channel",
     "expect_sizes",
     "host_handshake",
+    "host_sync",
     "pack_parts",
     "part_items",
     "part_sizes",
+    "receive_buffer",
     "unpack_expected",
     "unpack_parts",
     "worker_handshake",
@@ -77,13 +87,42 @@ def part_items(part) -> list:
     return list(part)
 
 
-def pack_parts(parts: list, order: list[int], device) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Header rows ``[n, HEADER]`` and one byte tensor with every part, destinations in ``order``
-    (``order[g]`` = the index into ``parts`` that goes to group rank ``g``); plus the byte count per
-    destination (``all_to_all_single``'s input split sizes)."""
-    header = torch.zeros(len(order), HEADER, dtype=torch.int64)
-    chunks, sizes = [], []
-    for g, j in enumerate(order):
+def host_sync(event) -> None:
+    """The host waits for ``event`` (copies into a page-locked buffer gloo is about to read): the one
+    host sync of the exchange path, so tests can count them."""
+    event.synchronize()
+
+
+def _on_gpu(device) -> bool:
+    return real_cuda(device)
+
+
+def _host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+
+
+def _record(device):
+    return torch.cuda.current_stream(device).record_event()
+
+
+def receive_buffer(nbytes: int, wire, local_devices) -> torch.Tensor:
+    """Where received bytes land: on ``wire``; page-locked when that is host memory and a local
+    position is a GPU (so the copies on to it do not block the host)."""
+    wire = torch.device(wire)
+    if wire.type == "cpu":
+        return _host_buffer(nbytes, any(_on_gpu(d) for d in local_devices))
+    return torch.empty(nbytes, dtype=torch.uint8, device=wire)
+
+
+def pack_parts(parts: list, order: list[int], device, header: bool = True):
+    """Header rows ``[n, HEADER]`` (None when ``header`` is False: the receivers know the sizes) and
+    one byte tensor on ``device`` with every part, destinations in ``order`` (``order[g]`` = the
+    index into ``parts`` that goes to group rank ``g``); plus the byte count per destination
+    (``all_to_all_single``'s input split sizes). Parts on a GPU bound for host memory are staged
+    through one page-locked buffer with one ``host_sync`` per GPU (module docstring)."""
+    device = torch.device(device)
+    rows, raws, sizes = [], [], []
+    for j in order:
         items = part_items(parts[j])
         words, size = [len(items)], 0
         for t in items:
@@ -93,17 +132,29 @@ def pack_parts(parts: list, order: list[int], device) -> tuple[torch.Tensor, tor
             if t.dtype not in _CODE:
                 raise TypeError(f"[ShardDiT] distributed exchange cannot send dtype {t.dtype}")
             words += [_CODE[t.dtype], t.dim(), *t.shape]
-            raw = t.detach().contiguous().reshape(-1).view(torch.uint8) if t.numel() else None
-            if raw is not None:
-                chunks.append(raw.to(device))
-                size += raw.numel()
+            if t.numel():
+                raws.append(t.detach().contiguous().reshape(-1).view(torch.uint8))
+                size += raws[-1].numel()
         if len(words) > HEADER:
             raise ValueError(f"[ShardDiT] distributed exchange: part {j} needs {len(words)} header words, "
                              f"at most {HEADER}")
-        header[g, :len(words)] = torch.tensor(words, dtype=torch.int64)
+        rows.append(words)
         sizes.append(size)
-    data = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8, device=device)
-    return header.to(device), data, sizes
+    gpus = sorted({r.device for r in raws if _on_gpu(r.device)}, key=str)
+    staged = device.type == "cpu" and bool(gpus)
+    data = _host_buffer(sum(sizes), True) if staged else torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    offset = 0
+    for raw in raws:
+        data[offset:offset + raw.numel()].copy_(raw, non_blocking=True)
+        offset += raw.numel()
+    for gpu in gpus if staged else ():
+        host_sync(_record(gpu))
+    if not header:
+        return None, data, sizes
+    head = torch.zeros(len(order), HEADER, dtype=torch.int64)
+    for g, words in enumerate(rows):
+        head[g, :len(words)] = torch.tensor(words, dtype=torch.int64)
+    return head.to(device), data, sizes
 
 
 def _row_specs(row: list[int], where: str) -> list:
@@ -157,9 +208,12 @@ def expect_sizes(expect: list) -> list[int]:
 
 
 def unpack_expected(expect: list, data: torch.Tensor, device) -> list[tuple]:
-    """The parts ``expect`` describes (one list of item specs per source) out of the received bytes."""
+    """The parts ``expect`` describes (one list of item specs per source) out of the received bytes,
+    each item a tensor of its own on ``device`` (or on ``device[g]`` for part ``g``), copied without
+    blocking (from a page-locked buffer to a GPU the host does not wait)."""
     out, offset = [], 0
-    for specs in expect:
+    for g, specs in enumerate(expect):
+        dev = device[g] if isinstance(device, (list, tuple)) else device
         items = []
         for spec in specs:
             if spec is None:
@@ -167,10 +221,11 @@ def unpack_expected(expect: list, data: torch.Tensor, device) -> list[tuple]:
                 continue
             dtype, shape = spec
             nbytes = _nbytes(spec)
-            raw = data[offset:offset + nbytes].clone()  # own storage, aligned for the dtype view
+            t = torch.empty(shape, dtype=dtype, device=dev)  # own storage, aligned for the dtype
+            if nbytes:
+                t.view(-1).view(torch.uint8).copy_(data[offset:offset + nbytes], non_blocking=True)
             offset += nbytes
-            t = raw.view(dtype).reshape(shape) if nbytes else torch.empty(shape, dtype=dtype)
-            items.append(t.to(device))
+            items.append(t)
         out.append(tuple(items))
     if offset != data.numel():
         raise ProtocolError(f"exchange: {data.numel()} bytes received, {offset} expected")

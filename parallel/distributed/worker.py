@@ -19,8 +19,9 @@ signed, numbered, schema-checked, never unpickled):
   post this worker's part of the weight broadcasts of the blocks it mentions first (the current
   one and the next: sent from here for a block it owns, received into a ``WeightRing`` slot
   otherwise), rebuild the rank's arguments (the hidden state it kept, constants defined once per
-  forward), run the block with a Ulysses attention override over ``DistExchange``, keep the
-  output rows;
+  forward), run the block with a Ulysses attention override over ``DistExchange`` (its exchanges
+  posted after those broadcasts: ``order.CollectiveOrder``, the order every process keeps), keep
+  the output rows;
 - ``held``: report the bytes of the blocks it owns and of its receive ring;
 - ``fetch``: send back the rows of one hidden state;
 - ``leave``: leave the session (the weights go with it).
@@ -44,6 +45,7 @@ from ..units import MiB, format_gib
 from ..placement.devices import check_member_name
 from .weights import WeightLayout, WeightRing, bind_flat, empty_block
 from .exchange import DistExchange
+from .order import CollectiveOrder
 from .host import IDLE_TIMEOUT_S, end_process_group, reset_after_failed_init, weight_groups
 from .join import LobbyMember, WorkerRefused, bind_device, check_lobby, connect, device_free_bytes, make_offer
 from .lobby import require_secret
@@ -105,7 +107,7 @@ class Worker(LobbyMember):
             end_process_group(backend == "nccl" and why != "host closed the session")
 
     def _serve(self, rank, ch, groups, wgroups, timeout_s, backend) -> str:
-        self.state = _ForwardState(-1)
+        self.state = _ForwardState(-1, timeout_s)
         while True:
             try:
                 msg, _ = ch.recv(MAX_COMMAND_BYTES, self.device)
@@ -133,7 +135,7 @@ class Worker(LobbyMember):
         if op == "block":
             if msg["fid"] != self.state.fid:
                 self.state.finish(timeout_s)
-                self.state = _ForwardState(msg["fid"])
+                self.state = _ForwardState(msg["fid"], timeout_s)
             self._block(self.state, msg, rank, groups, wgroups, timeout_s, backend)
             return {"op": "ok"}
         if op == "fetch":
@@ -180,10 +182,10 @@ class Worker(LobbyMember):
             if src == rank:  # this worker owns the block: it sends it to the other workers
                 flat = self.owned[k][1]
                 flat = flat if flat.device == self.wire else flat.to(self.wire)
-                state.works.append((dist.broadcast(flat, src, group=wgroups[group], async_op=True), flat))
+                state.works.append((_broadcast(state.order, idx, flat, src, wgroups[group]), flat))
                 continue
             slot = self.ring.slot_for(k, self.skeletons[k], self.layouts[k])
-            slot.work = dist.broadcast(slot.flat, src, group=wgroups[group], async_op=True)
+            slot.work = _broadcast(state.order, idx, slot.flat, src, wgroups[group])
             state.incoming[k] = slot
 
     def _module(self, state, key, timeout_s) -> torch.nn.Module:
@@ -200,7 +202,14 @@ class Worker(LobbyMember):
         return slot.module
 
     def _block(self, state, msg, rank, groups, wgroups, timeout_s, backend) -> None:
-        self._weights(state, msg, rank, wgroups, timeout_s)
+        step = state.steps
+        state.steps += 1
+        with state.order.weights(step):
+            self._weights(state, msg, rank, wgroups, timeout_s)
+        with state.order.exchanging(rank, step):
+            self._run(state, msg, groups, timeout_s, backend)
+
+    def _run(self, state, msg, groups, timeout_s, backend) -> None:
         module = self._module(state, (msg["key"], msg["index"]), timeout_s)
         args = [state.decode(a, self.device) for a in msg["args"]]
         kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"]}
@@ -209,11 +218,16 @@ class Worker(LobbyMember):
         attentions = []
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
             ex = DistExchange(groups[tuple(sorted(set(msg["group"])))], msg["group"], self.device, msg["peers"],
-                              timeout_s, backend)
+                              timeout_s, backend, order=state.order)
             attentions.append(BlockAttention(ex, rs, main, msg.get("text_first", False)))
             kwargs["transformer_options"] = with_attention(kwargs["transformer_options"], attentions[0])
         with torch.inference_mode(msg["inference"]), torch.set_grad_enabled(msg["grad"]):
             state.streams.update(run_rank_block(module, args, kwargs, attentions, msg["streams"], msg["index"]))
+
+
+def _broadcast(order, idx: int, flat, src: int, group):
+    """Post one weight broadcast in its turn of the forward's order (``order.CollectiveOrder``)."""
+    return order.post(f"broadcast of block {idx}", lambda: dist.broadcast(flat, src, group=group, async_op=True))
 
 
 def _tell_host(message: dict, ch, timeout_s: float) -> None:
@@ -225,8 +239,11 @@ def _tell_host(message: dict, ch, timeout_s: float) -> None:
 
 
 class _ForwardState:
-    def __init__(self, fid: int):
+    def __init__(self, fid: int, timeout_s: float):
         self.fid = fid
+        self.steps = 0
+        """Block commands of this forward so far (the step of the next one)."""
+        self.order = CollectiveOrder(timeout_s)
         self.consts: dict[int, object] = {}
         self.streams: dict[str, torch.Tensor] = {}
         self.incoming: dict[tuple, object] = {}
