@@ -88,3 +88,23 @@ def test_the_windows_fix_names_both_of_cores_switches():
     note = hidden_gpus_note(gpus, gpus[:1], 1, "0", windows=True)
     assert "start ComfyUI with --cuda-device all" in note and "--disable-pinned-memory" in note
     assert "--disable-pinned-memory" not in hidden_gpus_note(gpus, gpus[:1], 1, "0", windows=False)
+
+
+def test_the_distributed_host_buffers_follow_disable_pinned_memory(monkeypatch):
+    """The distributed path's host bytes (gloo staging, ``wire._host_buffer``; a worker's receive slots,
+    ``weights.WeightRing._pinned``) are page-locked only while pinning is allowed, as the ring's."""
+    from sharddit.parallel.distributed import weights, wire
+
+    asked = []
+    monkeypatch.setattr(wire.torch, "empty", lambda *a, pin_memory=False, **k: asked.append(pin_memory))
+    monkeypatch.setattr(seq_ops, "_PINNED", [True])
+    wire._host_buffer(8, True)
+    seq_ops.set_pinned_memory(False)
+    wire._host_buffer(8, True)
+    assert asked == [True, False]
+    ring = weights.WeightRing.__new__(weights.WeightRing)
+    ring.wire, ring.device = torch.device("cpu"), torch.device("cuda:0")
+    monkeypatch.setattr(weights, "real_cuda", lambda device: True)  # a GPU rank on gloo
+    assert ring._pinned() is False
+    seq_ops.set_pinned_memory(True)
+    assert ring._pinned() is True

@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from ..sequence.ops import real_cuda
+from ..sequence.ops import pinned_memory_allowed, real_cuda
 
 __all__ = ["RingSlot", "WeightLayout", "WeightRing", "bind_flat", "block_tensors", "empty_block", "pack_block",
            "same_version", "skeleton", "unpack_into", "weights_version"]
@@ -179,7 +179,9 @@ class WeightRing:
             slot.copied = torch.cuda.current_stream(self.device).record_event()
 
     def _pinned(self) -> bool:
-        return self.wire.type == "cpu" and real_cuda(self.device)
+        """Page-locked receive slots for a GPU rank on gloo, unless pinning is off (ComfyUI's
+        ``--disable-pinned-memory``: ``sequence.ops.set_pinned_memory``)."""
+        return self.wire.type == "cpu" and real_cuda(self.device) and pinned_memory_allowed()
 
     def release(self) -> None:
         for slots in self._slots.values():

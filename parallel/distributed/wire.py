@@ -48,7 +48,7 @@ from .protocol import (
     PROTOCOL as PROTOCOL_VERSION,
 )
 from .secret import HOW_TO_MAKE, sign, verify
-from ..sequence.ops import real_cuda
+from ..sequence.ops import pinned_memory_allowed, real_cuda
 
 __all__ = [
     "HEADER",
@@ -98,7 +98,9 @@ def _on_gpu(device) -> bool:
 
 
 def _host_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+    """Host bytes, page-locked when asked and allowed (ComfyUI's ``--disable-pinned-memory`` turns
+    pinning off: ``sequence.ops.set_pinned_memory``; the copies then wait, as pageable copies do)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned and pinned_memory_allowed())
 
 
 def _record(device):
