@@ -199,7 +199,7 @@ def test_cli_plan_single_24gib_exit_3_with_shortfall(sim):
 
 PRESETS = ("wan2.1-t2v-14b", "wan2.1-t2v-1.3b", "wan2.2-t2v-a14b", "wan2.2-ti2v-5b", "ltxv-13b", "ltxv-2b",
            "hunyuanvideo-13b", "wan2.2-i2v-a14b", "kandinsky5-lite", "kandinsky5-pro", "hunyuanvideo-1.5", "ltx-2.3",
-           "ltx-2.3-fp8")
+           "ltx-2.3-fp8", "minimax-h3", "minimax-h3-fp8")
 
 
 def test_preset_list_is_complete():
