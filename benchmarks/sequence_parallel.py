@@ -13,7 +13,14 @@ split with no exchange. Repetitions alternate unsharded / sequence (order flippe
 after one warm-up each; the result is the median of unsharded/sequence wall-time ratios. Outputs
 are checked bit-identical (even token split, > 10 rows per rank).
 
-    python benchmarks/sequence_parallel.py [--reps 5] [--tokens 2048] [--batch 1]
+    python benchmarks/sequence_parallel.py [--reps 5] [--tokens 2048] [--batch 1] [--family wan]
+
+``--family`` picks the toy's shape (``tests/harness/toy_families.py``): ``wan`` (above), ``h3``
+(MiniMax H3: 256 text rows and the video rows packed in one sample's sequence, joint attention,
+SwiGLU, modulation per row range; batch 1 always, as ComfyUI runs H3) or ``kandinsky`` (Kandinsky 5:
+two text blocks run whole, then visual blocks split, with cross-attention to 256 text tokens).
+Their outputs are compared within the toy bound (``tests/harness/numerics.py``), not bit for bit:
+their GEMMs run on a rank's rows.
 
 Prints the bytes each rank received in exchanges per forward beside the analytic figure
 ``blocks x 4 x B x (L/N) x (C - C/N) x 4 bytes`` (q, k, v out and the output back, the other ranks'
@@ -52,24 +59,26 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--family", choices=("wan", "h3", "kandinsky"), default="wan")
     args = ap.parse_args(argv)
     import_pack()
-    from harness.toy_seq import SeqToyDiT
+    from harness.numerics import assert_split_close
 
     from sharddit.parallel.sequence.engine import attach_sequence_engine
-    from sharddit.parallel.sequence.split import TokenSpec
-    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.blocks.sharding import attach_block_sharding
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
     n_blocks, heads, ranks = 4, 16, ["cpu", "cpu"]
-    model = SeqToyDiT(dim=args.dim, heads=heads, n_blocks=n_blocks, ffn=4 * args.dim, in_dim=64).eval()
-    x = torch.randn(args.batch, args.tokens, 64)
-    t, ctx = torch.rand(args.batch), torch.randn(args.batch, 512, args.dim)
-    layout = BlockLayout(("blocks",), (("x",),))
-    handle = attach_block_sharding(model, layout, ["cpu"] * (n_blocks // 2) + ["cpu"] * (n_blocks // 2), "cpu")
-    proxies = list(handle.proxies["blocks"])
-    engine = attach_sequence_engine(handle.router, proxies, (TokenSpec({"x": 1, "e": 1, "freqs": 1}),), ranks)
+    if args.family == "h3":
+        args.batch = 1  # ComfyUI gives H3 one sample per call
+    model, inputs, layout, specs = _family(args, heads, n_blocks)
+    x, t, ctx = inputs
+    lists = [len(getattr(model, p)) for p in layout.block_lists]
+    devices = [d for n in lists for d in ["cpu"] * (n // 2) + ["cpu"] * (n - n // 2)]
+    handle = attach_block_sharding(model, layout, devices, "cpu")
+    proxies = [p for pl in handle.proxies.values() for p in pl]
+    engine = attach_sequence_engine(handle.router, proxies, specs, ranks)
 
     def unsharded():
         with torch.inference_mode():
@@ -99,7 +108,10 @@ def main(argv=None) -> int:
         return one / (time.perf_counter() - t0)
 
     ref, out = unsharded(), sequence()  # warm-up (threads started, buffers allocated)
-    assert torch.equal(ref, out), f"outputs differ: {(ref - out).abs().max()}"
+    if args.family == "wan":
+        assert torch.equal(ref, out), f"outputs differ: {(ref - out).abs().max()}"
+    else:
+        assert_split_close(out, ref, what=f"{args.family} toy")
     ratios, ceilings, times = [], [], {"unsharded": [], "sequence": []}
     for rep in range(args.reps):
         order = [("unsharded", unsharded), ("sequence", sequence)]
@@ -115,9 +127,10 @@ def main(argv=None) -> int:
     n = len(ranks)
     per_rank = args.tokens // n if args.batch == 1 else args.tokens
     analytic = 0 if args.batch >= n else n_blocks * 4 * args.batch * per_rank * (args.dim - args.dim // n) * 4
-    print(f"model: dim {args.dim}, {heads} heads, {n_blocks} blocks, batch {args.batch}, {args.tokens} tokens, "
-          f"ranks {','.join(ranks)}; groups {st.groups}")
-    print(f"exchanged per forward per rank: {st.bytes_exchanged} bytes (analytic {analytic}); "
+    print(f"model: {args.family}-shaped, dim {args.dim}, {heads} heads, {n_blocks} blocks, batch {args.batch}, "
+          f"{args.tokens} tokens, ranks {','.join(ranks)}; groups {st.groups}")
+    said = f" (analytic {analytic})" if args.family == "wan" else ""
+    print(f"exchanged per forward per rank: {st.bytes_exchanged} bytes{said}; "
           f"exchanges {st.exchanges}; streamed {st.bytes_streamed}")
     print(f"median unsharded {statistics.median(times['unsharded']):.3f} s, "
           f"sequence {statistics.median(times['sequence']):.3f} s")
@@ -126,6 +139,32 @@ def main(argv=None) -> int:
     print(f"ceiling={ceil:.3f} efficiency={speedup / ceil:.3f}")
     print(f"speedup={statistics.median(ratios):.3f}")
     return 0
+
+
+def _family(args, heads: int, n_blocks: int):
+    """(model, (x, t, context), layout, token specs) of the ``--family`` toy."""
+    from harness.toy_families import PACKED_SPEC, PackedToy, TextThenVisualToy
+    from harness.toy_seq import SeqToyDiT
+
+    from sharddit.parallel.blocks.sharding import BlockLayout
+    from sharddit.parallel.sequence.split import TokenSpec
+
+    b, d = args.batch, args.dim
+    if args.family == "h3":
+        model = PackedToy(dim=d, heads=heads, n_blocks=n_blocks, ffn=4 * d, in_dim=64, text_dim=d).eval()
+        frames = 8
+        inputs = (torch.randn(1, frames, args.tokens // frames, 64), torch.rand(1), torch.randn(1, 256, d))
+        specs = (TokenSpec(PACKED_SPEC, unbatched=True, row_tables=("mod_segments",)),)
+        return model, inputs, BlockLayout(("blocks",), (("x",),)), specs
+    if args.family == "kandinsky":
+        model = TextThenVisualToy(dim=d, heads=heads, text_blocks=2, visual_blocks=n_blocks, ffn=4 * d, in_dim=64,
+                                  text_dim=d).eval()
+        inputs = (torch.randn(b, args.tokens, 64), torch.rand(b), torch.randn(b, 256, d))
+        specs = (TokenSpec(whole=True), TokenSpec({"visual_embed": 1, "freqs": 2}))
+        return model, inputs, BlockLayout(("text_blocks", "visual_blocks"), (("x",), ("visual_embed",))), specs
+    model = SeqToyDiT(dim=d, heads=heads, n_blocks=n_blocks, ffn=4 * d, in_dim=64).eval()
+    inputs = (torch.randn(b, args.tokens, 64), torch.rand(b), torch.randn(b, 512, d))
+    return model, inputs, BlockLayout(("blocks",), (("x",),)), (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,66 @@
+"""`sequence` on the 2026 families' layouts, on toys (pure torch, every CPU kind): MiniMax H3's packed
+rows without a batch dimension and their modulation ranges (``TokenSpec.unbatched``, ``row_tables``),
+Kandinsky 5's text blocks run whole before its visual blocks split (``TokenSpec.whole``). Each against
+the unsharded toy within the toy bound (a rank's rows are fewer GEMM rows than the whole sequence's);
+the ComfyUI classes themselves are in test_minimax_h3_comfy.py and test_families_comfy.py.
+"""
+import pytest
+import torch
+from harness.numerics import assert_split_close
+from harness.toy_families import PACKED_SPEC, PackedToy, TextThenVisualToy
+
+from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.sequence.engine import attach_sequence_engine
+from sharddit.parallel.sequence.split import TokenSpec
+
+PACKED = BlockLayout(("blocks",), (("x",),))
+PACKED_SPECS = (TokenSpec(PACKED_SPEC, unbatched=True, row_tables=("mod_segments",)),)
+TWO_LISTS = BlockLayout(("text_blocks", "visual_blocks"), (("x",), ("visual_embed",)))
+TWO_LISTS_SPECS = (TokenSpec(whole=True), TokenSpec({"visual_embed": 1, "freqs": 2}))
+
+
+def _shard(model, layout, specs, ranks):
+    n = sum(len(getattr(model, p)) for p in layout.block_lists)
+    handle = attach_block_sharding(model, layout, [ranks[g * len(ranks) // n] for g in range(n)], "cpu")
+    proxies = [p for pl in handle.proxies.values() for p in pl]
+    return handle, attach_sequence_engine(handle.router, proxies, specs, ranks, timeout_s=30)
+
+
+def _run(handle, fn):
+    with torch.no_grad(), handle.router.forward_scope(sequence=True):
+        return fn()
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_packed_rows_split_like_the_whole_sequence(ranks):
+    """5 text rows + 3 frames of 6 video rows = 23 rows over 2 or 3 ranks: the cuts fall inside the
+    text range and inside frames, so the renumbered modulation ranges are exercised."""
+    torch.manual_seed(0)
+    model = PackedToy(dim=32, heads=4, n_blocks=4).eval()
+    x, t, ctx = torch.randn(1, 3, 6, 8), torch.rand(1), torch.randn(1, 5, 16)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    handle, engine = _shard(model, PACKED, PACKED_SPECS, ["cpu"] * ranks)
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert_split_close(out, ref, what=f"packed rows over {ranks} ranks")
+    st = engine.stats
+    assert st.fallbacks == 0 and st.blocks_run == [4] * ranks and st.exchanges == [8] * ranks
+    engine.close()
+    handle.detach()
+
+
+@pytest.mark.parametrize("ranks,batch", [(2, 1), (2, 2), (3, 2)])
+def test_text_blocks_run_whole_and_visual_blocks_split(ranks, batch):
+    torch.manual_seed(0)
+    model = TextThenVisualToy(dim=32, heads=4).eval()
+    x, t, ctx = torch.randn(batch, 11, 8), torch.rand(batch), torch.randn(batch, 5, 16)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    handle, engine = _shard(model, TWO_LISTS, TWO_LISTS_SPECS, ["cpu"] * ranks)
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert_split_close(out, ref, what=f"text then visual, {ranks} ranks, batch {batch}")
+    st = engine.stats
+    assert st.fallbacks == 0 and st.blocks_run == [4] * ranks  # the 4 visual blocks, on every rank
+    assert handle.router.stats.blocks_run == 2  # the 2 text blocks, whole, on their owners
+    engine.close()
+    handle.detach()
