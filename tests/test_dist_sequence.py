@@ -308,3 +308,27 @@ def test_a_session_that_failed_to_open_does_not_block_the_next(lobby):
             assert_split_close(_run(handle, model, *x), ref_model(*x), what="session after a failed one")
     finally:
         engine.close()
+
+
+def test_speed_weighted_shares_reach_the_worker(lobby):
+    """cpu:3,w1/cpu:1: the host rank takes 3/4 of the tokens and heads, the worker 1/4; the worker
+    builds its Ulysses ranges from the shares in the command, so the run equals the all-local one
+    with the same shares (same ranges, same shapes) and the unsharded one within the split bound."""
+    model, local_model, ref_model = _copies(3)
+    _worker(lobby)
+    handle, engine = _engine(model, ["cpu", "cpu"])
+    attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
+    lhandle, lengine = _engine(local_model, ["cpu", "cpu"])
+    for e in (engine, lengine):
+        e.set_speeds((3, 1))
+    try:
+        x = _inputs(1)
+        with torch.no_grad():
+            ref = ref_model(*x)
+        out = _run(handle, model, *x)
+        assert_same_shapes_equal(out, _run(lhandle, local_model, *x), what="weighted: worker rank vs thread rank")
+        assert_split_close(out, ref, what="cpu:3,w1/cpu:1")
+        assert engine.stats.tokens == [(0, 18), (18, 24)] and engine.stats.exchanges[0] == 8
+    finally:
+        engine.close()
+        lengine.close()

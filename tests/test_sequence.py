@@ -247,3 +247,27 @@ def test_row_table_cut_gives_each_rank_its_rows(ranks):
     assert got == want
     with pytest.raises(ValueError, match="outside 23 tokens"):
         cut_row_table([(0, 30, 1)], rank_slices(plan_groups(1, 2), main)[0], main, 0, "mod_segments")
+
+
+@pytest.mark.parametrize("speeds,batch,want", [
+    ((3, 1), 1, [(0, 12), (12, 16)]),  # a 3x faster rank: 3/4 of the tokens (and of the 4 heads: 3 and 1)
+    ((1, 1, 2), 1, [(0, 4), (4, 8), (8, 16)]),
+    ((3, 1), 2, [(0, 16), (0, 16)]),  # cond + uncond, one rank each: shares do not apply
+])
+def test_speed_weighted_shares_keep_the_maths(speeds, batch, want):
+    """``SequenceEngine.set_speeds``: token (and head) shares proportional to each rank's speed; each
+    rank still gets one contiguous range, so the result stays within the split bound."""
+    torch.manual_seed(0)
+    model = SeqToyDiT(dim=32, heads=4).eval()
+    x, t, ctx = torch.randn(batch, 16, 8), torch.rand(batch), torch.randn(batch, 5, 32)
+    with torch.no_grad():
+        ref = model(x, t, ctx)
+    handle, engine = _shard(model, WAN, WAN_SPEC, ["cpu"] * len(speeds))
+    engine.set_speeds(speeds)
+    out = _run(handle, lambda: model(x, t, ctx))
+    assert_split_close(out, ref, what=f"speeds {speeds} batch {batch}")
+    assert engine.stats.tokens == want and engine.stats.fallbacks == 0
+    with pytest.raises(ValueError, match="one per rank"):
+        engine.set_speeds((1,) * (len(speeds) + 1))
+    engine.close()
+    handle.detach()

@@ -95,13 +95,15 @@ def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[Rank
     plan, fp = state.plan, state.footprint
     # the model's last block (HunyuanVideo 1.5 has no single blocks: its last list is empty)
     last = [p for path in state.layout.block_lists for p in state.proxies[path]][-1].real_block
-    specs = getattr(getattr(state.router, "engine", None), "token_specs", None)  # lists run whole: no ring
+    engine = getattr(state.router, "engine", None)
+    specs = getattr(engine, "token_specs", None)  # lists run whole: no ring
     whole = [bool(specs and specs[i].whole) for i, path in enumerate(state.layout.block_lists)
              for _ in state.proxies[path]]
     return plan_sequence_memory(activation_variant(family, last), shape.width, tokens, b * (2 if cfg_batch else 1),
                                 [r.device for r in plan.block_ranges], fp.block_bytes, plan.block_devices(),
                                 plan.home_device, fp.dit_home_bytes, state.block_kinds, shape.text_tokens,
-                                torch.empty((), dtype=dtype).element_size(), shape.heads, whole=whole)
+                                torch.empty((), dtype=dtype).element_size(), shape.heads, whole=whole,
+                                speeds=getattr(engine, "speeds", None))
 
 
 def _lean(model, state, noise_shape, rows) -> int | None:

@@ -44,6 +44,7 @@ from .core_multigpu import check_incoming, refuse_full_copies
 from .distributed import attach_workers, decide_worker_weights, patch_versions
 from .dynamic_vram import new_shard_patcher, non_dynamic_clone
 from .memory_report import MEMORY_KEY, MODE_KEY, REQUESTED_KEY, sequence_memory_wrapper
+from .sequence_shares import describe_shares, rank_speeds
 from .placement import record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
                           get_shard_state, is_current_state, is_sharded, keep_state, prepare_sampling_wrapper,
@@ -147,6 +148,10 @@ def _attach_engine(base, dit, where: Devices, planned: ShardPlan, router, proxie
     # through the ring's pinned bounce buffers (parallel/sequence/stream.py says why not pin it once:
     # ComfyUI's weight patches replace those tensors; pinning tens of GiB starves the host).
     engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], planned.token_specs, ranks)
+    speeds, why = rank_speeds(where.local, ranks, planned.inventory, len(remote))
+    engine.set_speeds(speeds)
+    if speeds is not None:
+        log.info("[ShardDiT] sequence shares of tokens and heads by %s: %s", why, describe_shares(ranks, speeds))
     engine.should_stop = mm.throw_exception_if_processing_interrupted
     engine.interrupt_exceptions = (mm.InterruptProcessingException,)
     if not remote:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..sequence.split import even_ranges, plan_groups, rank_slices
+from ..sequence.split import plan_groups, rank_slices, share_ranges
 from ..units import GiB, MiB, format_gib
 
 __all__ = [
@@ -134,7 +134,8 @@ def compute_prefetch_bytes(block_bytes, block_devices, device: str, block_kinds=
 
 def compute_sequence_activations(family: str, width: int, tokens: int, batch: int, n_ranks: int,
                                  text_tokens: int = 0, act_bytes: int = 2, home_rank: int = 0,
-                                 heads: int = 0, factors: ActivationFactors | None = None) -> list[int]:
+                                 heads: int = 0, factors: ActivationFactors | None = None,
+                                 speeds=None) -> list[int]:
     """Peak activation bytes per rank (rank order) of one `sequence` forward: ``tokens`` image tokens
     per sample, ``batch`` samples (2: cond + uncond, split first), ``n_ranks`` ranks. ``heads``
     (0: split evenly): a rank that attends more than 1/g of the heads (uneven split, as
@@ -146,13 +147,13 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
                          f"known {', '.join(ACTIVATION_FACTORS)}")
     text = text_tokens if f.joint_text else 0
     out = [0] * n_ranks
-    for rs in rank_slices(plan_groups(batch, n_ranks), tokens):
+    for rs in rank_slices(plan_groups(batch, n_ranks, speeds), tokens):  # ``speeds``: the engine's shares
         g = len(rs.group.ranks)
         samples = rs.group.batch[1] - rs.group.batch[0]
         local = samples * (rs.tokens[1] - rs.tokens[0] + text) * width * act_bytes
         share = 1.0
         if heads > 0 and g > 1:
-            h0, h1 = even_ranges(heads, g)[rs.position]
+            h0, h1 = share_ranges(heads, g, rs.group.shares)[rs.position]
             share = (h1 - h0) * g / heads
         act = local * (f.block + (f.ulysses * share * (g - 1) / g if g > 1 else 0.0))
         if rs.rank == home_rank:
@@ -164,14 +165,14 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
 def plan_sequence_memory(family: str, width: int, tokens: int, batch: int, ranks, block_bytes, block_devices,
                          home: str, home_bytes: int, block_kinds=None, text_tokens: int = 0,
                          act_bytes: int = 2, heads: int = 0, factors: ActivationFactors | None = None,
-                         whole=None) -> list[RankMemory]:
+                         whole=None, speeds=None) -> list[RankMemory]:
     """Per rank (``ranks``: one device each, in rank order): weights, ring buffers, activations;
-    ``whole``: ``compute_prefetch_bytes``'s."""
+    ``whole``: ``compute_prefetch_bytes``'s; ``speeds``: the engine's (a faster rank's larger share)."""
     ranks = [str(d) for d in ranks]
     home = str(home)
     home_rank = ranks.index(home) if home in ranks else -1
     acts = compute_sequence_activations(family, width, tokens, batch, len(ranks), text_tokens, act_bytes, home_rank,
-                                        heads, factors)
+                                        heads, factors, speeds)
     out = []
     for r, dev in enumerate(ranks):
         weights = sum(int(b) for b, d in zip(block_bytes, block_devices, strict=True) if str(d) == dev)

@@ -385,7 +385,8 @@ def _slice_data(rs) -> dict:
     ComfyUI's module name for custom nodes, the worker under another)."""
     g = rs.group
     return {"rank": rs.rank, "position": rs.position, "tokens": tuple(rs.tokens),
-            "group": {"index": g.index, "batch": tuple(g.batch), "ranks": tuple(g.ranks)}}
+            "group": {"index": g.index, "batch": tuple(g.batch), "ranks": tuple(g.ranks),
+                      "shares": None if g.shares is None else list(g.shares)}}
 
 
 def _compact(v):

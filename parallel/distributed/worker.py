@@ -214,7 +214,7 @@ class Worker(LobbyMember):
         args = [state.decode(a, self.device) for a in msg["args"]]
         kwargs = {k: state.decode(v, self.device) for k, v in msg["kwargs"]}
         d = msg["slice"]
-        rs, main = RankSlice(d["rank"], Group(**d["group"]), d["position"], d["tokens"]), msg["main"]
+        rs, main = RankSlice(d["rank"], _group(d["group"]), d["position"], d["tokens"]), msg["main"]
         attentions = []
         if "transformer_options" in kwargs and len(rs.group.ranks) > 1:
             ex = DistExchange(groups[tuple(sorted(set(msg["group"])))], msg["group"], self.device, msg["peers"],
@@ -228,6 +228,18 @@ class Worker(LobbyMember):
 def _broadcast(order, idx: int, flat, src: int, group):
     """Post one weight broadcast in its turn of the forward's order (``order.CollectiveOrder``)."""
     return order.post(f"broadcast of block {idx}", lambda: dist.broadcast(flat, src, group=group, async_op=True))
+
+
+def _group(d: dict) -> Group:
+    """A command's batch group, its ``shares`` (the ranks' relative speeds) checked: None, or one
+    positive number per rank."""
+    shares = d.get("shares")
+    if shares is not None:
+        if not (isinstance(shares, list) and len(shares) == len(d["ranks"])
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0 for x in shares)):
+            raise ProtocolError(f"a group's shares must be {len(d['ranks'])} positive numbers, got {shares!r:.80}")
+        shares = tuple(float(x) for x in shares)
+    return Group(d["index"], tuple(d["batch"]), tuple(d["ranks"]), shares)
 
 
 def _tell_host(message: dict, ch, timeout_s: float) -> None:

@@ -71,6 +71,8 @@ class SequenceStats:
     gathers: int = 0
     fallbacks: int = 0
     """Block calls run whole (``blocks`` mode) because they could not be split."""
+    tokens: list[tuple[int, int]] = field(default_factory=list)
+    """Per rank: its token range (``set_speeds`` shapes them)."""
 
 
 class _Rank:
@@ -91,7 +93,7 @@ class _Forward:
         self.text_first = any(s.text_first for s in engine.token_specs)
         self.unbatched = any(s.unbatched for s in engine.token_specs)
         n = len(engine.devices)
-        self.groups: list[Group] = plan_groups(batch, n)
+        self.groups: list[Group] = plan_groups(batch, n, engine.speeds)
         self.ranks = [_Rank(rs, engine.devices[rs.rank], engine.streams[rs.rank])
                       for rs in rank_slices(self.groups, main)]
         engine.runner.begin_forward(self.groups)
@@ -138,6 +140,18 @@ class SequenceEngine:
         self._next: dict[int, tuple] = {}
         self.order: tuple[int, ...] = ()
         self._warned: set[str] = set()
+        self.speeds: tuple[float, ...] | None = None
+        """One relative speed per rank (``set_speeds``): a faster rank gets more tokens and heads."""
+
+    def set_speeds(self, speeds) -> None:
+        """Token and head shares per rank proportional to ``speeds`` (None or all equal: even).
+        The maths of each rank is unchanged: it still gets one contiguous token range."""
+        if speeds is not None:
+            speeds = tuple(float(s) for s in speeds)
+            if len(speeds) != len(self.devices) or any(not (s > 0) for s in speeds):
+                raise ValueError(f"[ShardDiT] speeds {speeds} must be {len(self.devices)} positive numbers, "
+                                 f"one per rank ({', '.join(map(str, self.devices))})")
+        self.speeds = speeds
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def register_order(self, order: list[tuple[int, torch.nn.Module]]) -> None:
@@ -208,6 +222,7 @@ class SequenceEngine:
         st = self.stats
         st.groups = [(g.batch, g.ranks) for g in fwd.groups]
         st.blocks_run = [r.blocks_run for r in fwd.ranks]
+        st.tokens = [tuple(r.slice.tokens) for r in fwd.ranks]
         st.bytes_exchanged, st.exchanges, st.bytes_sent = [0] * n, [0] * n, [0] * n
         for g in fwd.groups:
             ex = fwd.exchanges.get(g.index)

@@ -31,7 +31,7 @@ import torch
 
 from ..tensor_map import map_tensors
 
-__all__ = ["Group", "TokenSpec", "cut_row_table", "even_ranges", "plan_groups", "RankSlice"]
+__all__ = ["Group", "TokenSpec", "cut_row_table", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,33 @@ class TokenSpec:
     (``cut_row_table``)."""
 
 
+def share_ranges(total: int, parts: int, shares=None) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges covering ``range(total)``, sizes proportional to ``shares`` (one
+    per part: each rank's relative speed), or ``even_ranges`` when ``shares`` is None. Largest
+    remainder after flooring; every part gets at least one when ``total`` allows, taken from the
+    largest parts. Deterministic: every rank and process computes the same ranges."""
+    if shares is None:
+        return even_ranges(total, parts)
+    n = len(shares)
+    if n != parts or any(not (s > 0) for s in shares):
+        raise ValueError(f"[ShardDiT] shares {tuple(shares)} must be {parts} positive numbers, one per part")
+    weight = float(sum(shares))
+    exact = [total * s / weight for s in shares]
+    sizes = [int(e) for e in exact]
+    for i in sorted(range(n), key=lambda i: (sizes[i] - exact[i], i))[:total - sum(sizes)]:
+        sizes[i] += 1
+    if total >= n:
+        for i in range(n):
+            if sizes[i] == 0:
+                sizes[max(range(n), key=lambda j: (sizes[j], -j))] -= 1
+                sizes[i] = 1
+    out, start = [], 0
+    for size in sizes:
+        out.append((start, start + size))
+        start += size
+    return out
+
+
 def even_ranges(total: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous ranges covering ``range(total)``, sizes differing by at most one."""
     if parts < 1:
@@ -84,6 +111,8 @@ class Group:
     index: int
     batch: tuple[int, int]
     ranks: tuple[int, ...]
+    shares: tuple[float, ...] | None = None
+    """Relative speed of each rank of the group (its token and head shares follow); None: even."""
 
 
 @dataclass(frozen=True)
@@ -98,21 +127,29 @@ class RankSlice:
     """Main-token range ``[start, stop)`` of the rank."""
 
 
-def plan_groups(batch: int, n_ranks: int) -> list[Group]:
-    """Batch groups for ``batch`` samples over ``n_ranks`` ranks (see the module docstring)."""
+def plan_groups(batch: int, n_ranks: int, speeds=None) -> list[Group]:
+    """Batch groups for ``batch`` samples over ``n_ranks`` ranks (see the module docstring);
+    ``speeds``: one relative speed per rank (None or all equal: even shares)."""
     if batch < 1 or n_ranks < 1:
         raise ValueError(f"[ShardDiT] sequence split needs batch >= 1 and ranks >= 1, got {batch}, {n_ranks}")
     n_groups = max(g for g in range(1, n_ranks + 1) if n_ranks % g == 0 and g <= batch)
     per = n_ranks // n_groups
-    return [Group(i, b, tuple(range(i * per, (i + 1) * per)))
-            for i, b in enumerate(even_ranges(batch, n_groups))]
+    if speeds is not None and len(set(speeds)) <= 1:
+        speeds = None
+    out = []
+    for i, b in enumerate(even_ranges(batch, n_groups)):
+        ranks = tuple(range(i * per, (i + 1) * per))
+        shares = tuple(float(speeds[r]) for r in ranks) if speeds is not None and per > 1 else None
+        out.append(Group(i, b, ranks, shares))
+    return out
 
 
 def rank_slices(groups: list[Group], main_tokens: int) -> list[RankSlice]:
     """One ``RankSlice`` per rank, in rank order."""
     out = []
     for g in groups:
-        for pos, (rank, rng) in enumerate(zip(g.ranks, even_ranges(main_tokens, len(g.ranks)), strict=True)):
+        ranges = share_ranges(main_tokens, len(g.ranks), g.shares)
+        for pos, (rank, rng) in enumerate(zip(g.ranks, ranges, strict=True)):
             out.append(RankSlice(rank, g, pos, rng))
     return sorted(out, key=lambda s: s.rank)
 

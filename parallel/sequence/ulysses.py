@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .split import RankSlice, even_ranges
+from .split import RankSlice, share_ranges
 
 __all__ = ["ulysses_attention"]
 
@@ -39,8 +39,9 @@ def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, k
     tok = 2 if heads_first else 1
     head_dim = q.shape[-1] if heads_first else q.shape[-1] // heads
     n, pos = len(rs.group.ranks), rs.position
-    head_ranges = even_ranges(heads, n)
-    token_ranges = even_ranges(main, n)
+    shares = getattr(rs.group, "shares", None)  # a faster rank takes more tokens and heads
+    head_ranges = share_ranges(heads, n, shares)
+    token_ranges = share_ranges(main, n, shares)
     mine = rs.tokens[1] - rs.tokens[0]
     tail = q.shape[tok] - mine
     if q.shape[tok] != k.shape[tok] or k.shape[tok] != v.shape[tok]:

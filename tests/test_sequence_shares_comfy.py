@@ -1,0 +1,51 @@
+"""`sequence` shares by each GPU's speed (issue 34, part 2), through ShardDiT's KSampler in real ComfyUI.
+
+``devices`` weights (``cpu:3,cpu:1``) make the first rank take 3/4 of the tokens and heads; the
+sampled latent stays within the split bound of core's KSampler (each rank still gets one contiguous
+token range). Without weights the shares follow the GPUs' throughputs by NVML name, or stay even.
+"""
+import logging
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.comfy
+
+
+def test_device_weights_shape_the_sequence_split(env, tiny, caplog):
+    from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
+    from harness.sampling import family, load, ours, stock
+
+    build, shape, extras = family(tiny, "wan21")
+    model = load(env, build())
+    latent = torch.zeros(shape)
+    ref = stock(env, model, latent, extras, cfg=1.0)
+    with caplog.at_level(logging.INFO, logger="sharddit"):
+        got = ours(env, model, latent, extras, "cpu:3,cpu:1", cfg=1.0, parallel="sequence")
+    (state,) = model.model.__dict__["_sharddit_states"].values()
+    stats = state.router.engine.stats
+    tokens = [b - a for a, b in stats.tokens]
+    assert stats.fallbacks == 0 and tokens[0] == 3 * tokens[1], stats.tokens  # 16 tokens: 12 and 4
+    assert "sequence shares of tokens and heads by the devices' weights: cpu 75%, cpu 25%" in caplog.text
+    assert_split_close(got, ref, COMFY_SPLIT_BOUND, "Wan 2.1 on cpu:3,cpu:1")
+
+
+def test_shares_follow_the_gpus_throughput_or_stay_even(env):
+    from harness.comfy_env import pack_module
+
+    shares = pack_module(env, "loaders.comfy.sequence_shares")
+    inv = pack_module(env, "parallel.placement.inventory")
+    gib = 1 << 30
+
+    def inventory(*names):
+        return inv.Inventory(tuple(inv.DeviceInfo(f"cuda:{i}", n, 32 * gib, 30 * gib) for i, n in enumerate(names)),
+                             "nvml")
+
+    speeds, why = shares.rank_speeds("cuda:0,cuda:1", ["cuda:0", "cuda:1"],
+                                     inventory("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090"))
+    assert speeds is not None and abs(speeds[0] / speeds[1] - 209.5 / 165.2) < 1e-9, speeds
+    assert "RTX 5090" in why
+    for names in (("NVIDIA GeForce RTX 4090",) * 2, ("NVIDIA GeForce RTX 4090", "Some Future GPU")):
+        assert shares.rank_speeds("auto", ["cuda:0", "cuda:1"], inventory(*names))[0] is None, names
+    assert shares.rank_speeds("cuda:0:1,cuda:1:2", ["cuda:0", "cuda:1"], inventory("A", "B"))[0] == (1.0, 2.0)
+    assert shares.rank_speeds("cpu,cpu", ["cpu", "cpu"], None)[0] is None
