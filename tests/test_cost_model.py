@@ -355,3 +355,18 @@ def test_cost_modules_are_pure_python():
         imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not imported & {"torch", "comfy", "comfy_api", "folder_paths", "nodes", "loaders"}, (name, imported)
+
+
+def test_speed_weighted_shares_are_priced_for_mixed_cards():
+    """A 5090 beside a 4090 at cfg 1 (one batch group of two): even shares wait for the 4090 at every
+    block; shares by throughput (the engine's ``set_speeds``) finish both at once. Equal cards: the
+    same time either way. At cfg > 1 on two cards each sample has a card: shares do not apply."""
+    mixed = hardware_from_options(["RTX 5090", "RTX 4090"], link_gbps=64)
+    work = Workload(_wan14b(), 1280, 720, 81, cfg=1)
+    even, weighted = (estimate_sequence(work, mixed, weighted=w).seconds_per_step for w in (False, True))
+    ideal = (209.5 + 165.2) / (2 * 165.2)  # even: the 4090's half decides; weighted: both cards' sum
+    assert 0.95 * ideal <= even / weighted <= 1.02 * ideal, even / weighted
+    same = hardware_from_options(["RTX 4090"] * 2, link_gbps=64)
+    assert estimate_sequence(work, same, weighted=True).seconds_per_step == estimate_sequence(work, same).seconds_per_step
+    cfg = Workload(_wan14b(), 1280, 720, 81, cfg=5)
+    assert estimate_sequence(cfg, mixed, weighted=True).seconds_per_step == estimate_sequence(cfg, mixed).seconds_per_step

@@ -49,3 +49,27 @@ def test_shares_follow_the_gpus_throughput_or_stay_even(env):
         assert shares.rank_speeds("auto", ["cuda:0", "cuda:1"], inventory(*names))[0] is None, names
     assert shares.rank_speeds("cuda:0:1,cuda:1:2", ["cuda:0", "cuda:1"], inventory("A", "B"))[0] == (1.0, 2.0)
     assert shares.rank_speeds("cpu,cpu", ["cpu", "cpu"], None)[0] is None
+
+
+def test_plan_prices_and_shows_shares_for_mixed_gpus(env, capsys):
+    """`plan --gpu "RTX 5090,RTX 4090"` (one name per GPU): the sequence row is priced with shares by
+    speed, the decision line says the shares and the gain over an even split, and the heavier rank's
+    simulated activations are larger (it computes more tokens). A name count that matches neither
+    one nor the GPUs is refused naming both forms."""
+    import re
+
+    from sharddit.loaders.cli.main import main
+
+    args = ["plan", "--model", "wan2.1-t2v-14b", "--devices", "cuda:0=32GiB,cuda:1=24GiB", "--size", "832x480",
+            "--frames", "81", "--cfg", "1"]
+    assert main(args + ["--gpu", "RTX 5090,RTX 4090"]) in (0, 3)
+    out = capsys.readouterr().out
+    gain = re.search(r"shares by speed: cuda:0 56%, cuda:1 44% of the tokens and heads, predicted ([\d.]+)x an even "
+                     r"split", out)
+    assert gain and 1.05 < float(gain.group(1)) < 1.2, out
+    rows = dict(re.findall(r"^(cuda:\d) \| +[\d.]+ \| +([\d.]+) \| +[\d.]+ \| +[\d.]+ \| +[\d.]+$", out, re.MULTILINE))
+    assert float(rows["cuda:0"]) > float(rows["cuda:1"]), out
+    assert main(args + ["--gpu", "RTX 4090"]) in (0, 3)
+    assert "shares by speed" not in capsys.readouterr().out
+    assert main(args + ["--gpu", "RTX 5090,RTX 4090,RTX 3090"]) == 2
+    assert "one name for all, or one per GPU" in capsys.readouterr().err

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 
-from ...parallel.cost.inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, normalize_gpu_name, parse_link_gbps
+from ...parallel.cost.inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, gpu_names, parse_link_gbps
 from ...parallel.placement.devices import parse_devices
 from ...parallel.distributed.config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights, parse_addr
 from ...parallel.cost.workers import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
@@ -55,7 +55,7 @@ def add_arguments(p) -> None:
                    help=f"guidance scale (default {DEFAULT_CFG:g}; MiniMax H3: 1, as core's templates sample it): "
                         "1 = cond only (batch 1); > 1 = cond + uncond every step, which sequence mode splits over "
                         "the GPUs first")
-    p.add_argument("--gpu", metavar="NAME", type=_gpu,
+    p.add_argument("--gpu", metavar="NAME[,NAME...]", type=_gpu,
                    help=f"GPU kind for the speed prediction ({', '.join(GPU_PEAK_TFLOPS)}); default: the "
                         f"devices' NVML names, else {DEFAULT_GPU}")
     p.add_argument("--link-gbps", metavar="X", type=_link,
@@ -91,9 +91,9 @@ def _cfg(text: str) -> float:
 
 def _gpu(text: str) -> str:
     try:
-        normalize_gpu_name(text)
+        gpu_names(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{err}; e.g. --gpu \"RTX 4090\"") from None
+        raise argparse.ArgumentTypeError(f"{err}; e.g. --gpu \"RTX 4090\" (or one per GPU: \"RTX 5090,RTX 4090\")") from None
     return text
 
 

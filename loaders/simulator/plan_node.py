@@ -46,10 +46,10 @@ def check_strategy_inputs(parallel, cfg, gpu, link_gbps) -> None:
 
 def check_gpu(gpu) -> None:
     """The Plan node's ``gpu``: '' (the devices' own names) or a name in the throughput table."""
-    from ...parallel.cost.inputs import normalize_gpu_name
+    from ...parallel.cost.inputs import gpu_names
 
     if str(gpu or "").strip():
-        normalize_gpu_name(gpu)
+        gpu_names(gpu)
 
 
 def run_plan(model: str, devices: str, width: int, height: int, frames: int, batch: str,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ...parallel.cost.inputs import link_bandwidth, normalize_gpu_name
+from ...parallel.cost.inputs import link_bandwidth, gpu_names
 from ...parallel.placement.devices import with_worker_shares
 from ...parallel.placement.inventory import GiB, Inventory, inventory_from_spec, read_inventory
 from ...parallel.cost.mode import check_parallel
@@ -103,7 +103,7 @@ def check_simulation(model, devices: str = DEFAULT_DEVICES, width: int = 832, he
     if parallel is not None:
         parallel, cfg = check_parallel(parallel), check_cfg(DEFAULT_CFG if cfg is None else cfg)
         if gpu:
-            normalize_gpu_name(gpu)
+            gpu_names(gpu)
         link_bandwidth(link_gbps)
         if batch is None and cfg <= 1:
             batch = 1

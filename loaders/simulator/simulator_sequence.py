@@ -43,8 +43,10 @@ class SequencePeak:
         return self.weights + self.activations + self.prefetch
 
 
-def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str) -> list[SequencePeak]:
-    """Peaks per rank (in rank order) of one `sequence` forward at ``batch`` (1, or 2 = cond+uncond)."""
+def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str,
+                              speeds=None) -> list[SequencePeak]:
+    """Peaks per rank (in rank order) of one `sequence` forward at ``batch`` (1, or 2 = cond+uncond);
+    ``speeds``: the ranks' relative speeds, as the engine splits by them (None: even shares)."""
     from ..comfy.specs import find_arch_spec
 
     dit, layout = ctx.dit, ctx.layout
@@ -68,6 +70,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
             proxies = [p for pl in handle.proxies.values() for p in pl]
             engine = attach_sequence_engine(handle.router, proxies, token_specs, ranks, timeout_s=600,
                                             worker_context=worker_context, serialize=True)
+            engine.set_speeds(speeds)
             try:
                 with tracker, handle.router.forward_scope(sequence=True):
                     out = call_dit(ctx, dit, batch, torch.device(home))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from ...parallel.cost.baselines import compare_with_core
 from ...parallel.cost.inputs import (
     DEFAULT_GPU,
-    normalize_gpu_name,
+    gpu_names,
     table_gpu_name,
 )
 from ...parallel.families import get_family, shape_from_spec
@@ -170,7 +170,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
     fits["blocks"] = report.blocks_fit
 
-    seq, seq_reports, lean_note = [], [], ""
+    seq, seq_reports, lean_note, speed_note = [], [], "", ""
     arch = find_arch_spec(type(ctx.dit).__name__)
     seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
     if seq_specs is None and arch.token_specs is not None:
@@ -185,10 +185,17 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         if len(ranks) > 1:
             # a family whose conds ComfyUI never batches (MiniMax H3): cond, then uncond, each split
             apart = work.batch > get_family(ctx.spec.family).max_batch
-            seq = run_fake_sequence_forward(ctx, 1 if apart else work.batch, block_devices, home)
             hw = hardware_from_options([names.get(d, names["*"]) for d in ranks], link_gbps=link_gbps)
+            mixed = len(set(hw.flops)) > 1  # the engine weights the shares by speed (loaders/comfy/sequence_shares)
+            speeds = hw.flops if mixed else None
+            seq = run_fake_sequence_forward(ctx, 1 if apart else work.batch, block_devices, home, speeds)
             estimate = estimate_sequence_lean if apart else estimate_sequence
-            costs["sequence"] = estimate(work, hw, [block_devices.count(r) for r in ranks])
+            counts = [block_devices.count(r) for r in ranks]
+            costs["sequence"] = estimate(work, hw, counts, weighted=mixed)
+            gain = estimate(work, hw, counts).seconds_per_step / costs["sequence"].seconds_per_step if mixed else 1.0
+            if gain > 1.005:  # a group of several ranks of different speeds (cfg > 1 on 2: one rank per group)
+                share = ", ".join(f"{r} {100 * f / sum(hw.flops):.0f}%" for r, f in zip(ranks, hw.flops, strict=True))
+                speed_note = f"shares by speed: {share} of the tokens and heads, predicted {gain:.2f}x an even split"
             if apart:
                 lean_note = (f"{get_family(ctx.spec.family).title}: ComfyUI runs cond and uncond one after the other, so "
                              "each runs over every GPU (weights streamed twice per step)")
@@ -198,14 +205,14 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             fits["sequence"] = _all_fit(seq, usable)
             if not fits["sequence"] and work.batch > 1 and not apart:
-                lean = run_fake_sequence_forward(ctx, 1, block_devices, home)  # one pass: one sample
+                lean = run_fake_sequence_forward(ctx, 1, block_devices, home, speeds)  # one pass: one sample
                 if _all_fit(lean, usable):  # lean only where the batched split does not fit
                     worst = max(seq, key=lambda p: p.total - (usable[p.device] or 0))
                     lean_note = (f"lean: cond and uncond together do not fit ({worst.device} "
                                  f"{format_gib(worst.total)} of {format_gib(usable[worst.device])} GiB), so they run "
                                  "one after the other, each over every GPU (weights streamed twice per step)")
                     seq = lean
-                    costs["sequence"] = estimate_sequence_lean(work, hw, [block_devices.count(r) for r in ranks])
+                    costs["sequence"] = estimate_sequence_lean(work, hw, counts, weighted=mixed)
                     fits["sequence"] = True
                     seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             top = max(seq, key=lambda p: p.total)
@@ -219,6 +226,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     chosen, reason = _choose(parallel, costs, fits)
     if lean_note and chosen == "sequence":
         reason = f"{reason}; {lean_note}"
+    if speed_note and chosen == "sequence":
+        reason = f"{reason}; {speed_note}"
     if chosen in costs:
         rebased = {k: replace(r, cost=costs[k]) for k, r in core.items()}
         said = compare_with_core(_label(chosen), costs[chosen], rebased)
@@ -268,8 +277,12 @@ def _label(name: str) -> str:
 def _gpu_names(inventory, gpu: str | None) -> dict:
     """Device -> table name; ``"*"``: the name for the note and unknown devices."""
     if gpu:
-        normalize_gpu_name(gpu)  # ValueError names the table
-        return {"*": gpu, **{g.device: gpu for g in inventory.gpus}}
+        given = gpu_names(gpu)  # ValueError names the table
+        if len(given) not in (1, len(inventory.gpus)):
+            raise ValueError(f"[ShardDiT] --gpu {gpu!r} names {len(given)} GPUs for {len(inventory.gpus)}: give one "
+                             "name for all, or one per GPU in order (e.g. 'RTX 5090,RTX 4090')")
+        per = given * len(inventory.gpus) if len(given) == 1 else given
+        return {"*": given[0], **{g.device: n for g, n in zip(inventory.gpus, per, strict=True)}}
     names = {}
     for g in inventory.gpus:
         names[g.device] = table_gpu_name(g.name) or DEFAULT_GPU

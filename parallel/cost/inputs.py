@@ -27,6 +27,7 @@ __all__ = [
     "ModelShape",
     "latent_frames",
     "gpu_flops",
+    "gpu_names",
     "link_bandwidth",
     "normalize_gpu_name",
     "parse_link_gbps",
@@ -151,6 +152,15 @@ def normalize_gpu_name(name: str) -> str:
             f"GPU name {name!r} is not in the throughput table ({', '.join(GPU_PEAK_TFLOPS)}): "
             "pass a measured throughput instead (selftest's timed matmul, in TFLOPS)")
     return best
+
+
+def gpu_names(text: str) -> list[str]:
+    """``--gpu``'s names: one for every GPU (``"RTX 4090"``), or one per GPU in order
+    (``"RTX 5090,RTX 4090"``: mixed cards); ValueError (``normalize_gpu_name``'s) for an unknown one."""
+    names = [part.strip() for part in str(text).split(",")]
+    for name in names:
+        normalize_gpu_name(name)
+    return names
 
 
 def gpu_flops(name: str, efficiency: float = EFFICIENCY) -> float:

@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from ..sequence.split import share_ranges
 from .inputs import (
     DEFAULT_HOST_LINK_GBPS,
     EFFICIENCY,
@@ -216,38 +217,46 @@ def _groups(n_devices: int, batch: int) -> list[list[int]]:
     return [list(range(a, a + z)) for a, z in zip(starts, sizes)]
 
 
-def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, owners, replicas: bool):
-    """(compute, exposed stream, exchange, bytes received per device) for one device group."""
+def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, owners, replicas: bool,
+                weighted: bool = False):
+    """(compute, exposed stream, exchange, bytes received per device) for one device group;
+    ``weighted``: token and head shares proportional to the devices' throughputs (as the engine's
+    ``set_speeds``), else even (the largest share decides)."""
     s, n, g = work.shape, work.tokens, len(group)
-    dev_tokens, dev_heads = math.ceil(n / g), math.ceil(s.heads / g)
-    x_bytes = samples * 4 * (g - 1) / g * dev_tokens * s.width * work.activation_bytes
-    x_s = x_bytes / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if g > 1 else 0.0
+    shares = [hw.flops[d] for d in group] if weighted and g > 1 else None
+    tok = {d: b - a for d, (a, b) in zip(group, share_ranges(n, g, shares), strict=True)}
+    hds = {d: b - a for d, (a, b) in zip(group, share_ranges(s.heads, g, shares), strict=True)}
+    if shares is None:  # even: every device as the one with the most
+        tok, hds = dict.fromkeys(group, math.ceil(n / g)), dict.fromkeys(group, math.ceil(s.heads / g))
+    x_bytes = {d: samples * 4 * (g - 1) / g * tok[d] * s.width * work.activation_bytes for d in group}
+    x_s = {d: x_bytes[d] / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if g > 1 else 0.0 for d in group}
     total = [0.0, 0.0, 0.0]
     received = dict.fromkeys(group, 0.0)
     for b, owner in zip(block_shapes(s), owners):
-        flops = samples * block_flops(b, s, dev_tokens, n, dev_heads)
         w_bytes = b.weight_params * work.weight_bytes
         worst = (-1.0, 0.0, 0.0, 0.0)
         for d in group:
-            compute = flops / hw.flops[d]
+            compute = samples * block_flops(b, s, tok[d], n, hds[d]) / hw.flops[d]
             streams = not replicas and d != owner
             stream = w_bytes / hw.link_bytes_per_s + TRANSFER_LATENCY_S if streams else 0.0
-            received[d] += x_bytes + (w_bytes if streams else 0)
+            received[d] += x_bytes[d] + (w_bytes if streams else 0)
             exposed = max(0.0, stream - compute)
-            if compute + exposed + x_s > worst[0]:
-                worst = (compute + exposed + x_s, compute, exposed, x_s)
+            if compute + exposed + x_s[d] > worst[0]:
+                worst = (compute + exposed + x_s[d], compute, exposed, x_s[d])
         total = [total[0] + worst[1], total[1] + worst[2], total[2] + worst[3]]
     return total[0], total[1], total[2], max(received.values())
 
 
-def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool = False) -> StrategyCost:
+def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
+                      weighted: bool = False) -> StrategyCost:
     """Batch split into groups, tokens split inside a group; ``replicas``: every device holds
-    the whole model and streams nothing (core's CFG split is this with groups of one)."""
+    the whole model and streams nothing (core's CFG split is this with groups of one);
+    ``weighted``: shares by each device's throughput (``_group_step``)."""
     s, n_dev = work.shape, len(hw.flops)
     owners = _owners(s.block_count, n_dev, owned)
     groups = _groups(n_dev, work.batch)
     samples = work.batch / len(groups)
-    parts = [_group_step(work, hw, grp, samples, owners, replicas) for grp in groups]
+    parts = [_group_step(work, hw, grp, samples, owners, replicas, weighted) for grp in groups]
     compute, stream, exchange, _ = max(parts, key=lambda p: p[0] + p[1] + p[2])
     scatter = (n_dev - 1) / n_dev * work.batch * work.tokens * s.width * work.activation_bytes
     hop_s = 2 * scatter / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if n_dev > 1 else 0.0
@@ -258,13 +267,13 @@ def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool =
                         int(max(p[3] for p in parts) + scatter), note)
 
 
-def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None) -> StrategyCost:
+def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None, weighted: bool = False) -> StrategyCost:
     """Lean `sequence` (``sequence/lean``): the batch's samples one after the other, each a whole
     `sequence` forward with its tokens over every device, so the weights stream once per pass
     (twice per step at cfg > 1) and each pass exchanges over all devices. Priced as ``batch``
     cfg-1 forwards; the speed-up stays against the one-GPU step of the whole batch."""
     one = replace(work, cfg=1.0)
-    p = estimate_sequence(one, hw, owned)
+    p = estimate_sequence(one, hw, owned, weighted=weighted)
     n = work.batch
     base = estimate_one_gpu(work, hw).seconds_per_step
     t = n * p.seconds_per_step
