@@ -168,7 +168,7 @@ RUNS = {
                "128": ("BasicScheduler", {"steps": 2})}, (("127", 0),), True),
     # 64x64 pixels, 5 frames -> latent 1x16x2x8x8; 2 steps of euler_ancestral (seeded); cfg 5
     K5: Run({"12:5": ("Kandinsky5ImageToVideo", {"width": 64, "height": 64, "length": 5}),
-             "12:8": ("KSampler", {"steps": 2})}, (("12:8", 0),), False),
+             "12:8": ("KSampler", {"steps": 2})}, (("12:8", 0),), True),
     # 128x128 at 8 fps for 1 s -> 9 frames: stage 1 at 64x64 (latent 128x2x2x2 + audio 8x29x16),
     # the x2 upscaler, stage 2 at 128x128; 2 sigmas steps per stage; the prompt enhancer off (lazy
     # switch); the unused start image small. Compared: stage 2's video and audio latents.
