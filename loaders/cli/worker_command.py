@@ -15,9 +15,16 @@ context, so each reports its own GPU's free memory and runs its kernels there. E
 ComfyUI: the host describes its blocks (model class, config, tensor layout) and the worker builds
 them with its own ComfyUI classes (``loaders/comfy/worker_blocks``), then receives their weights
 (patched with LoRAs) as raw bytes; nothing is unpickled. Reads no model file.
+
+``python <pack-dir> worker --ray --join HOST:6379 --name box2 --devices cuda:0,cuda:1`` (preview):
+join a Ray cluster instead of the lobby, as a thin wrapper over ``ray start --address HOST:6379
+--block`` run from this Python, the node labelled with the name and its devices as resources
+(``parallel/cluster/node.py``); needs ``RAY_AUTH_MODE=token`` and the cluster's token. The host's
+sampling does not use Ray members yet.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -42,6 +49,7 @@ HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a Sh
         "SHARDDIT_DIST_SECRET; private networks or a VPN only (nothing is encrypted).")
 PACK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOP_WAIT_S = 30.0
+RAY_PORT = 6379
 
 
 def add_arguments(p) -> None:
@@ -49,12 +57,16 @@ def add_arguments(p) -> None:
                    help="print a fresh shared secret and exit: give it to the host and every worker as "
                         "SHARDDIT_DIST_SECRET (or in a file only you can read, named by SHARDDIT_DIST_SECRET_FILE)")
     p.add_argument("--join", metavar="HOST:PORT",
-                   help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted); required")
+                   help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted); with --ray the Ray "
+                        f"head's address (port {RAY_PORT} when omitted); required")
     p.add_argument("--name", help=f"this worker's name in devices strings (e.g. box2 -> 'box2/cuda:0'): "
                                                   f"{MEMBER_NAME_FORM}")
     p.add_argument("--devices", default=None,
                    help="the devices this worker serves, each once: 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1' "
                         "(one process per device; default: cuda:0 if present, else cpu)")
+    p.add_argument("--ray", action="store_true",
+                   help="(preview) join the Ray cluster at --join as a Ray node (ray start) instead of the host's "
+                        "lobby; needs RAY_AUTH_MODE=token and the cluster's token (requirements-cluster.txt)")
     p.add_argument("--wait", type=float, default=math.inf, metavar="SECONDS",
                    help="give up (exit 1) when the host has not answered within SECONDS (default: wait until it does)")
 
@@ -117,6 +129,8 @@ def run(args) -> int:
     if getattr(args, "new_secret", False):
         print(new_secret())
         return 0
+    if getattr(args, "ray", False):
+        return run_ray_node(args)
     host, port, requested = check_arguments(args)
     try:  # before ComfyUI's slow import: whether the host answers is said within seconds
         wait_for_port(host, port, args.wait, say=lambda m: print(m, flush=True), hint=_hint(host, port))
@@ -243,3 +257,49 @@ def _stop(children: dict) -> None:
                   flush=True)
             child.kill()
             child.wait()
+
+
+def ray_node_command(args) -> tuple[list[str], dict]:
+    """``worker --ray``: the checked ``ray start`` command and its environment (ValueError: exit 2)."""
+    import importlib.util
+
+    from ...parallel.cluster.node import node_env, ray_start_command
+    from ...parallel.cluster.settings import INSTALL_HINT, check_auth
+
+    for option, value in (("--join", args.join), ("--name", args.name)):
+        if value is None:
+            raise ValueError(f"{option} is required (python <pack-dir> worker --ray --join HOST:{RAY_PORT} --name NAME)")
+    check_member_name(args.name, "--name")
+    address = ray_join_address(args.join)
+    check_auth(f"worker {args.name!r} (a Ray node)")
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError(f"[ShardDiT] worker --ray needs Ray in {sys.executable}: {INSTALL_HINT}")
+    devices = parse_worker_devices(args.devices) if args.devices is not None else None
+    if devices is None or any(d.startswith("cuda") for d in devices):
+        import torch
+
+        devices = devices or ["cuda:0" if torch.cuda.is_available() else "cpu"]
+        _check_cuda(devices, torch)
+    return ray_start_command(address, args.name, devices), node_env(devices, dict(os.environ))
+
+
+def ray_join_address(text: str) -> str:
+    """``--join`` with ``--ray``: ``HOST[:PORT]`` -> ``HOST:PORT`` (Ray's 6379 when omitted)."""
+    text = text.strip()
+    host, port = parse_addr(text if ":" in text.split("]")[-1] else f"{text}:{RAY_PORT}", "--join")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def run_ray_node(args) -> int:
+    """Run ``ray start --block`` until it exits or Ctrl+C (which stops the node: Ray ends its processes)."""
+    cmd, env = ray_node_command(args)
+    members = ", ".join(f"{args.name}/{r.rsplit('/', 1)[-1]}" for r in json.loads(cmd[cmd.index("--resources") + 1]))
+    print(f"[ShardDiT] worker {args.name!r}: joining the Ray cluster at {args.join} as {members}", flush=True)
+    child = subprocess.Popen(cmd, env=env)
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        child.wait()
+        print(f"[ShardDiT] worker {args.name!r}: stopped (left the Ray cluster)", flush=True)
+        return 0

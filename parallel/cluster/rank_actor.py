@@ -1,0 +1,67 @@
+"""The Ray actor a remote rank runs: one per member ``NAME/DEVICE``, pinned to that member's node.
+
+This module is shipped to the worker nodes by value (``driver.rank_actor_class``): a worker node
+runs ``ray start`` from ComfyUI's Python, where the pack is a folder, not an importable package.
+So it imports only the standard library, torch and Ray, never the rest of the pack.
+
+The actor joins the session's process group with the address and key prefix the host handed it
+over Ray, then serves collectives on it. Every wait is bounded by the ``timeout_s`` it is given.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+
+class RankWorker:
+    """One remote rank. ``member`` is ``NAME/DEVICE``; a cuda member sees exactly the GPU Ray gave
+    it (Ray sets ``CUDA_VISIBLE_DEVICES``), which torch then calls ``cuda:0``."""
+
+    def __init__(self, member: str, device: str):
+        self.member = member
+        self.device = "cuda:0" if device.startswith("cuda") else "cpu"
+
+    def where(self) -> dict:
+        """Where this rank runs: Ray node id, host name, pid, the GPU ids Ray gave it."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"member": self.member, "node_id": ctx.get_node_id(), "host": socket.gethostname(),
+                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+
+    def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float,
+             backend: str = "gloo") -> int:
+        """Join the session's group as ``rank`` of ``world`` through the host's one-session store
+        (``host:port``, keys under ``prefix``); returns the rank once the group is formed."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():  # an earlier session's group this actor did not leave
+            dist.destroy_process_group()
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(host, port, None, False, timeout, use_libuv=True)
+        dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
+                                timeout=timeout)
+        return dist.get_rank()
+
+    def all_to_all(self, rows):
+        """Send equal row blocks of ``rows`` to every rank (block k to rank k) and return the
+        blocks received, in rank order (the Ulysses exchange's collective)."""
+        import torch
+        import torch.distributed as dist
+
+        rows = rows.to(self.device).contiguous()
+        out = torch.empty_like(rows)
+        dist.all_to_all_single(out, rows)
+        return out.cpu()
+
+    def leave(self) -> bool:
+        """Leave the session's group (the actor stays, for the next session)."""
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return True
+
+    def ping(self) -> str:
+        return self.member

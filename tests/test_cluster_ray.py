@@ -1,0 +1,202 @@
+"""Several machines on Ray (preview, issue 32), on a real local Ray cluster with token auth on:
+a head (``ray start --head``) and a second node started by the real ``python <pack-dir> worker
+--ray --join ... --name box2 --devices cpu``; the test process is the host's Ray driver.
+
+- the second node is listed as the member ``box2/cpu``;
+- its rank actor joins a gloo group with the host driver through a one-session store that is
+  closed once the group is formed, and a tensor ``all_to_all`` round-trips bit-exact;
+- a member that never joins is named within the timeout (the store's and gloo's waits bounded);
+- a client with a wrong token can neither connect nor add a node;
+- a killed node is reported, naming the member, within the timeout.
+One module-scoped cluster (Ray starts slowly on two cores); the tests run in file order and the
+last one kills the second node.
+"""
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from harness import dist_procs
+from harness.server import REPO
+
+pytestmark = [pytest.mark.cluster, pytest.mark.no_blas]
+
+TIMEOUT_S = 20.0  # SHARDDIT_DIST_TIMEOUT of these tests
+HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
+          "RAY_health_check_initial_delay_ms": "0"}  # a killed node is noticed in ~2 s, not Ray's default ~15 s
+
+
+def _start(cmd, env, log):
+    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(proc):
+    """End a process group this test started: SIGTERM, then SIGKILL after 15 s."""
+    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _wait_for(what, check, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    pytest.fail(f"{what} not within {timeout_s:g} s")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ray")
+    token = secrets.token_hex(32)
+    saved = dict(os.environ)
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
+                       "HOME": str(tmp), **HEALTH})  # HOME: no ~/.ray/auth_token of the user's is read or written
+    os.environ.pop("SHARDDIT_CLUSTER_INSECURE", None)
+    port = dist_procs.free_port()
+    procs = []
+    import ray
+
+    from sharddit.parallel.cluster import driver
+
+    try:
+        head = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port", str(port), "--num-cpus", "1",
+                "--num-gpus", "0", "--include-dashboard=false", "--object-store-memory", str(80 << 20),
+                "--temp-dir", str(tmp / "t"), "--disable-usage-stats", "--block"]
+        procs.append(_start(head, dict(os.environ), open(tmp / "head.log", "w")))
+        _wait_for("the Ray head's port", lambda: _listening(port), 60)
+        worker = [sys.executable, str(REPO), "worker", "--ray", "--join", f"127.0.0.1:{port}", "--name", "box2",
+                  "--devices", "cpu"]
+        procs.append(_start(worker, {**os.environ, "PYTHONUNBUFFERED": "1"}, open(tmp / "box2.log", "w")))
+        ray_mod = driver.connect(f"127.0.0.1:{port}", TIMEOUT_S)
+        _wait_for("member box2/cpu", lambda: "box2/cpu" in driver.list_members(ray_mod), 90)
+        yield {"ray": ray_mod, "port": port, "token": token, "tmp": tmp, "worker": procs[1]}
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        for proc in reversed(procs):
+            _stop(proc)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _listening(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_the_second_node_is_listed_as_its_member(cluster):
+    from sharddit.parallel.cluster.driver import list_members
+
+    members = list_members(cluster["ray"])
+    assert list(members) == ["box2/cpu"], members  # the head carries no sharddit label: not a member
+    node = next(n for n in cluster["ray"].nodes() if n["NodeID"] == members["box2/cpu"].node_id)
+    assert node["Alive"] and node["Labels"]["sharddit/name"] == "box2", node
+
+
+def test_a_rank_on_the_second_node_round_trips_an_all_to_all_bit_exact(cluster):
+    import torch.distributed as dist
+
+    from sharddit.parallel.cluster.driver import list_members, start_rank
+    from sharddit.parallel.cluster.group import form_group
+
+    ray = cluster["ray"]
+    member = list_members(ray)["box2/cpu"]
+    actor = start_rank(ray, member, TIMEOUT_S)
+    where = ray.get(actor.where.remote(), timeout=TIMEOUT_S)
+    assert where["node_id"] == member.node_id and where["pid"] != os.getpid(), where
+    group = form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S)
+    try:
+        assert group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2
+        assert not _listening_at(group.store_host, group.store_port), "the rendezvous store is still open"
+        gen = torch.Generator().manual_seed(32)
+        mine, theirs = (torch.randn(6, 5, generator=gen, dtype=torch.float32) for _ in range(2))
+        mine[0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])  # bytes, not values, must survive
+        reply = actor.all_to_all.remote(theirs)
+        out = torch.empty_like(mine)
+        dist.all_to_all_single(out, mine)
+        got_theirs = ray.get(reply, timeout=TIMEOUT_S)
+        bits = lambda t: t.view(torch.int32)  # noqa: E731
+        assert torch.equal(bits(out), bits(torch.cat([mine[:3], theirs[:3]])))
+        assert torch.equal(bits(got_theirs), bits(torch.cat([mine[3:], theirs[3:]])))
+    finally:
+        group.close()
+    assert not dist.is_initialized()
+
+
+def _listening_at(host, port):
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_member_that_never_joins_is_named_within_the_timeout(cluster):
+    import torch.distributed as dist
+
+    from sharddit.parallel.cluster.driver import list_members, start_rank
+    from sharddit.parallel.cluster.group import form_group
+    from sharddit.parallel.cluster.settings import ClusterError
+
+    ray = cluster["ray"]
+    actor = start_rank(ray, list_members(ray)["box2/cpu"], TIMEOUT_S)
+    ray.kill(actor)  # its join never runs: the host's store wait (and gloo's) must end on the timeout
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"did not form \(member box2/cpu: (ActorDiedError|RayActorError)"):
+        form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), 4.0)
+    assert time.monotonic() - t0 < 4.0 + 6.0
+    assert not dist.is_initialized()
+
+
+def test_a_client_with_a_wrong_token_can_neither_connect_nor_add_a_node(cluster):
+    env = {**os.environ, "RAY_AUTH_TOKEN": secrets.token_hex(32), "RAY_gcs_server_port_wait_time_s": "2"}
+    env.pop("PYTHONPATH", None)
+    address = f"127.0.0.1:{cluster['port']}"
+    code = ("import ray, sys\ntry:\n    ray.init(address=sys.argv[1], logging_level='ERROR')\n"
+            "except ConnectionError as e:\n    print('REFUSED', e)\nelse:\n    print('CONNECTED')")
+    done = subprocess.run([sys.executable, "-c", code, address], capture_output=True, text=True, env=env, timeout=60)
+    assert "REFUSED Failed to connect to Ray cluster" in done.stdout, done.stdout + done.stderr
+    assert "InvalidAuthToken" in done.stderr, done.stderr
+    stranger = [sys.executable, "-m", "ray.scripts.scripts", "start", "--address", address, "--num-cpus", "1",
+                "--labels", "sharddit/name=box9", "--resources", '{"sharddit/box9/cpu": 1}', "--disable-usage-stats"]
+    joined = subprocess.run(stranger, capture_output=True, text=True, env=env, timeout=90)
+    assert joined.returncode != 0, joined.stdout + joined.stderr
+    from sharddit.parallel.cluster.driver import list_members
+
+    assert list(list_members(cluster["ray"])) == ["box2/cpu"]
+
+
+def test_a_killed_node_is_reported_naming_the_member_within_the_timeout(cluster):
+    from sharddit.parallel.cluster.driver import check_alive, list_members, start_rank
+    from sharddit.parallel.cluster.settings import ClusterError
+
+    ray = cluster["ray"]
+    actor = start_rank(ray, list_members(ray)["box2/cpu"], TIMEOUT_S)
+    check_alive(ray, {"box2/cpu": actor}, TIMEOUT_S)  # alive: no error
+    os.killpg(cluster["worker"].pid, signal.SIGKILL)  # the worker command, its raylet and its actors
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"lost member box2/cpu \(") as info:
+        while time.monotonic() - t0 < TIMEOUT_S:  # a call just after the kill may still find the actor
+            check_alive(ray, {"box2/cpu": actor}, TIMEOUT_S)
+            time.sleep(0.2)
+    print(f"reported after {time.monotonic() - t0:.1f} s: {info.value}")
+    assert time.monotonic() - t0 < TIMEOUT_S + 2
+    _wait_for("box2 leaving the member list", lambda: "box2/cpu" not in list_members(ray), TIMEOUT_S)
