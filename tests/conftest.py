@@ -80,8 +80,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter):
     if _unexpected_skips:
-        terminalreporter.write_line("[ShardDiT] SHARDDIT_REQUIRE_COMFY=1: unexpected skips (only GPU skips are "
-                                    "allowed), failing the run:\n  " + "\n  ".join(_unexpected_skips), red=True)
+        terminalreporter.write_line("[ShardDiT] unexpected skips (SHARDDIT_REQUIRE_COMFY=1 allows only GPU "
+                                    "skips, SHARDDIT_REQUIRE_CLUSTER=1 no cluster skip), failing the run:\n  "
+                                    + "\n  ".join(_unexpected_skips), red=True)
 
 
 # Fixtures for `comfy` tests: comfy_env, tiny_models, comfy_server (tests/harness/fixtures.py).

@@ -3,8 +3,8 @@ a head (``ray start --head``) and a second node started by the real ``python <pa
 --ray --join ... --name box2 --devices cpu``; the test process is the host's Ray driver.
 
 - the second node is listed as the member ``box2/cpu``;
-- its rank actor joins a gloo group with the host driver through a one-session store that is
-  closed once the group is formed, and a tensor ``all_to_all`` round-trips bit-exact;
+- its rank actor joins a gloo group (and a subgroup) with the host driver through a one-session
+  store that is closed once they are formed, and a tensor ``all_to_all`` round-trips bit-exact on each;
 - a member that never joins is named within the timeout (the store's and gloo's waits bounded);
 - a client with a wrong token can neither connect nor add a node;
 - a killed node is reported, naming the member, within the timeout.
@@ -122,20 +122,21 @@ def test_a_rank_on_the_second_node_round_trips_an_all_to_all_bit_exact(cluster):
     actor = start_rank(ray, member, TIMEOUT_S)
     where = ray.get(actor.where.remote(), timeout=TIMEOUT_S)
     assert where["node_id"] == member.node_id and where["pid"] != os.getpid(), where
-    group = form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S)
+    group = form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S, subgroups=[(0, 1)])
     try:
-        assert group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2
+        assert group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2 and list(group.subgroups) == [(0, 1)]
         assert not _listening_at(group.store_host, group.store_port), "the rendezvous store is still open"
         gen = torch.Generator().manual_seed(32)
-        mine, theirs = (torch.randn(6, 5, generator=gen, dtype=torch.float32) for _ in range(2))
-        mine[0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])  # bytes, not values, must survive
-        reply = actor.all_to_all.remote(theirs)
-        out = torch.empty_like(mine)
-        dist.all_to_all_single(out, mine)
-        got_theirs = ray.get(reply, timeout=TIMEOUT_S)
         bits = lambda t: t.view(torch.int32)  # noqa: E731
-        assert torch.equal(bits(out), bits(torch.cat([mine[:3], theirs[:3]])))
-        assert torch.equal(bits(got_theirs), bits(torch.cat([mine[3:], theirs[3:]])))
+        for sub in (None, (0, 1)):  # the session's group, then a subgroup made before the store closed
+            mine, theirs = (torch.randn(6, 5, generator=gen, dtype=torch.float32) for _ in range(2))
+            mine[0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])  # bytes, not values, must survive
+            reply = actor.all_to_all.remote(theirs, sub)
+            out = torch.empty_like(mine)
+            dist.all_to_all_single(out, mine, group=group.subgroups[sub] if sub else None)
+            got_theirs = ray.get(reply, timeout=TIMEOUT_S)
+            assert torch.equal(bits(out), bits(torch.cat([mine[:3], theirs[:3]]))), sub
+            assert torch.equal(bits(got_theirs), bits(torch.cat([mine[3:], theirs[3:]]))), sub
     finally:
         group.close()
     assert not dist.is_initialized()

@@ -34,6 +34,7 @@ class SessionGroup:
         self.ray, self.actors, self.timeout_s, self.backend = ray, actors, timeout_s, backend
         self.ranks = {key: r + 1 for r, key in enumerate(actors)}
         self.world = len(actors) + 1
+        self.subgroups: dict[tuple, object] = {}
 
     def close(self) -> None:
         """Every member leaves (bounded), then the host; the actors stay for the next session."""
@@ -45,10 +46,13 @@ class SessionGroup:
                 dist.destroy_process_group()
 
 
-def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, backend: str = "gloo") -> SessionGroup:
+def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, backend: str = "gloo",
+               subgroups: tuple = ()) -> SessionGroup:
     """Form the session's group of the host (rank 0) and ``actors`` (``{member: handle}``, ranks 1..n
-    in that order). ``host`` is this machine's address the members can reach. ClusterError naming
-    the members that did not join within ``timeout_s``; the store is closed either way."""
+    in that order), and its ``subgroups`` (rank tuples; ``new_group`` meets through the same store,
+    so every subgroup a session needs is made here, before the store closes: ``group.subgroups``).
+    ``host`` is this machine's address the members can reach. ClusterError naming the members that
+    did not join within ``timeout_s``; the store is closed either way."""
     if dist.is_initialized():
         raise ClusterError("[ShardDiT] a distributed session is already open in this process (torch.distributed's "
                            "default group): close it before forming another")
@@ -58,12 +62,14 @@ def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, back
     group.store_host, group.store_port = host, server.port  # closed once formed (tests connect to check)
     start = time.monotonic()
     try:
-        refs = {a.join.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend): k
+        subgroups = [tuple(g) for g in subgroups]
+        refs = {a.join.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend, subgroups): k
                 for k, a in actors.items()}
         client = dist.TCPStore(host, server.port, None, False, timeout, use_libuv=True)
         try:
             dist.init_process_group(backend, store=dist.PrefixStore(prefix, client), rank=0, world_size=group.world,
                                     timeout=timeout)
+            group.subgroups = {g: dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups}
         except Exception as err:  # DistStoreError on timeout, or gloo's own
             # the members had the same timeout and started first: their answers are in, or never come
             _raise_missing(ray, refs, min(timeout_s, 2.0), f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")

@@ -21,6 +21,7 @@ class RankWorker:
     def __init__(self, member: str, device: str):
         self.member = member
         self.device = "cuda:0" if device.startswith("cuda") else "cpu"
+        self.groups: dict[tuple, object] = {}
 
     def where(self) -> dict:
         """Where this rank runs: Ray node id, host name, pid, the GPU ids Ray gave it."""
@@ -31,9 +32,10 @@ class RankWorker:
                 "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
     def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float,
-             backend: str = "gloo") -> int:
+             backend: str = "gloo", subgroups: list = ()) -> int:
         """Join the session's group as ``rank`` of ``world`` through the host's one-session store
-        (``host:port``, keys under ``prefix``); returns the rank once the group is formed."""
+        (``host:port``, keys under ``prefix``), then make its ``subgroups`` (rank tuples, every rank
+        makes each, in order, as ``new_group`` asks); returns the rank once all are formed."""
         import torch.distributed as dist
 
         if dist.is_initialized():  # an earlier session's group this actor did not leave
@@ -42,23 +44,26 @@ class RankWorker:
         store = dist.TCPStore(host, port, None, False, timeout, use_libuv=True)
         dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
                                 timeout=timeout)
+        self.groups = {tuple(g): dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups}
         return dist.get_rank()
 
-    def all_to_all(self, rows):
-        """Send equal row blocks of ``rows`` to every rank (block k to rank k) and return the
-        blocks received, in rank order (the Ulysses exchange's collective)."""
+    def all_to_all(self, rows, group: tuple | None = None):
+        """Send equal row blocks of ``rows`` to every rank of ``group`` (the session's whole group
+        when None; block k to its k-th rank) and return the blocks received, in rank order (the
+        Ulysses exchange's collective)."""
         import torch
         import torch.distributed as dist
 
         rows = rows.to(self.device).contiguous()
         out = torch.empty_like(rows)
-        dist.all_to_all_single(out, rows)
+        dist.all_to_all_single(out, rows, group=None if group is None else self.groups[tuple(group)])
         return out.cpu()
 
     def leave(self) -> bool:
         """Leave the session's group (the actor stays, for the next session)."""
         import torch.distributed as dist
 
+        self.groups = {}
         if dist.is_initialized():
             dist.destroy_process_group()
         return True
