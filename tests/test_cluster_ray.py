@@ -102,6 +102,19 @@ def _listening(port):
         return False
 
 
+def test_worker_ray_says_it_is_waiting_then_gives_up_when_nothing_answers():
+    port = dist_procs.free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "PYTHONUNBUFFERED": "1"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([sys.executable, str(REPO), "worker", "--ray", "--join", f"127.0.0.1:{port}", "--name",
+                           "box2", "--devices", "cpu", "--wait", "4"], capture_output=True, text=True, env=env,
+                          timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in out, out
+    assert f"is `ray start --head --port {port}` running there?" in out, out
+    assert "worker 'box2' gives up (--wait 4)" in out and "joining the Ray cluster" not in out, out
+
+
 def test_the_second_node_is_listed_as_its_member(cluster):
     from sharddit.parallel.cluster.driver import list_members
 

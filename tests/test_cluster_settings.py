@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 from harness.server import REPO
-from sharddit.loaders.cli import worker_command
+from sharddit.loaders.cli import worker_command, worker_ray
 from sharddit.parallel.cluster.driver import members_from_nodes
 from sharddit.parallel.cluster.node import node_env, ray_start_command
 from sharddit.parallel.cluster.settings import (
@@ -114,7 +114,7 @@ def _args(**kw):
 def test_worker_ray_is_refused_without_token_auth_before_starting_anything(monkeypatch):
     monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
     monkeypatch.delenv("SHARDDIT_CLUSTER_INSECURE", raising=False)
-    monkeypatch.setattr(worker_command.subprocess, "Popen", lambda *a, **k: pytest.fail("started ray"))
+    monkeypatch.setattr(worker_ray.subprocess, "Popen", lambda *a, **k: pytest.fail("started ray"))
     with pytest.raises(ClusterInsecure, match=r"worker 'box2' \(a Ray node\) refused: RAY_AUTH_MODE is unset"):
         worker_command.run(_args())
 
@@ -122,7 +122,7 @@ def test_worker_ray_is_refused_without_token_auth_before_starting_anything(monke
 @pytest.mark.parametrize("join,address", [("10.0.0.1", "10.0.0.1:6379"), ("box1:7000", "box1:7000"),
                                           ("[::1]", "[::1]:6379"), ("[fd00::1]:7000", "[fd00::1]:7000")])
 def test_worker_ray_joins_port_6379_unless_told(join, address):
-    assert worker_command.ray_join_address(join) == address
+    assert worker_ray.ray_join_address(join) == address
 
 
 def test_worker_ray_names_what_is_missing(monkeypatch):

@@ -24,7 +24,6 @@ sampling does not use Ray members yet.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -32,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name, parse_device
+from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name
 from ...parallel.distributed.config import DEFAULT_PORT, dist_timeout, parse_addr
 from ...parallel.distributed.connect import (
     HostUnreachable,
@@ -42,6 +41,8 @@ from ...parallel.distributed.connect import (
 )
 from ...parallel.distributed.secret import HOW_TO_MAKE, dist_secret, new_secret
 from ..comfyui_import import import_comfyui
+from .worker_devices import check_cuda, parse_worker_devices
+from .worker_ray import RAY_PORT, run_ray_node
 
 NAME = "worker"
 HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a ShardDiT worker: each of its devices "
@@ -49,7 +50,6 @@ HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a Sh
         "SHARDDIT_DIST_SECRET; private networks or a VPN only (nothing is encrypted).")
 PACK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOP_WAIT_S = 30.0
-RAY_PORT = 6379
 
 
 def add_arguments(p) -> None:
@@ -71,34 +71,6 @@ def add_arguments(p) -> None:
                    help="give up (exit 1) when the host has not answered within SECONDS (default: wait until it does)")
 
 
-def parse_worker_devices(text: str) -> list[str]:
-    """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; ValueError for an empty list or a repeat
-    (each device is served once)."""
-    if not text.strip():
-        raise ValueError(f"--devices {text!r} names no device: give 'cpu', 'cuda:N' or a list such as "
-                         "'cuda:0,cuda:1', or leave --devices out (cuda:0 if present, else cpu)")
-    devices = [parse_device(part) for part in text.split(",")]
-    for device in dict.fromkeys(devices):
-        if devices.count(device) > 1:
-            raise ValueError(f"--devices {text!r} lists {device!r} {devices.count(device)} times: a worker serves each "
-                             f"device once (one process per device, member NAME/{device}); list each device once, "
-                             f"e.g. --devices {','.join(dict.fromkeys(devices))}")
-    return devices
-
-
-def _check_cuda(devices: list[str], torch) -> None:
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for device in devices:
-        if device.startswith("cuda") and int(device.split(":")[1]) >= count:
-            if count:
-                raise ValueError(f"--devices: {device!r} does not exist; torch sees cuda:0 .. cuda:{count - 1} here "
-                                 f"(use those or 'cpu')")
-            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise ValueError(f"--devices: {device!r} does not exist: torch {torch.__version__} ({build}) sees no CUDA "
-                             f"GPU on this machine; serve 'cpu' (--devices cpu), or give this machine a GPU and "
-                             f"torch's CUDA build")
-
-
 def check_arguments(args) -> tuple[str, int, list[str] | None]:
     """(host, port, devices or None for the default): every argument checked, the host name
     resolved, before ComfyUI is imported or anything connects (ValueError: exit 2)."""
@@ -114,7 +86,7 @@ def check_arguments(args) -> tuple[str, int, list[str] | None]:
     if requested and any(d.startswith("cuda") for d in requested):  # before waiting for the host
         import torch
 
-        _check_cuda(requested, torch)
+        check_cuda(requested, torch)
     if not args.wait > 0:
         raise ValueError(f"--wait {args.wait!r} is not a positive number of seconds")
     dist_timeout()  # SHARDDIT_DIST_TIMEOUT, named with its range when bad
@@ -130,7 +102,7 @@ def run(args) -> int:
         print(new_secret())
         return 0
     if getattr(args, "ray", False):
-        return run_ray_node(args)
+        return run_ray_node(args)  # the Ray path (preview; worker_ray.py imports no Ray itself)
     host, port, requested = check_arguments(args)
     try:  # before ComfyUI's slow import: whether the host answers is said within seconds
         wait_for_port(host, port, args.wait, say=lambda m: print(m, flush=True), hint=_hint(host, port))
@@ -143,7 +115,7 @@ def run(args) -> int:
     import torch
 
     devices = requested or ["cuda:0" if torch.cuda.is_available() else "cpu"]
-    _check_cuda(devices, torch)
+    check_cuda(devices, torch)
     _check_host(host, port, args.name, devices)
     if len(devices) > 1:  # before ComfyUI's import, which would make a CUDA context on cuda:0 here
         return _run_members(args, devices)
@@ -258,48 +230,3 @@ def _stop(children: dict) -> None:
             child.kill()
             child.wait()
 
-
-def ray_node_command(args) -> tuple[list[str], dict]:
-    """``worker --ray``: the checked ``ray start`` command and its environment (ValueError: exit 2)."""
-    import importlib.util
-
-    from ...parallel.cluster.node import node_env, ray_start_command
-    from ...parallel.cluster.settings import INSTALL_HINT, check_auth
-
-    for option, value in (("--join", args.join), ("--name", args.name)):
-        if value is None:
-            raise ValueError(f"{option} is required (python <pack-dir> worker --ray --join HOST:{RAY_PORT} --name NAME)")
-    check_member_name(args.name, "--name")
-    address = ray_join_address(args.join)
-    check_auth(f"worker {args.name!r} (a Ray node)")
-    if importlib.util.find_spec("ray") is None:
-        raise ValueError(f"[ShardDiT] worker --ray needs Ray in {sys.executable}: {INSTALL_HINT}")
-    devices = parse_worker_devices(args.devices) if args.devices is not None else None
-    if devices is None or any(d.startswith("cuda") for d in devices):
-        import torch
-
-        devices = devices or ["cuda:0" if torch.cuda.is_available() else "cpu"]
-        _check_cuda(devices, torch)
-    return ray_start_command(address, args.name, devices), node_env(devices, dict(os.environ))
-
-
-def ray_join_address(text: str) -> str:
-    """``--join`` with ``--ray``: ``HOST[:PORT]`` -> ``HOST:PORT`` (Ray's 6379 when omitted)."""
-    text = text.strip()
-    host, port = parse_addr(text if ":" in text.split("]")[-1] else f"{text}:{RAY_PORT}", "--join")
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def run_ray_node(args) -> int:
-    """Run ``ray start --block`` until it exits or Ctrl+C (which stops the node: Ray ends its processes)."""
-    cmd, env = ray_node_command(args)
-    members = ", ".join(f"{args.name}/{r.rsplit('/', 1)[-1]}" for r in json.loads(cmd[cmd.index("--resources") + 1]))
-    print(f"[ShardDiT] worker {args.name!r}: joining the Ray cluster at {args.join} as {members}", flush=True)
-    child = subprocess.Popen(cmd, env=env)
-    try:
-        return child.wait()
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        child.wait()
-        print(f"[ShardDiT] worker {args.name!r}: stopped (left the Ray cluster)", flush=True)
-        return 0
