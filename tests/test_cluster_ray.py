@@ -140,19 +140,46 @@ def test_a_rank_on_the_second_node_round_trips_an_all_to_all_bit_exact(cluster):
         assert group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2 and list(group.subgroups) == [(0, 1)]
         assert not _listening_at(group.store_host, group.store_port), "the rendezvous store is still open"
         gen = torch.Generator().manual_seed(32)
-        bits = lambda t: t.view(torch.int32)  # noqa: E731
         for sub in (None, (0, 1)):  # the session's group, then a subgroup made before the store closed
-            mine, theirs = (torch.randn(6, 5, generator=gen, dtype=torch.float32) for _ in range(2))
-            mine[0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])  # bytes, not values, must survive
-            reply = actor.all_to_all.remote(theirs, sub)
-            out = torch.empty_like(mine)
-            dist.all_to_all_single(out, mine, group=group.subgroups[sub] if sub else None)
-            got_theirs = ray.get(reply, timeout=TIMEOUT_S)
-            assert torch.equal(bits(out), bits(torch.cat([mine[:3], theirs[:3]]))), sub
-            assert torch.equal(bits(got_theirs), bits(torch.cat([mine[3:], theirs[3:]]))), sub
+            _round_trip(ray, actor, group, sub, gen)
     finally:
         group.close()
     assert not dist.is_initialized()
+
+
+def _round_trip(ray, actor, group, sub, gen):
+    """The host and the actor all_to_all two random tensors (NaN, inf, -0.0 included) over the
+    session's group (``sub`` None) or its subgroup ``sub``; each gets the other's rows bit-exact."""
+    import torch.distributed as dist
+
+    mine, theirs = (torch.randn(6, 5, generator=gen, dtype=torch.float32) for _ in range(2))
+    mine[0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])  # bytes, not values, must survive
+    reply = actor.all_to_all.remote(theirs, sub)
+    out = torch.empty_like(mine)
+    dist.all_to_all_single(out, mine, group=group.subgroups[sub] if sub else None)
+    got_theirs = ray.get(reply, timeout=TIMEOUT_S)
+    bits = lambda t: t.view(torch.int32)  # noqa: E731
+    assert torch.equal(bits(out), bits(torch.cat([mine[:3], theirs[:3]]))), sub
+    assert torch.equal(bits(got_theirs), bits(torch.cat([mine[3:], theirs[3:]]))), sub
+
+
+def test_the_host_keeps_a_members_rank_across_sessions_and_names_an_unknown_member(cluster):
+    from sharddit.parallel.cluster.host import ClusterHost
+    from sharddit.parallel.cluster.settings import ClusterError
+
+    ray, host = cluster["ray"], ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
+    with pytest.raises(ClusterError, match=r"no member 'box3/cpu' in the Ray cluster at 127\.0\.0\.1:\d+ \(members: "
+                                           r"box2/cpu\); start `python <pack-dir> worker --ray"):
+        host.open_session(["box3/cpu"])
+    gen, pids = torch.Generator().manual_seed(7), []
+    for _ in range(2):
+        group = host.open_session(["box2/cpu"])
+        try:
+            pids.append(ray.get(host.ranks["box2/cpu"].where.remote(), timeout=TIMEOUT_S)["pid"])
+            _round_trip(ray, host.ranks["box2/cpu"], group, None, gen)
+        finally:
+            group.close()
+    assert pids[0] == pids[1], pids  # one rank actor for both sessions: what it received stays
 
 
 def _listening_at(host, port):
@@ -213,4 +240,12 @@ def test_a_killed_node_is_reported_naming_the_member_within_the_timeout(cluster)
             time.sleep(0.2)
     print(f"reported after {time.monotonic() - t0:.1f} s: {info.value}")
     assert time.monotonic() - t0 < TIMEOUT_S + 2
+    from sharddit.parallel.cluster.host import ClusterHost
+
+    host = ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
+    host.ranks["box2/cpu"] = actor  # the host's next session with the lost member: named, then dropped
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=r"lost member box2/cpu \("):
+        host.open_session(["box2/cpu"])
+    assert time.monotonic() - t0 < TIMEOUT_S + 6 and "box2/cpu" not in host.ranks
     _wait_for("box2 leaving the member list", lambda: "box2/cpu" not in list_members(ray), TIMEOUT_S)

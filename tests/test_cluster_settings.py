@@ -140,3 +140,17 @@ def test_importing_the_pack_the_cluster_package_and_the_worker_command_imports_n
     done = subprocess.run([sys.executable, "-c", code, str(REPO / "tests")], capture_output=True, text=True, env=env,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_the_host_joins_no_cluster_unless_told_and_refuses_one_without_token_auth(monkeypatch):
+    from sharddit.parallel.cluster import driver
+    from sharddit.parallel.cluster.host import cluster_host
+
+    monkeypatch.delenv("SHARDDIT_RAY_ADDRESS", raising=False)
+    assert cluster_host() is None
+    monkeypatch.setenv("SHARDDIT_RAY_ADDRESS", "127.0.0.1:1")
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("SHARDDIT_CLUSTER_INSECURE", raising=False)
+    monkeypatch.setattr(driver, "import_ray", lambda: pytest.fail("imported ray before checking token auth"))
+    with pytest.raises(ClusterInsecure, match=r"the ComfyUI host \(a Ray driver\) refused: RAY_AUTH_MODE is 'disabled'"):
+        cluster_host()

@@ -11,9 +11,10 @@ store whose address and key prefix travel over Ray only.
 - ``driver``: connect as a Ray driver, list members ``NAME/DEVICE``, start a rank actor;
 - ``rank_actor``: the actor a remote rank runs (shipped by value: worker nodes need not import the pack);
 - ``group``: form the per-session process group (rendezvous over Ray, every wait bounded);
+- ``host``: the host's members, their rank actors (kept across sessions) and one session at a time;
 - ``node``: the ``ray start`` command line of ``python <pack-dir> worker --ray --join ...``.
 
 Nothing here imports Ray at module import: ``settings.import_ray()`` does, only when a cluster
 role starts, so local multi-GPU never needs Ray installed. The sampling engine does not use this
-package yet (``parallel/distributed/`` still serves it).
+package yet (``parallel/distributed/`` still serves it; ``host`` says where it will plug in).
 """
