@@ -81,7 +81,9 @@ def cluster(tmp_path_factory):
         _wait_for("the Ray head's port", lambda: _listening(port), 60)
         worker = [sys.executable, str(REPO), "worker", "--ray", "--join", f"127.0.0.1:{port}", "--name", "box2",
                   "--devices", "cpu"]
-        procs.append(_start(worker, {**os.environ, "PYTHONUNBUFFERED": "1"}, open(tmp / "box2.log", "w")))
+        # CUDA_VISIBLE_DEVICES: what the worker command's GPUs are numbered by, which its actors must see unchanged
+        procs.append(_start(worker, {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "7"},
+                            open(tmp / "box2.log", "w")))
         ray_mod = driver.connect(f"127.0.0.1:{port}", TIMEOUT_S)
         _wait_for("member box2/cpu", lambda: "box2/cpu" in driver.list_members(ray_mod), 90)
         yield {"ray": ray_mod, "port": port, "token": token, "tmp": tmp, "worker": procs[1]}
@@ -134,7 +136,8 @@ def test_a_rank_on_the_second_node_round_trips_an_all_to_all_bit_exact(cluster):
     member = list_members(ray)["box2/cpu"]
     actor = start_rank(ray, member, TIMEOUT_S)
     where = ray.get(actor.where.remote(), timeout=TIMEOUT_S)
-    assert where["node_id"] == member.node_id and where["pid"] != os.getpid(), where
+    assert where["node_id"] == member.node_id and where["pid"] != os.getpid() and where["device"] == "cpu", where
+    assert where["cuda_visible_devices"] == "7", where  # Ray did not renumber the node's GPUs
     group = form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S, subgroups=[(0, 1)])
     try:
         assert group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2 and list(group.subgroups) == [(0, 1)]

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
 
-from ...parallel.cluster.node import node_env, ray_start_command
+from ...parallel.cluster.node import ray_start_command
 from ...parallel.cluster.settings import INSTALL_HINT, check_auth
 from ...parallel.distributed.config import parse_addr
 from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
@@ -29,8 +28,8 @@ __all__ = ["RAY_PORT", "ray_join_address", "ray_node_command", "run_ray_node"]
 RAY_PORT = 6379  # Ray's GCS port
 
 
-def ray_node_command(args) -> tuple[list[str], dict]:
-    """``worker --ray``: the checked ``ray start`` command and its environment (ValueError: exit 2)."""
+def ray_node_command(args) -> list[str]:
+    """``worker --ray``: the checked ``ray start`` command (ValueError: exit 2)."""
     for option, value in (("--join", args.join), ("--name", args.name)):
         if value is None:
             raise ValueError(f"{option} is required (python <pack-dir> worker --ray --join HOST:{RAY_PORT} --name NAME)")
@@ -45,7 +44,7 @@ def ray_node_command(args) -> tuple[list[str], dict]:
 
         devices = devices or ["cuda:0" if torch.cuda.is_available() else "cpu"]
         check_cuda(devices, torch)
-    return ray_start_command(address, args.name, devices), node_env(devices, dict(os.environ))
+    return ray_start_command(address, args.name, devices)
 
 
 def ray_join_address(text: str) -> str:
@@ -57,7 +56,7 @@ def ray_join_address(text: str) -> str:
 
 def run_ray_node(args) -> int:
     """Run ``ray start --block`` until it exits or Ctrl+C (which stops the node: Ray ends its processes)."""
-    cmd, env = ray_node_command(args)
+    cmd = ray_node_command(args)
     host, port = parse_addr(ray_join_address(args.join), "--join")
     try:  # ray start's own wait is silent for ~20 s, then a traceback: say it, and honour --wait
         wait_for_port(host, port, args.wait, say=lambda m: print(m, flush=True),
@@ -67,7 +66,7 @@ def run_ray_node(args) -> int:
         return 1
     members = ", ".join(f"{args.name}/{r.rsplit('/', 1)[-1]}" for r in json.loads(cmd[cmd.index("--resources") + 1]))
     print(f"[ShardDiT] worker {args.name!r}: joining the Ray cluster at {args.join} as {members}", flush=True)
-    child = subprocess.Popen(cmd, env=env)
+    child = subprocess.Popen(cmd)  # this environment: its CUDA_VISIBLE_DEVICES numbers --devices
     try:
         return child.wait()
     except KeyboardInterrupt:

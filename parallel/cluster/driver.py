@@ -87,13 +87,14 @@ def rank_actor_class(ray):
 
 
 def start_rank(ray, member: Member, timeout_s: float):
-    """Start the rank actor of ``member`` on its node (and one of its GPUs for a cuda device);
-    returns the handle once the actor answers, ClusterError naming the member after ``timeout_s``."""
+    """Start the rank actor of ``member`` on its node, holding the member's resource (so one actor
+    per member; a cuda member's actor uses that very GPU, ``node.py``); returns the handle once the
+    actor answers, ClusterError naming the member after ``timeout_s``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(member.node_id, soft=False),
-               "resources": {member_resource(member.name, member.device): 1}, "num_cpus": 0,
-               "num_gpus": 1 if member.device.startswith("cuda") else 0, "max_restarts": 0}
+               "resources": {member_resource(member.name, member.device): 1}, "num_cpus": 0, "num_gpus": 0,
+               "max_restarts": 0}
     actor = rank_actor_class(ray).options(**options).remote(member.key, member.device)
     try:
         where = ray.get(actor.where.remote(), timeout=timeout_s)
@@ -102,8 +103,7 @@ def start_rank(ray, member: Member, timeout_s: float):
         raise ClusterError(f"[ShardDiT] member {member.key} did not start its rank within {timeout_s:g} s "
                            f"({type(err).__name__}: {str(err)[:200]}); see `ray status` for its node "
                            f"{member.node_id[:12]}") from None
-    log.info("[ShardDiT] member %s: rank actor pid %s on %s (GPUs %s)", member.key, where["pid"], where["host"],
-             where["gpu_ids"] or "none")
+    log.info("[ShardDiT] member %s: rank actor pid %s on %s", member.key, where["pid"], where["host"])
     return actor
 
 

@@ -3,8 +3,10 @@ runs (pure: builds the command and its environment, imports no Ray).
 
 The node carries the worker's name as the label ``sharddit/name`` and one unit of the resource
 ``sharddit/NAME/DEVICE`` per device it serves, so the host lists it as members ``NAME/DEVICE``
-(``driver.members_from_nodes``). Its GPUs for Ray are exactly the cuda devices listed: Ray then
-gives each cuda rank actor one of them.
+(``driver.members_from_nodes``). The node offers Ray no GPUs (``--num-gpus 0``): a rank actor
+holds its member's resource instead, so Ray leaves ``CUDA_VISIBLE_DEVICES`` as the worker command
+had it and the actor of ``box2/cuda:1`` uses exactly the GPU that ``--devices cuda:1`` named
+there (had Ray handed out GPUs, which one an actor got would be Ray's choice).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import sys
 
 from .settings import NAME_LABEL, member_resource
 
-__all__ = ["check_label_name", "node_env", "ray_start_command"]
+__all__ = ["check_label_name", "ray_start_command"]
 
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 
@@ -29,19 +31,8 @@ def check_label_name(name: str) -> str:
 
 def ray_start_command(address: str, name: str, devices: list[str], python: str = sys.executable) -> list[str]:
     """``ray start --address ADDRESS --block`` from ``python`` (ComfyUI's), labelled and with one
-    resource per device; ``--num-gpus`` is the number of cuda devices listed (0: Ray hands out none)."""
+    resource per device, offering Ray no GPU of its own to hand out (see the module's docstring)."""
     resources = {member_resource(check_label_name(name), device): 1 for device in devices}
-    n_gpus = sum(device.startswith("cuda") for device in devices)
     return [python, "-m", "ray.scripts.scripts", "start", "--address", address, "--labels", f"{NAME_LABEL}={name}",
-            "--resources", json.dumps(resources), "--num-gpus", str(n_gpus), "--disable-usage-stats", "--block"]
+            "--resources", json.dumps(resources), "--num-gpus", "0", "--disable-usage-stats", "--block"]
 
-
-def node_env(devices: list[str], env: dict) -> dict:
-    """The node's environment: ``CUDA_VISIBLE_DEVICES`` narrowed to the cuda devices listed (read
-    through an existing ``CUDA_VISIBLE_DEVICES``, as torch numbers them), so Ray hands out only those."""
-    cuda = [int(device.split(":")[1]) for device in devices if device.startswith("cuda")]
-    out = dict(env)
-    if cuda:
-        visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-        out["CUDA_VISIBLE_DEVICES"] = ",".join(visible[i] if visible else str(i) for i in cuda)
-    return out

@@ -15,21 +15,22 @@ import socket
 
 
 class RankWorker:
-    """One remote rank. ``member`` is ``NAME/DEVICE``; a cuda member sees exactly the GPU Ray gave
-    it (Ray sets ``CUDA_VISIBLE_DEVICES``), which torch then calls ``cuda:0``."""
+    """One remote rank. ``member`` is ``NAME/DEVICE``; ``device`` is numbered as the worker command's
+    ``--devices`` numbered it (Ray hands this node no GPUs, so it leaves ``CUDA_VISIBLE_DEVICES`` as
+    the worker command had it: ``node.py``)."""
 
     def __init__(self, member: str, device: str):
         self.member = member
-        self.device = "cuda:0" if device.startswith("cuda") else "cpu"
+        self.device = device
         self.groups: dict[tuple, object] = {}
 
     def where(self) -> dict:
-        """Where this rank runs: Ray node id, host name, pid, the GPU ids Ray gave it."""
+        """Where this rank runs: Ray node id, host name, pid, device, ``CUDA_VISIBLE_DEVICES``."""
         import ray
 
-        ctx = ray.get_runtime_context()
-        return {"member": self.member, "node_id": ctx.get_node_id(), "host": socket.gethostname(),
-                "pid": os.getpid(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
+        return {"member": self.member, "node_id": ray.get_runtime_context().get_node_id(),
+                "host": socket.gethostname(), "pid": os.getpid(), "device": self.device,
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float,
              backend: str = "gloo", subgroups: list = ()) -> int:
@@ -40,6 +41,10 @@ class RankWorker:
 
         if dist.is_initialized():  # an earlier session's group this actor did not leave
             dist.destroy_process_group()
+        if self.device.startswith("cuda"):  # NCCL's communicator binds to the current device
+            import torch
+
+            torch.cuda.set_device(self.device)
         timeout = datetime.timedelta(seconds=timeout_s)
         store = dist.TCPStore(host, port, None, False, timeout, use_libuv=True)
         dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
