@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import pytest
 import torch
@@ -117,6 +118,21 @@ def test_worker_ray_says_it_is_waiting_then_gives_up_when_nothing_answers():
     assert "worker 'box2' gives up (--wait 4)" in out and "joining the Ray cluster" not in out, out
 
 
+def test_a_host_that_cannot_reach_the_cluster_is_told_within_its_timeout():
+    port = dist_procs.free_port()
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from harness.pack import import_pack; import_pack()\n"
+            "from sharddit.parallel.cluster.driver import connect\nt0 = time.monotonic()\n"
+            "try:\n    connect(sys.argv[2], 3.0)\nexcept RuntimeError as e:\n"
+            "    print(f'{time.monotonic() - t0:.1f}', e)")
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run([sys.executable, "-c", code, str(REPO / "tests"), f"127.0.0.1:{port}"], capture_output=True,
+                          text=True, env=env, timeout=90)
+    took, _, said = done.stdout.strip().partition(" ")
+    assert said.startswith(f"[ShardDiT] nothing answered at 127.0.0.1:{port} within 3 s"), done.stdout + done.stderr
+    assert f"is `ray start --head --port {port}` running there?" in said and float(took) < 3.0 + 3, done.stdout
+
+
 def test_the_second_node_is_listed_as_its_member(cluster):
     from sharddit.parallel.cluster.driver import list_members
 
@@ -164,6 +180,44 @@ def _round_trip(ray, actor, group, sub, gen):
     bits = lambda t: t.view(torch.int32)  # noqa: E731
     assert torch.equal(bits(out), bits(torch.cat([mine[:3], theirs[:3]]))), sub
     assert torch.equal(bits(got_theirs), bits(torch.cat([mine[3:], theirs[3:]]))), sub
+
+
+def test_a_stranger_at_the_rendezvous_store_neither_stalls_nor_redirects_the_group(cluster, monkeypatch):
+    """Whoever finds the one-session store's port (here: told it) holds 100 idle connections and one
+    that sent a single byte, and writes the keys gloo would use without the random prefix; the
+    group still forms within the timeout and its exchange is bit-exact."""
+    import torch.distributed as dist
+
+    from sharddit.parallel.cluster import group as group_mod
+    from sharddit.parallel.cluster.driver import list_members, start_rank
+
+    ray, held = cluster["ray"], []
+    real_open = group_mod.open_store
+
+    def open_with_stranger(host, timeout_s):
+        server, prefix = real_open(host, timeout_s)
+        for i in range(101):
+            held.append(socket.create_connection((host, server.port), timeout=5))
+            if i == 0:
+                held[0].sendall(b"\x01")  # the start of a request, never finished
+        junk = dist.TCPStore(host, server.port, None, False, timedelta(seconds=5), use_libuv=True)
+        for key in ["0//cpu//0/0", "0//cpu//0/1", "/0//cpu//0/0", "/0//cpu//0/1"]:  # gloo's rank addresses (torch
+            junk.set(key, "[" * 3000)                                          # 2.13) with no or an empty prefix
+        held.append(junk)
+        return server, prefix
+
+    monkeypatch.setattr(group_mod, "open_store", open_with_stranger)
+    actor = start_rank(ray, list_members(ray)["box2/cpu"], TIMEOUT_S)
+    t0 = time.monotonic()
+    group = group_mod.form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S)
+    try:
+        assert time.monotonic() - t0 < TIMEOUT_S and len(held) == 102
+        _round_trip(ray, actor, group, None, torch.Generator().manual_seed(11))
+    finally:
+        group.close()
+        for sock in held[:-1]:
+            sock.close()
+        ray.kill(actor)
 
 
 def test_the_host_keeps_a_members_rank_across_sessions_and_names_an_unknown_member(cluster):

@@ -12,8 +12,18 @@ import os
 import sys
 from dataclasses import dataclass
 
+from ..distributed.config import parse_addr
+from ..distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
 from . import rank_actor
-from .settings import NAME_LABEL, ClusterError, check_auth, import_ray, member_resource, parse_member_resource
+from .settings import (
+    NAME_LABEL,
+    RAY_ADDRESS_ENV,
+    ClusterError,
+    check_auth,
+    import_ray,
+    member_resource,
+    parse_member_resource,
+)
 
 __all__ = ["Member", "check_alive", "connect", "list_members", "members_from_nodes", "start_rank"]
 
@@ -42,6 +52,13 @@ def connect(address: str, timeout_s: float):
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    if address != "auto":  # Ray's own wait for a port where nothing listens is ~40 s a try, 3 tries
+        host, port = parse_addr(address, RAY_ADDRESS_ENV)
+        try:
+            wait_for_port(host, port, timeout_s, say=log.info)
+        except (HostUnreachable, HostUnresolved) as err:
+            raise ClusterError(f"{err}: is `ray start --head --port {port}` running there? ({RAY_ADDRESS_ENV}="
+                               f"{address!r})") from None
     # Ray retries its first GCS call once a second, 20 times by default: bound it by our timeout.
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(max(1, int(timeout_s))))
     try:
