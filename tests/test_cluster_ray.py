@@ -23,6 +23,7 @@ from datetime import timedelta
 import pytest
 import torch
 from harness import dist_procs
+from harness.ray_cluster import listening, start_group, stop_group, wait_for
 from harness.server import REPO
 
 pytestmark = [pytest.mark.cluster, pytest.mark.no_blas]
@@ -30,34 +31,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.no_blas]
 TIMEOUT_S = 20.0  # SHARDDIT_DIST_TIMEOUT of these tests
 HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
           "RAY_health_check_initial_delay_ms": "0"}  # a killed node is noticed in ~2 s, not Ray's default ~15 s
-
-
-def _start(cmd, env, log):
-    return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(proc):
-    """End a process group this test started: SIGTERM, then SIGKILL after 15 s."""
-    for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 15)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _wait_for(what, check, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    pytest.fail(f"{what} not within {timeout_s:g} s")
 
 
 @pytest.fixture(scope="module")
@@ -78,31 +51,23 @@ def cluster(tmp_path_factory):
         head = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port", str(port), "--num-cpus", "1",
                 "--num-gpus", "0", "--include-dashboard=false", "--object-store-memory", str(80 << 20),
                 "--temp-dir", str(tmp / "t"), "--disable-usage-stats", "--block"]
-        procs.append(_start(head, dict(os.environ), open(tmp / "head.log", "w")))
-        _wait_for("the Ray head's port", lambda: _listening(port), 60)
+        procs.append(start_group(head, dict(os.environ), open(tmp / "head.log", "w")))
+        wait_for("the Ray head's port", lambda: listening('127.0.0.1', port), 60)
         worker = [sys.executable, str(REPO), "worker", "--ray", "--join", f"127.0.0.1:{port}", "--name", "box2",
                   "--devices", "cpu"]
         # CUDA_VISIBLE_DEVICES: what the worker command's GPUs are numbered by, which its actors must see unchanged
-        procs.append(_start(worker, {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "7"},
+        procs.append(start_group(worker, {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "7"},
                             open(tmp / "box2.log", "w")))
         ray_mod = driver.connect(f"127.0.0.1:{port}", TIMEOUT_S)
-        _wait_for("member box2/cpu", lambda: "box2/cpu" in driver.list_members(ray_mod), 90)
+        wait_for("member box2/cpu", lambda: "box2/cpu" in driver.list_members(ray_mod), 90)
         yield {"ray": ray_mod, "port": port, "token": token, "tmp": tmp, "worker": procs[1]}
     finally:
         if ray.is_initialized():
             ray.shutdown()
         for proc in reversed(procs):
-            _stop(proc)
+            stop_group(proc)
         os.environ.clear()
         os.environ.update(saved)
-
-
-def _listening(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_worker_ray_says_it_is_waiting_then_gives_up_when_nothing_answers():
@@ -157,7 +122,7 @@ def test_a_rank_on_the_second_node_round_trips_an_all_to_all_bit_exact(cluster):
     group = form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S, subgroups=[(0, 1)])
     try:
         assert group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2 and list(group.subgroups) == [(0, 1)]
-        assert not _listening_at(group.store_host, group.store_port), "the rendezvous store is still open"
+        assert not listening(group.store_host, group.store_port), "the rendezvous store is still open"
         gen = torch.Generator().manual_seed(32)
         for sub in (None, (0, 1)):  # the session's group, then a subgroup made before the store closed
             _round_trip(ray, actor, group, sub, gen)
@@ -239,14 +204,6 @@ def test_the_host_keeps_a_members_rank_across_sessions_and_names_an_unknown_memb
     assert pids[0] == pids[1], pids  # one rank actor for both sessions: what it received stays
 
 
-def _listening_at(host, port):
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
-
-
 def test_a_member_that_never_joins_is_named_within_the_timeout(cluster):
     import torch.distributed as dist
 
@@ -305,4 +262,4 @@ def test_a_killed_node_is_reported_naming_the_member_within_the_timeout(cluster)
     with pytest.raises(ClusterError, match=r"lost member box2/cpu \("):
         host.open_session(["box2/cpu"])
     assert time.monotonic() - t0 < TIMEOUT_S + 6 and "box2/cpu" not in host.ranks
-    _wait_for("box2 leaving the member list", lambda: "box2/cpu" not in list_members(ray), TIMEOUT_S)
+    wait_for("box2 leaving the member list", lambda: "box2/cpu" not in list_members(ray), TIMEOUT_S)

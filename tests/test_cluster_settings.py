@@ -136,7 +136,8 @@ def test_worker_ray_names_what_is_missing(monkeypatch):
 def test_importing_the_pack_the_cluster_package_and_the_worker_command_imports_no_ray():
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from harness.pack import import_pack; import_pack(); "
             "import sharddit.parallel.cluster.driver, sharddit.parallel.cluster.group, sharddit.parallel.cluster.node; "
-            "import sharddit.loaders.cli.worker_command; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))")
+            "import sharddit.loaders.cli.worker_command; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([sys.executable, "-c", code, str(REPO / "tests")], capture_output=True, text=True, env=env,
                           timeout=120)
@@ -153,5 +154,6 @@ def test_the_host_joins_no_cluster_unless_told_and_refuses_one_without_token_aut
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.delenv("SHARDDIT_CLUSTER_INSECURE", raising=False)
     monkeypatch.setattr(driver, "import_ray", lambda: pytest.fail("imported ray before checking token auth"))
-    with pytest.raises(ClusterInsecure, match=r"the ComfyUI host \(a Ray driver\) refused: RAY_AUTH_MODE is 'disabled'"):
+    refused = r"the ComfyUI host \(a Ray driver\) refused: RAY_AUTH_MODE is 'disabled'"
+    with pytest.raises(ClusterInsecure, match=refused):
         cluster_host()

@@ -32,7 +32,8 @@ def ray_node_command(args) -> list[str]:
     """``worker --ray``: the checked ``ray start`` command (ValueError: exit 2)."""
     for option, value in (("--join", args.join), ("--name", args.name)):
         if value is None:
-            raise ValueError(f"{option} is required (python <pack-dir> worker --ray --join HOST:{RAY_PORT} --name NAME)")
+            raise ValueError(f"{option} is required (python <pack-dir> worker --ray --join HOST:{RAY_PORT} "
+                             "--name NAME)")
     check_member_name(args.name, "--name")
     address = ray_join_address(args.join)
     check_auth(f"worker {args.name!r} (a Ray node)")
