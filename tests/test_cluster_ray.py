@@ -161,6 +161,7 @@ def test_a_stranger_at_the_rendezvous_store_neither_stalls_nor_redirects_the_gro
 
     def open_with_stranger(host, timeout_s):
         server, prefix = real_open(host, timeout_s)
+        assert host == "127.0.0.1" or not listening("127.0.0.1", server.port), "the store listens on every interface"
         for i in range(101):
             held.append(socket.create_connection((host, server.port), timeout=5))
             if i == 0:

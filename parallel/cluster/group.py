@@ -1,7 +1,7 @@
 """The per-session torch.distributed group of the host (rank 0) and its rank actors.
 
 Its rendezvous never touches a store a stranger can name: the host opens a fresh libuv TCPStore on
-a port the OS picks, puts every key under a random 128-bit prefix, hands both to the actors over
+a port the OS picks, on the address the members reach it by only, puts every key under a random 128-bit prefix, hands both to the actors over
 Ray only (an authenticated RPC), and closes the store as soon as the group is formed. Every wait
 (the store's, gloo's connect, the actors' replies) is bounded by ``timeout_s``
 (``SHARDDIT_DIST_TIMEOUT``). The group is torch's default group of each process: one session at a
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import secrets
+import socket
 import time
 
 import torch.distributed as dist
@@ -21,9 +22,18 @@ __all__ = ["SessionGroup", "form_group", "open_store"]
 
 
 def open_store(host: str, timeout_s: float):
-    """A fresh libuv TCPStore server on ``host`` and an OS-chosen port, and a random key prefix."""
-    server = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-                           use_libuv=True)
+    """A fresh libuv TCPStore server listening on ``host`` only (TCPStore alone listens on every
+    interface), on a port the OS picks, and a random key prefix."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    server = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                           use_libuv=True, master_listen_fd=sock.detach())  # the store owns the socket now
     return server, f"sharddit/{secrets.token_hex(16)}/"
 
 
