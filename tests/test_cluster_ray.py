@@ -234,7 +234,7 @@ def test_a_client_with_a_wrong_token_can_neither_connect_nor_add_a_node(cluster)
     stranger = [sys.executable, "-m", "ray.scripts.scripts", "start", "--address", address, "--num-cpus", "1",
                 "--labels", "sharddit/name=box9", "--resources", '{"sharddit/box9/cpu": 1}', "--disable-usage-stats"]
     joined = subprocess.run(stranger, capture_output=True, text=True, env=env, timeout=90)
-    assert joined.returncode != 0, joined.stdout + joined.stderr
+    assert joined.returncode != 0 and "InvalidAuthToken" in joined.stdout + joined.stderr, joined.stdout + joined.stderr
     from sharddit.parallel.cluster.driver import list_members
 
     assert list(list_members(cluster["ray"])) == ["box2/cpu"]
