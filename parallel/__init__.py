@@ -6,6 +6,7 @@
 - ``sequence/``: the sequence-parallel engine (``sequence`` mode): token/batch split, block
   streaming, Ulysses attention, one thread per local device;
 - ``distributed/``: the same engine over ``torch.distributed``: lobby, host, worker, wire;
+- ``cluster/``: several machines on Ray (preview): members, rank actors, per-session groups;
 - ``cost/``: what each mode costs (memory, time, bytes) and the ``auto`` decision;
 - ``tiling/``: the batched, multi-device tiled VAE decode.
 Top level: ``families`` (one entry per model family), ``simulate`` (fake-device memory tracking),

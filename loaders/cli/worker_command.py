@@ -15,6 +15,12 @@ context, so each reports its own GPU's free memory and runs its kernels there. E
 ComfyUI: the host describes its blocks (model class, config, tensor layout) and the worker builds
 them with its own ComfyUI classes (``loaders/comfy/worker_blocks``), then receives their weights
 (patched with LoRAs) as raw bytes; nothing is unpickled. Reads no model file.
+
+``python <pack-dir> worker --ray --join HOST:6379 --name box2 --devices cuda:0,cuda:1`` (preview):
+join a Ray cluster instead of the lobby, as a thin wrapper over ``ray start --address HOST:6379
+--block`` run from this Python, the node labelled with the name and its devices as resources
+(``parallel/cluster/node.py``); needs ``RAY_AUTH_MODE=token`` and the cluster's token. The host's
+sampling does not use Ray members yet.
 """
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ import subprocess
 import sys
 import time
 
-from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name, parse_device
+from ...parallel.placement.devices import MEMBER_NAME_FORM, check_member_name
 from ...parallel.distributed.config import DEFAULT_PORT, dist_timeout, parse_addr
 from ...parallel.distributed.connect import (
     HostUnreachable,
@@ -35,6 +41,8 @@ from ...parallel.distributed.connect import (
 )
 from ...parallel.distributed.secret import HOW_TO_MAKE, dist_secret, new_secret
 from ..comfyui_import import import_comfyui
+from .worker_devices import check_cuda, parse_worker_devices
+from .worker_ray import RAY_PORT, run_ray_node
 
 NAME = "worker"
 HELP = ("Join a ComfyUI host (started with SHARDDIT_DIST_ADDR=HOST:PORT) as a ShardDiT worker: each of its devices "
@@ -49,42 +57,18 @@ def add_arguments(p) -> None:
                    help="print a fresh shared secret and exit: give it to the host and every worker as "
                         "SHARDDIT_DIST_SECRET (or in a file only you can read, named by SHARDDIT_DIST_SECRET_FILE)")
     p.add_argument("--join", metavar="HOST:PORT",
-                   help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted); required")
+                   help=f"the host's SHARDDIT_DIST_ADDR (port {DEFAULT_PORT} when omitted); with --ray the Ray "
+                        f"head's address (port {RAY_PORT} when omitted); required")
     p.add_argument("--name", help=f"this worker's name in devices strings (e.g. box2 -> 'box2/cuda:0'): "
                                                   f"{MEMBER_NAME_FORM}")
     p.add_argument("--devices", default=None,
                    help="the devices this worker serves, each once: 'cpu', 'cuda:N' or a list like 'cuda:0,cuda:1' "
                         "(one process per device; default: cuda:0 if present, else cpu)")
+    p.add_argument("--ray", action="store_true",
+                   help="(preview) join the Ray cluster at --join as a Ray node (ray start) instead of the host's "
+                        "lobby; needs RAY_AUTH_MODE=token and the cluster's token (requirements-cluster.txt)")
     p.add_argument("--wait", type=float, default=math.inf, metavar="SECONDS",
                    help="give up (exit 1) when the host has not answered within SECONDS (default: wait until it does)")
-
-
-def parse_worker_devices(text: str) -> list[str]:
-    """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; ValueError for an empty list or a repeat
-    (each device is served once)."""
-    if not text.strip():
-        raise ValueError(f"--devices {text!r} names no device: give 'cpu', 'cuda:N' or a list such as "
-                         "'cuda:0,cuda:1', or leave --devices out (cuda:0 if present, else cpu)")
-    devices = [parse_device(part) for part in text.split(",")]
-    for device in dict.fromkeys(devices):
-        if devices.count(device) > 1:
-            raise ValueError(f"--devices {text!r} lists {device!r} {devices.count(device)} times: a worker serves each "
-                             f"device once (one process per device, member NAME/{device}); list each device once, "
-                             f"e.g. --devices {','.join(dict.fromkeys(devices))}")
-    return devices
-
-
-def _check_cuda(devices: list[str], torch) -> None:
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for device in devices:
-        if device.startswith("cuda") and int(device.split(":")[1]) >= count:
-            if count:
-                raise ValueError(f"--devices: {device!r} does not exist; torch sees cuda:0 .. cuda:{count - 1} here "
-                                 f"(use those or 'cpu')")
-            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise ValueError(f"--devices: {device!r} does not exist: torch {torch.__version__} ({build}) sees no CUDA "
-                             f"GPU on this machine; serve 'cpu' (--devices cpu), or give this machine a GPU and "
-                             f"torch's CUDA build")
 
 
 def check_arguments(args) -> tuple[str, int, list[str] | None]:
@@ -102,7 +86,7 @@ def check_arguments(args) -> tuple[str, int, list[str] | None]:
     if requested and any(d.startswith("cuda") for d in requested):  # before waiting for the host
         import torch
 
-        _check_cuda(requested, torch)
+        check_cuda(requested, torch)
     if not args.wait > 0:
         raise ValueError(f"--wait {args.wait!r} is not a positive number of seconds")
     dist_timeout()  # SHARDDIT_DIST_TIMEOUT, named with its range when bad
@@ -117,6 +101,8 @@ def run(args) -> int:
     if getattr(args, "new_secret", False):
         print(new_secret())
         return 0
+    if getattr(args, "ray", False):
+        return run_ray_node(args)  # the Ray path (preview; worker_ray.py imports no Ray itself)
     host, port, requested = check_arguments(args)
     try:  # before ComfyUI's slow import: whether the host answers is said within seconds
         wait_for_port(host, port, args.wait, say=lambda m: print(m, flush=True), hint=_hint(host, port))
@@ -129,7 +115,7 @@ def run(args) -> int:
     import torch
 
     devices = requested or ["cuda:0" if torch.cuda.is_available() else "cpu"]
-    _check_cuda(devices, torch)
+    check_cuda(devices, torch)
     _check_host(host, port, args.name, devices)
     if len(devices) > 1:  # before ComfyUI's import, which would make a CUDA context on cuda:0 here
         return _run_members(args, devices)
@@ -243,3 +229,4 @@ def _stop(children: dict) -> None:
                   flush=True)
             child.kill()
             child.wait()
+

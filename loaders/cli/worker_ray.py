@@ -1,0 +1,77 @@
+"""``python <pack-dir> worker --ray --join HOST[:PORT] --name NAME [--devices ...]`` (preview,
+issue 32): this machine joins a Ray cluster as a node whose devices become members ``NAME/DEVICE``.
+
+A thin wrapper over ``ray start --address HOST:PORT --block`` run from this Python (ComfyUI's),
+the node labelled with the name and holding one resource per device (``parallel/cluster/node.py``).
+Every argument is checked first, then token authentication (``RAY_AUTH_MODE=token``, or
+``SHARDDIT_CLUSTER_INSECURE=1`` said loudly), then that Ray is installed, then that the head's
+port answers (said within seconds, bounded by ``--wait``), before ``ray start`` runs. Ctrl+C
+stops the node (Ray ends its processes) and this command.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+
+from ...parallel.cluster.node import ray_start_command
+from ...parallel.cluster.settings import INSTALL_HINT, check_auth
+from ...parallel.distributed.config import parse_addr
+from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
+from ...parallel.placement.devices import check_member_name
+from .worker_devices import check_cuda, parse_worker_devices
+
+__all__ = ["RAY_PORT", "ray_join_address", "ray_node_command", "run_ray_node"]
+
+RAY_PORT = 6379  # Ray's GCS port
+
+
+def ray_node_command(args) -> list[str]:
+    """``worker --ray``: the checked ``ray start`` command (ValueError: exit 2)."""
+    for option, value in (("--join", args.join), ("--name", args.name)):
+        if value is None:
+            raise ValueError(f"{option} is required (python <pack-dir> worker --ray --join HOST:{RAY_PORT} "
+                             "--name NAME)")
+    check_member_name(args.name, "--name")
+    address = ray_join_address(args.join)
+    check_auth(f"worker {args.name!r} (a Ray node)")
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError(f"[ShardDiT] worker --ray needs Ray in {sys.executable}: {INSTALL_HINT}")
+    devices = parse_worker_devices(args.devices) if args.devices is not None else None
+    if devices is None or any(d.startswith("cuda") for d in devices):
+        import torch
+
+        devices = devices or ["cuda:0" if torch.cuda.is_available() else "cpu"]
+        check_cuda(devices, torch)
+    return ray_start_command(address, args.name, devices)
+
+
+def ray_join_address(text: str) -> str:
+    """``--join`` with ``--ray``: ``HOST[:PORT]`` -> ``HOST:PORT`` (Ray's 6379 when omitted)."""
+    text = text.strip()
+    host, port = parse_addr(text if ":" in text.split("]")[-1] else f"{text}:{RAY_PORT}", "--join")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def run_ray_node(args) -> int:
+    """Run ``ray start --block`` until it exits or Ctrl+C (which stops the node: Ray ends its processes)."""
+    cmd = ray_node_command(args)
+    host, port = parse_addr(ray_join_address(args.join), "--join")
+    try:  # ray start's own wait is silent for ~20 s, then a traceback: say it, and honour --wait
+        wait_for_port(host, port, args.wait, say=lambda m: print(m, flush=True),
+                      hint=f"is `ray start --head --port {port}` running there?")
+    except (HostUnreachable, HostUnresolved) as e:
+        print(f"{e}; worker {args.name!r} gives up (--wait {args.wait:g})", flush=True)
+        return 1
+    members = ", ".join(f"{args.name}/{r.rsplit('/', 1)[-1]}" for r in json.loads(cmd[cmd.index("--resources") + 1]))
+    print(f"[ShardDiT] worker {args.name!r}: joining the Ray cluster at {args.join} as {members}", flush=True)
+    child = subprocess.Popen(cmd)  # this environment: its CUDA_VISIBLE_DEVICES numbers --devices
+    try:
+        return child.wait()
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        child.wait()
+        print(f"[ShardDiT] worker {args.name!r}: stopped (left the Ray cluster)", flush=True)
+        return 0

@@ -1,0 +1,111 @@
+"""The per-session torch.distributed group of the host (rank 0) and its rank actors.
+
+Its rendezvous never touches a store a stranger can name: the host opens a fresh libuv TCPStore on
+a port the OS picks, on the address the members reach it by only, puts every key under a random 128-bit prefix, hands both to the actors over
+Ray only (an authenticated RPC), and closes the store as soon as the group is formed. Every wait
+(the store's, gloo's connect, the actors' replies) is bounded by ``timeout_s``
+(``SHARDDIT_DIST_TIMEOUT``). The group is torch's default group of each process: one session at a
+time, as today's ``parallel/distributed/host.py``.
+"""
+from __future__ import annotations
+
+import datetime
+import secrets
+import socket
+import time
+
+import torch.distributed as dist
+
+from .settings import ClusterError
+
+__all__ = ["SessionGroup", "form_group", "open_store"]
+
+
+def open_store(host: str, timeout_s: float):
+    """A fresh libuv TCPStore server listening on ``host`` only (TCPStore alone listens on every
+    interface), on a port the OS picks, and a random key prefix."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(128)
+        port = sock.getsockname()[1]
+    except BaseException:
+        sock.close()
+        raise
+    server = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
+                           use_libuv=True, master_listen_fd=sock.detach())  # the store owns the socket now
+    return server, f"sharddit/{secrets.token_hex(16)}/"
+
+
+class SessionGroup:
+    """The formed group: ``ranks`` maps each member ``NAME/DEVICE`` to its rank (the host is 0)."""
+
+    def __init__(self, ray, actors: dict[str, object], timeout_s: float, backend: str):
+        self.ray, self.actors, self.timeout_s, self.backend = ray, actors, timeout_s, backend
+        self.ranks = {key: r + 1 for r, key in enumerate(actors)}
+        self.world = len(actors) + 1
+        self.subgroups: dict[tuple, object] = {}
+
+    def close(self) -> None:
+        """Every member leaves (bounded), then the host; the actors stay for the next session."""
+        try:
+            refs = [a.leave.remote() for a in self.actors.values()]
+            self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, backend: str = "gloo",
+               subgroups: tuple = ()) -> SessionGroup:
+    """Form the session's group of the host (rank 0) and ``actors`` (``{member: handle}``, ranks 1..n
+    in that order), and its ``subgroups`` (rank tuples; ``new_group`` meets through the same store,
+    so every subgroup a session needs is made here, before the store closes: ``group.subgroups``).
+    ``host`` is this machine's address the members can reach. ClusterError naming the members that
+    did not join within ``timeout_s``; the store is closed either way."""
+    if dist.is_initialized():
+        raise ClusterError("[ShardDiT] a distributed session is already open in this process (torch.distributed's "
+                           "default group): close it before forming another")
+    group = SessionGroup(ray, actors, timeout_s, backend)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    server, prefix = open_store(host, timeout_s)
+    group.store_host, group.store_port = host, server.port  # closed once formed (tests connect to check)
+    start = time.monotonic()
+    try:
+        subgroups = [tuple(g) for g in subgroups]
+        refs = {a.join.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend, subgroups): k
+                for k, a in actors.items()}
+        client = dist.TCPStore(host, server.port, None, False, timeout, use_libuv=True)
+        try:
+            dist.init_process_group(backend, store=dist.PrefixStore(prefix, client), rank=0, world_size=group.world,
+                                    timeout=timeout)
+            group.subgroups = {g: dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups}
+        except Exception as err:  # DistStoreError on timeout, or gloo's own
+            # the members had the same timeout and started first: their answers are in, or never come
+            _raise_missing(ray, refs, min(timeout_s, 2.0), f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+        left = max(1.0, timeout_s - (time.monotonic() - start))
+        _raise_missing(ray, refs, left, None)
+    except BaseException:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        raise
+    finally:
+        del server  # the rendezvous store stops listening: the group is formed, or failed
+    return group
+
+
+def _raise_missing(ray, refs: dict, wait_s: float, host_error: str | None) -> None:
+    """ClusterError naming each member whose ``join`` failed or did not return within ``wait_s``
+    (and the host's own error, when it had one); nothing when all joined and the host did."""
+    ready, silent = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
+    problems = {refs[r]: f"no answer within {wait_s:g} s" for r in silent}
+    for ref in ready:
+        try:
+            ray.get(ref, timeout=0)
+        except Exception as err:
+            problems[refs[ref]] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    if problems or host_error:
+        said = "; ".join(f"member {k}: {why}" for k, why in sorted(problems.items())) or "every member joined"
+        host = f"; the host: {host_error}" if host_error else ""
+        raise ClusterError(f"[ShardDiT] the session's process group did not form ({said}{host}); the next prompt "
+                           "runs on the members left (`ray status` shows which nodes are alive)")
