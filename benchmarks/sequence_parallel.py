@@ -13,7 +13,7 @@ split with no exchange. Repetitions alternate unsharded / sequence (order flippe
 after one warm-up each; the result is the median of unsharded/sequence wall-time ratios. Outputs
 are checked bit-identical (even token split, > 10 rows per rank).
 
-    python benchmarks/sequence_parallel.py [--reps 5] [--tokens 2048] [--batch 1] [--family wan]
+    python benchmarks/sequence_parallel.py [--reps 5] [--tokens 2048] [--batch 1] [--family wan] [--slow K]
 
 ``--family`` picks the toy's shape (``tests/harness/toy_families.py``): ``wan`` (above), ``h3``
 (MiniMax H3: 256 text rows and the video rows packed in one sample's sequence, joint attention,
@@ -21,6 +21,10 @@ SwiGLU, modulation per row range; batch 1 always, as ComfyUI runs H3) or ``kandi
 two text blocks run whole, then visual blocks split, with cross-attention to 256 text tokens).
 Their outputs are compared within the toy bound (``tests/harness/numerics.py``), not bit for bit:
 their GEMMs run on a rank's rows.
+
+``--slow K`` (issue 34) makes rank 1 a K times slower device (it sleeps K - 1 times the CPU time each
+block took on its thread) and times even shares against shares by speed (1 : 1/K), printing both and
+``weighted_gain=even / by speed`` (ideal: 2K / (K + 1), 1.5 for K = 3).
 
 Prints the bytes each rank received in exchanges per forward beside the analytic figure
 ``blocks x 4 x B x (L/N) x (C - C/N) x 4 bytes`` (q, k, v out and the output back, the other ranks'
@@ -60,6 +64,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dim", type=int, default=1024)
     ap.add_argument("--family", choices=("wan", "h3", "kandinsky"), default="wan")
+    ap.add_argument("--slow", type=int, default=1,
+                    help="K > 1: make rank 1 a K times slower device (Wan-shaped toy) and compare "
+                         "even shares with shares by speed (1 : 1/K) instead of timing against unsharded")
     args = ap.parse_args(argv)
     import_pack()
     from harness.numerics import assert_split_close
@@ -79,6 +86,9 @@ def main(argv=None) -> int:
     handle = attach_block_sharding(model, layout, devices, "cpu")
     proxies = [p for pl in handle.proxies.values() for p in pl]
     engine = attach_sequence_engine(handle.router, proxies, specs, ranks)
+
+    if args.slow > 1:
+        return _slow_rank(args, model, (x, t, ctx), handle, engine)
 
     def unsharded():
         with torch.inference_mode():
@@ -138,6 +148,49 @@ def main(argv=None) -> int:
     speedup, ceil = statistics.median(ratios), statistics.median(ceilings)
     print(f"ceiling={ceil:.3f} efficiency={speedup / ceil:.3f}")
     print(f"speedup={statistics.median(ratios):.3f}")
+    return 0
+
+
+def _slow_rank(args, model, inputs, handle, engine) -> int:
+    """Rank 1 as a K times slower device: after each block it runs (its thread is ``sharddit-seq-1-…``)
+    it sleeps K - 1 times the CPU time the block took on its thread (not its waits for the others), so everything it computes (projections, attention,
+    FFN, its share of the exchange) costs K times; sleeping frees the core as an idle GPU would. Even
+    shares wait for it at every block; shares by speed (``SequenceEngine.set_speeds``: 1 : 1/K) give
+    it fewer rows and heads."""
+    started = threading.local()
+
+    def start(module, args_in):
+        started.t = time.thread_time()  # this thread's CPU time: its compute, not its waits in the exchange
+
+    def slower(module, args_in, out):
+        if threading.current_thread().name.startswith("sharddit-seq-1-"):
+            time.sleep((args.slow - 1) * (time.thread_time() - started.t))
+    real = [p.real_block for pl in handle.proxies.values() for p in pl]  # what the rank threads call
+    hooks = [h for b in real for h in (b.register_forward_pre_hook(start), b.register_forward_hook(slower))]
+
+    def run(speeds):
+        engine.set_speeds(speeds)
+        with torch.inference_mode(), handle.router.forward_scope(sequence=True):
+            model(*inputs)
+        return engine.stats.tokens
+
+    times = {"even": [], "by speed": []}
+    shares = {"even": None, "by speed": (1.0, 1.0 / args.slow)}
+    for name in shares:  # warm-up
+        run(shares[name])
+    for rep in range(args.reps):
+        for name in (list(shares) if rep % 2 == 0 else list(shares)[::-1]):
+            t0 = time.perf_counter()
+            tokens = run(shares[name])
+            times[name].append(time.perf_counter() - t0)
+        print(f"rep {rep}: even {times['even'][-1]:.3f} s, by speed {times['by speed'][-1]:.3f} s", flush=True)
+    for h in hooks:
+        h.remove()
+    engine.close()
+    even, weighted = (statistics.median(times[n]) for n in shares)
+    print(f"rank 1 {args.slow}x slower: tokens by speed {tokens}; median even {even:.3f} s, "
+          f"by speed {weighted:.3f} s")
+    print(f"weighted_gain={even / weighted:.3f}")
     return 0
 
 
