@@ -222,3 +222,78 @@ def test_the_bounce_is_decided_per_tensor(pinned_first):
     assert ring.held()["pinned"] == flat_size(list(block.parameters()))  # one flat buffer for the block
     ring.release()
     assert rec.ops_of("unpin")
+
+
+def _resident_run(model, rec, budget, change=None, forwards=3):
+    """``forwards`` recorded forwards with each rank keeping up to ``budget`` bytes resident; after
+    the first, ``change(blocks)`` may patch an owner's block (in place, or by replacing a tensor).
+    Per forward: (output, streamed bytes per rank)."""
+    n = len(model.double_blocks) + len(model.single_blocks)
+    blocks = {path: list(getattr(model, path)) for path in OWNERS}
+    for path, places in OWNERS.items():
+        for block, place in zip(blocks[path], places, strict=True):
+            rec.put(block, place)
+    handle = attach_block_sharding(model, MM, ["cpu"] * n, "cpu")
+    engine = attach_sequence_engine(handle.router, [p for pl in handle.proxies.values() for p in pl], MM_SPEC,
+                                    ["cpu", "cpu"], timeout_s=30)
+    engine.streams = [BlockStream("cpu", ops=rec, place=p) for p in RANKS]
+    engine.keep_resident([budget, budget])
+    out = []
+    try:
+        for f in range(forwards):
+            if f == 1 and change is not None:
+                with torch.no_grad():
+                    change(blocks)
+            with torch.no_grad(), handle.router.forward_scope(sequence=True):
+                out.append((model(*_inputs()), list(engine.stats.bytes_streamed)))
+            out[-1] = (out[-1][0], list(engine.stats.bytes_streamed))
+    finally:
+        engine.close()
+        handle.detach()
+    return out, engine
+
+
+def test_resident_copies_stream_nothing_after_the_first_forward():
+    """Issue 34: a rank with room keeps the blocks it streams. The first forward copies them; later
+    forwards copy nothing and give the same output bit for bit; the order rules still hold; closing
+    the engine frees them."""
+    rec = RecordingOps()
+    runs, engine = _resident_run(_model(), rec, budget=1 << 30)
+    plain = _forward(_model())[0]
+    assert all(torch.equal(o, plain) for o, _ in runs)
+    assert all(b > 0 for b in runs[0][1]) and runs[1][1] == [0, 0] and runs[2][1] == [0, 0], [s for _, s in runs]
+    assert rec.violations() == []
+    assert all(s.held()["resident"] == 0 for s in engine.streams)  # released at close
+
+
+@pytest.mark.parametrize("how", ["in place", "replaced"])
+def test_a_changed_block_is_copied_again(how):
+    """ComfyUI patches a block's weights between prompts (a LoRA): in place, or by replacing the
+    tensor. The resident copy of that block, and only that one, is copied again: the output equals a
+    model changed the same way and run on the plain ring."""
+    def change(blocks):
+        w = blocks["double_blocks"][0].img_o.weight  # owned by cuda:0: cuda:1 keeps a copy of it
+        if how == "in place":
+            w.add_(0.05)
+        else:
+            blocks["double_blocks"][0].img_o.weight = torch.nn.Parameter(w + 0.05, requires_grad=False)
+    rec = RecordingOps()
+    runs, _ = _resident_run(_model(), rec, budget=1 << 30, change=change)
+    ref_model = _model()
+    with torch.no_grad():
+        change({"double_blocks": list(ref_model.double_blocks)})
+    ref = _forward(ref_model)[0]
+    nbytes = sum(t.numel() * t.element_size() for t in _model().double_blocks[0].parameters())
+    assert torch.equal(runs[1][0], ref) and torch.equal(runs[2][0], ref)
+    assert runs[1][1] == [0, nbytes] and runs[2][1] == [0, 0], [s for _, s in runs]
+
+
+def test_a_small_budget_keeps_what_fits_and_streams_the_rest():
+    rec = RecordingOps()
+    model = _model()
+    single = sum(t.numel() * t.element_size() for t in model.single_blocks[0].parameters())
+    runs, _ = _resident_run(model, rec, budget=2 * single)
+    plain = _forward(_model())[0]
+    assert all(torch.equal(o, plain) for o, _ in runs)
+    first, later = runs[0][1], runs[2][1]
+    assert all(0 < b < a for a, b in zip(first, later, strict=True)), (first, later)

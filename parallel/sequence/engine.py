@@ -143,6 +143,20 @@ class SequenceEngine:
         self.speeds: tuple[float, ...] | None = None
         """One relative speed per rank (``set_speeds``): a faster rank gets more tokens and heads."""
 
+    def keep_resident(self, budgets) -> None:
+        """Per rank, bytes of the blocks it streams that it may keep as resident copies across
+        forwards (``stream.BlockStream.keep_resident``); 0 everywhere: the ring alone (the default)."""
+        budgets = list(budgets)
+        if len(budgets) != len(self.streams) or any(b < 0 for b in budgets):
+            raise ValueError(f"[ShardDiT] resident budgets {budgets} must be {len(self.streams)} byte counts >= 0")
+        for stream, budget in zip(self.streams, budgets, strict=True):
+            stream.keep_resident(budget)
+
+    def drop_resident(self) -> None:
+        """Give the resident copies' memory back (the next forward streams, and keeps again)."""
+        for stream in self.streams:
+            stream.drop_resident()
+
     def set_speeds(self, speeds) -> None:
         """Token and head shares per rank proportional to ``speeds`` (None or all equal: even).
         The maths of each rank is unchanged: it still gets one contiguous token range."""

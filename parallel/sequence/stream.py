@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import weakref
 
 import torch
 
@@ -97,6 +98,24 @@ class _Bounce:
 
 def _block_tensors(block: torch.nn.Module) -> list[torch.Tensor]:
     return [t for _, t in block.named_parameters(recurse=True)] + [t for _, t in block.named_buffers(recurse=True)]
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _signature(block: torch.nn.Module) -> list:
+    """What a resident copy of ``block`` was copied from: each tensor (a weak reference: a freed
+    tensor never matches, even if a new one takes its address) and its in-place version. ComfyUI
+    replaces a patched weight, or writes it in place; either makes the copy stale. Per-layer patch
+    attributes are carried at every use instead (``_carry_patches``)."""
+    return [(weakref.ref(t), t._version) for t in _block_tensors(block)]
+
+
+def _same(signature, block: torch.nn.Module) -> bool:
+    tensors = _block_tensors(block)
+    return signature is not None and len(signature) == len(tensors) and all(
+        ref() is t and version == t._version for (ref, version), t in zip(signature, tensors, strict=True))
 
 
 def _shape_key(block: torch.nn.Module):
@@ -163,23 +182,46 @@ class BlockStream:
         self._waited: set = set()
         self.bytes_copied = 0
         self.copies = 0
+        self.resident_budget = 0
+        """Bytes this rank may keep of other ranks' blocks beyond the ring (``keep_resident``)."""
+        self._resident: dict[int, _Buffer] = {}
+        self._signatures: dict[int, tuple] = {}
+        self._checked: set[int] = set()
 
     def owns(self, block: torch.nn.Module) -> bool:
         t = next(iter(_block_tensors(block)), None)
         return t is None or self.ops.place(t) == self.place
 
     def begin_forward(self, marks: dict) -> None:
-        """A new forward: owners' marks to wait on; buffers filled before are stale (the weights
-        may have been patched since, and the wait on the owner is made again)."""
-        self._marks, self._waited = dict(marks), set()
+        """A new forward: owners' marks to wait on; ring buffers filled before are stale (the weights
+        may have been patched since, and the wait on the owner is made again); resident copies are
+        checked against their block once in the forward (``_resident_for``)."""
+        self._marks, self._waited, self._checked = dict(marks), set(), set()
         for bufs in self._buffers.values():
             for b in bufs:
                 b.index = -1
 
+    def keep_resident(self, budget_bytes: int) -> None:
+        """Keep up to ``budget_bytes`` of the blocks this rank streams as copies of their own, kept
+        across forwards (in the order the forward first needs them) and copied again only when the
+        owner's block changed (its tensors replaced or written in place, or its patches changed):
+        a rank with room for them streams nothing. A smaller budget drops the copies beyond it."""
+        self.resident_budget = max(0, int(budget_bytes))
+        while self._resident and self.resident_bytes() > self.resident_budget:
+            self._drop(next(reversed(self._resident)))
+
+    def resident_bytes(self) -> int:
+        return sum(_nbytes(b.tensors) for b in self._resident.values())
+
+    def drop_resident(self) -> None:
+        """Drop every resident copy (ComfyUI needs the memory: another model, the VAE)."""
+        for index in list(self._resident):
+            self._drop(index)
+
     def module_for(self, index: int, block: torch.nn.Module) -> torch.nn.Module:
         if self.owns(block):
             return block
-        buf = self._find(index, block) or self._fill(index, block)
+        buf = self._resident_for(index, block) or self._find(index, block) or self._fill(index, block)
         if _on("compute_waits_copy"):  # block g's kernels must not read the buffer before its copy is done
             self.ops.wait(self.ops.current_stream(self.place), buf.ready)
         return buf.module
@@ -195,11 +237,12 @@ class BlockStream:
         buf.used = self.ops.record(stream)
 
     def prefetch(self, index: int, block: torch.nn.Module) -> None:
-        if not self.owns(block) and self._find(index, block) is None:
+        if not self.owns(block) and self._resident_for(index, block) is None and self._find(index, block) is None:
             self._fill(index, block)
 
     def release(self) -> None:
         """Drop every buffer, once the copies into it and the computes reading it finished."""
+        self.drop_resident()
         for bufs in self._buffers.values():
             for b in bufs:
                 if _on("release_waits_copies"):
@@ -222,9 +265,37 @@ class BlockStream:
         def size(ts):
             return sum(t.numel() * t.element_size() for t in ts)
         return {"device": sum(size(b.tensors) for bufs in self._buffers.values() for b in bufs),
-                "pinned": sum(b.flat.numel() for bs in self._bounces.values() for b in bs)}
+                "pinned": sum(b.flat.numel() for bs in self._bounces.values() for b in bs),
+                "resident": self.resident_bytes()}
 
     # ---- internals -----------------------------------------------------------------------------
+    def _resident_for(self, index: int, block: torch.nn.Module) -> _Buffer | None:
+        """Block ``index``'s resident copy, made when the budget has room and refreshed once per
+        forward if the block changed; None: the block goes through the ring."""
+        buf = self._resident.get(index)
+        if buf is None:
+            if self.resident_bytes() + _nbytes(_block_tensors(block)) > self.resident_budget:
+                return None
+            buf = self._resident[index] = self._make(block)
+            self._signatures[index] = None
+        if index not in self._checked:
+            self._checked.add(index)
+            if _same(self._signatures[index], block):
+                _carry_patches(buf.module, block)  # LoRA patches applied at cast time may have changed
+            else:
+                self._copy_into(buf, block, index)
+                self._signatures[index] = _signature(block)
+        return buf
+
+    def _drop(self, index: int) -> None:
+        buf = self._resident.pop(index)
+        self._signatures.pop(index, None)
+        if _on("release_waits_copies"):
+            self.ops.host_wait(buf.ready)
+            self.ops.host_wait(buf.used)
+        self.ops.freed(buf.tensors, "drop resident")
+        self._by_module.pop(id(buf.module), None)
+
     def _find(self, index, block):
         for b in self._buffers.get(_shape_key(block), ()):
             if b.index == index:
