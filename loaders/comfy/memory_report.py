@@ -32,6 +32,7 @@ from ...parallel.families import activation_variant, family_of, shape_of_unet
 from ...parallel.units import GiB
 from ...parallel.cost.mode import decide_parallel
 from .placement import current_inventory
+from .resident import apply_resident_budgets
 from .shard_hooks import get_shard_patchers, get_shard_state
 
 log = logging.getLogger("sharddit")
@@ -73,7 +74,11 @@ def sequence_memory_wrapper(executor, model, noise_shape, *args, **kwargs):
     if state is not None:
         state.runtime.lean_pass_batch = _lean(model, state, noise_shape, rows) if rows is not None else None
     _count_rings(model, rows)
-    return executor(model, noise_shape, *args, **kwargs)
+    out = executor(model, noise_shape, *args, **kwargs)
+    engine = getattr(state.router, "engine", None) if rows is not None else None
+    if engine is not None:  # the models are loaded now: the free memory left decides the resident blocks
+        apply_resident_budgets(engine, rows, current_inventory(), int(state.request_key[1] * GiB))
+    return out
 
 
 def latent_plan(model, state, noise_shape, cfg_batch: bool = False) -> list[RankMemory] | None:

@@ -29,6 +29,7 @@ private internals that change between releases.
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -44,6 +45,7 @@ from .core_multigpu import check_incoming, refuse_full_copies
 from .distributed import attach_workers, decide_worker_weights, patch_versions
 from .dynamic_vram import new_shard_patcher, non_dynamic_clone
 from .memory_report import MEMORY_KEY, MODE_KEY, REQUESTED_KEY, sequence_memory_wrapper
+from .resident import drop_resident_wrapper
 from .sequence_shares import describe_shares, rank_speeds
 from .placement import record_dit
 from .shard_hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
@@ -106,6 +108,7 @@ def _unshard(model):
     m.remove_attachments(MODE_KEY)
     m.remove_attachments(REQUESTED_KEY)
     m.remove_wrappers_with_key(WrappersMP.PREPARE_SAMPLING, MEMORY_KEY)
+    m.remove_wrappers_with_key(WrappersMP.OUTER_SAMPLE, MEMORY_KEY)
     m.load_device = mm.get_torch_device()
     m.size = model.size + sum(mm.module_size(e.root) for e in state.roots)
     return m
@@ -198,6 +201,9 @@ def _sharded_clone(base, state: ShardState):
     # the memory check first (outermost): it may refuse before ShardDiT's own wrapper unloads anything
     m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, MEMORY_KEY, sequence_memory_wrapper)
     m.add_wrapper_with_key(WrappersMP.PREPARE_SAMPLING, ATTACHMENT_KEY, prepare_sampling_wrapper)
+    # resident blocks are a cache of one sampling run: dropped when it ends (loaders/comfy/resident.py)
+    m.add_wrapper_with_key(WrappersMP.OUTER_SAMPLE, MEMORY_KEY,
+                           functools.partial(drop_resident_wrapper, lambda: getattr(state.router, "engine", None)))
     m.add_callback_with_key(CallbacksMP.ON_DETACH, ATTACHMENT_KEY, release_shards_on_detach)
     refuse_full_copies(m)  # core's multi-GPU nodes: no full copy of a sharded MODEL (core_multigpu)
     return m

@@ -77,6 +77,9 @@ class StrategyReport:
     sequence_devices: list = field(default_factory=list)
     """``SequencePeak`` per rank, with ``usable`` bytes beside it."""
     sequence_reports: list = field(default_factory=list)
+    resident: dict = field(default_factory=dict)
+    """Per `sequence` device: (blocks it keeps resident, blocks it streams without them) by the room
+    left beside the plan (``loaders/comfy/resident``)."""
     """The same ranks as ``DeviceReport`` (blocks owned, home, prefetch), for the picture."""
     usable: dict = field(default_factory=dict)
     hardware_note: str = ""
@@ -115,6 +118,10 @@ class StrategyReport:
             what = "sequence lean: cond, then uncond, each over every GPU" if self.sequence_lean else "sequence"
             lines += ["", f"Simulated forward ({what}, per device):", format_table(rows, right=(1, 2, 3, 4, 5)),
                       "(GiB)"]
+            if self.resident:
+                lines.append("resident blocks (room beside the plan; dropped after each run): " + "; ".join(
+                    f"{d}: {k} of {n} resident, " + ("nothing streamed" if k == n else f"{n - k} streamed")
+                    for d, (k, n) in self.resident.items() if n))
         lines += ["", self.decision_line()]
         return "\n".join(lines)
 
@@ -126,7 +133,9 @@ class StrategyReport:
         return {"requested": self.requested, "chosen": self.chosen, "reason": self.reason, "cfg": self.cfg,
                 "core_note": self.core_note, "sequence_note": self.sequence_note, "sequence_lean": self.sequence_lean,
                 "sequence_devices": {p.device: {"weights": p.weights, "activations": p.activations,
-                                                "prefetch": p.prefetch, "usable": self.usable.get(p.device)}
+                                                "prefetch": p.prefetch, "usable": self.usable.get(p.device),
+                                                "resident_blocks": self.resident.get(p.device, (0, 0))[0],
+                                                "streamed_blocks": self.resident.get(p.device, (0, 0))[1]}
                                      for p in self.sequence_devices},
                 "strategies": {name: {"devices": self.devices.get(name, []), "seconds_per_step": c.seconds_per_step, "speedup": c.speedup,
                                       "fits": self.fits.get(name, False),
@@ -170,7 +179,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
     fits["blocks"] = report.blocks_fit
 
-    seq, seq_reports, lean_note, speed_note = [], [], "", ""
+    seq, seq_reports, lean_note, speed_note, resident = [], [], "", "", {}
     arch = find_arch_spec(type(ctx.dit).__name__)
     seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
     if seq_specs is None and arch.token_specs is not None:
@@ -217,6 +226,9 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
                     seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             top = max(seq, key=lambda p: p.total)
             peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
+            # shown, not yet priced: `auto` at prompt time prices streaming as the ring alone, and the
+            # plan's choice must stay the one the nodes make
+            resident = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
     devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
     core = baseline_rows(ctx, report, work, names, link_gbps,
                          lambda d: _usable_of(inventory, d, ctx.request.reserve_bytes))
@@ -236,11 +248,28 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     if names.get("default"):
         hw_note = f"{DEFAULT_GPU} assumed (no GPU name in the throughput table; pass --gpu NAME): {hw_note}"
     out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, sequence_devices=seq,
-                         sequence_reports=seq_reports, usable=usable, hardware_note=hw_note,
+                         sequence_reports=seq_reports, usable=usable, hardware_note=hw_note, resident=resident,
                          baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices,
                          core_note=absent_note(), sequence_lean=bool(lean_note),
                          sequence_note=f"no sequence row: {blocks_only}" if seq_specs is None and len(gpus) > 1 else "")
     log.info("[ShardDiT] %s", out.decision_line())
+    return out
+
+
+def _resident_blocks(seq, usable: dict, block_bytes, block_devices) -> dict:
+    """Per device: (blocks kept resident, blocks streamed without them): the blocks it streams, in
+    execution order, kept while the room beside its planned total allows (as ``resident_budgets``)."""
+    out = {}
+    for p in seq:
+        room = (usable.get(p.device) or 0) - p.total
+        streamed = [int(b) for b, d in zip(block_bytes, block_devices, strict=True) if d != p.device]
+        kept = 0
+        for b in streamed:
+            if b > room:
+                break
+            room -= b
+            kept += 1
+        out[p.device] = (kept, len(streamed))
     return out
 
 
