@@ -31,6 +31,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .tensor_map import taken
+
 __all__ = [
     "DeviceMemory",
     "MemoryTracker",
@@ -294,7 +296,7 @@ def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,
     q, k, v may come in ComfyUI's single-owner containers (0.33+: an object whose ``take()`` hands
     the tensor over), as a backend takes them when called directly.
     """
-    q, k, v = (_taken(t) for t in (q, k, v))
+    q, k, v = (taken(t) for t in (q, k, v))
     for name, t in (("k", k), ("v", v), ("mask", mask)):
         if t is not None and t.device != q.device:
             raise RuntimeError(
@@ -315,7 +317,3 @@ def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,
         return out.transpose(1, 2)
     return out.view(b, length, h * dv)
 
-
-def _taken(t):
-    """The tensor of an attention input: itself, or what its container hands over."""
-    return t if isinstance(t, torch.Tensor) or not callable(getattr(t, "take", None)) else t.take()

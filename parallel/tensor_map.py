@@ -29,7 +29,18 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-__all__ = ["is_namedtuple", "map_tensors", "rebuild", "slot_values", "tensors_in"]
+__all__ = ["is_container", "is_namedtuple", "map_tensors", "rebuild", "slot_values", "taken", "tensors_in"]
+
+
+def is_container(x) -> bool:
+    """An attention input held in ComfyUI's single-owner container (0.33+: ``take()`` hands the
+    tensor over), not a tensor itself."""
+    return not isinstance(x, torch.Tensor) and callable(getattr(x, "take", None))
+
+
+def taken(x):
+    """The tensor of an attention input: itself, or what its container hands over (consumed)."""
+    return x.take() if is_container(x) else x
 
 
 def is_namedtuple(obj) -> bool:

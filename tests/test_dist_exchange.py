@@ -1,7 +1,6 @@
 """Ulysses attention across processes (pure torch, gloo on 127.0.0.1): ``DistExchange`` gives the
 same bits as the in-process ``ThreadExchange`` and as unsharded attention."""
 import json
-import multiprocessing as mp
 
 import pytest
 import torch
@@ -12,21 +11,7 @@ from harness.numerics import assert_split_close
 @pytest.mark.parametrize("world,tokens,heads", [(2, 24, 4), (2, 23, 3), (3, 22, 2)])
 def test_dist_ulysses_bit_identical_to_threads_and_unsharded(tmp_path, world, tokens, heads):
     head_dim = 8
-    ctx = mp.get_context("spawn")
-    port = dist_procs.free_port()
-    paths = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    procs = [ctx.Process(target=dist_procs.ulysses_rank, args=(r, world, port, tokens, heads, head_dim, str(p)))
-             for r, p in enumerate(paths)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(120)
-            assert p.exitcode == 0, f"rank process exit code {p.exitcode}"
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    paths = dist_procs.run_ranks(dist_procs.ulysses_rank, world, tmp_path, tokens, heads, head_dim)
     got = [torch.load(p) for p in paths]
     threads, thread_bytes = dist_procs.ulysses_threads(world, tokens, heads, head_dim)
     q, k, v = dist_procs.attention_inputs(1, tokens, heads, head_dim)
@@ -47,21 +32,7 @@ def test_the_gloo_path_waits_on_the_host_once_per_exchange_call(tmp_path):
     receives into one without any: no per-item copy to the host, no header (the sizes are known).
     The result stays bit-identical to the in-process exchange."""
     world, tokens, heads, head_dim = 2, 24, 4, 8
-    ctx = mp.get_context("spawn")
-    port = dist_procs.free_port()
-    paths = [tmp_path / f"rank{r}.pt" for r in range(world)]
-    procs = [ctx.Process(target=dist_syncs.ulysses_rank_as_gpu, args=(r, world, port, tokens, heads, head_dim, str(p)))
-             for r, p in enumerate(paths)]
-    for p in procs:
-        p.start()
-    try:
-        for p in procs:
-            p.join(120)
-            assert p.exitcode == 0, f"rank process exit code {p.exitcode}"
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
+    paths = dist_procs.run_ranks(dist_syncs.ulysses_rank_as_gpu, world, tmp_path, tokens, heads, head_dim)
     threads, _ = dist_procs.ulysses_threads(world, tokens, heads, head_dim)
     for r, path in enumerate(paths):
         got = torch.load(path)

@@ -26,9 +26,14 @@ def _shard(model, layout, specs, ranks):
     return handle, attach_sequence_engine(handle.router, proxies, specs, ranks, timeout_s=30)
 
 
-def _run(handle, fn):
+def _split_and_whole(model, inputs, layout, specs, ranks):
+    """(sequence output, unsharded output, handle, engine) of ``model(*inputs)`` on ``ranks`` CPU ranks."""
+    with torch.no_grad():
+        ref = model(*inputs)
+    handle, engine = _shard(model, layout, specs, ["cpu"] * ranks)
     with torch.no_grad(), handle.router.forward_scope(sequence=True):
-        return fn()
+        out = model(*inputs)
+    return out, ref, handle, engine
 
 
 @pytest.mark.parametrize("ranks", [2, 3])
@@ -37,11 +42,8 @@ def test_packed_rows_split_like_the_whole_sequence(ranks):
     text range and inside frames, so the renumbered modulation ranges are exercised."""
     torch.manual_seed(0)
     model = PackedToy(dim=32, heads=4, n_blocks=4).eval()
-    x, t, ctx = torch.randn(1, 3, 6, 8), torch.rand(1), torch.randn(1, 5, 16)
-    with torch.no_grad():
-        ref = model(x, t, ctx)
-    handle, engine = _shard(model, PACKED, PACKED_SPECS, ["cpu"] * ranks)
-    out = _run(handle, lambda: model(x, t, ctx))
+    inputs = torch.randn(1, 3, 6, 8), torch.rand(1), torch.randn(1, 5, 16)
+    out, ref, handle, engine = _split_and_whole(model, inputs, PACKED, PACKED_SPECS, ranks)
     assert_split_close(out, ref, what=f"packed rows over {ranks} ranks")
     st = engine.stats
     assert st.fallbacks == 0 and st.blocks_run == [4] * ranks and st.exchanges == [8] * ranks
@@ -53,11 +55,8 @@ def test_packed_rows_split_like_the_whole_sequence(ranks):
 def test_text_blocks_run_whole_and_visual_blocks_split(ranks, batch):
     torch.manual_seed(0)
     model = TextThenVisualToy(dim=32, heads=4).eval()
-    x, t, ctx = torch.randn(batch, 11, 8), torch.rand(batch), torch.randn(batch, 5, 16)
-    with torch.no_grad():
-        ref = model(x, t, ctx)
-    handle, engine = _shard(model, TWO_LISTS, TWO_LISTS_SPECS, ["cpu"] * ranks)
-    out = _run(handle, lambda: model(x, t, ctx))
+    inputs = torch.randn(batch, 11, 8), torch.rand(batch), torch.randn(batch, 5, 16)
+    out, ref, handle, engine = _split_and_whole(model, inputs, TWO_LISTS, TWO_LISTS_SPECS, ranks)
     assert_split_close(out, ref, what=f"text then visual, {ranks} ranks, batch {batch}")
     st = engine.stats
     assert st.fallbacks == 0 and st.blocks_run == [4] * ranks  # the 4 visual blocks, on every rank

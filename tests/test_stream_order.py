@@ -40,9 +40,9 @@ def _inputs():
     return torch.randn(1, 11, 8), torch.rand(1), torch.randn(1, 5, 32)
 
 
-def _forward(model, rec=None, forwards=1):
-    """Sequence forwards on two CPU ranks (recorded as two GPUs when ``rec`` is given): the output,
-    the engine's block streams and the engine."""
+def _engine(model, rec=None):
+    """(blocks by list, sharding handle, sequence engine) on two CPU ranks; with ``rec`` the blocks
+    sit on ``OWNERS``' places and the ranks' streams are recorded as ``cuda:0`` and ``cuda:1``."""
     n = len(model.double_blocks) + len(model.single_blocks)
     blocks = {path: list(getattr(model, path)) for path in OWNERS}
     if rec is not None:
@@ -54,6 +54,13 @@ def _forward(model, rec=None, forwards=1):
                                     ["cpu", "cpu"], timeout_s=30)
     if rec is not None:
         engine.streams = [BlockStream("cpu", ops=rec, place=p) for p in RANKS]
+    return blocks, handle, engine
+
+
+def _forward(model, rec=None, forwards=1):
+    """Sequence forwards on two CPU ranks (recorded as two GPUs when ``rec`` is given): the output,
+    the engine's block streams and the engine."""
+    blocks, handle, engine = _engine(model, rec)
     streams = engine.streams
     try:
         for _ in range(forwards):
@@ -228,15 +235,7 @@ def _resident_run(model, rec, budget, change=None, forwards=3):
     """``forwards`` recorded forwards with each rank keeping up to ``budget`` bytes resident; after
     the first, ``change(blocks)`` may patch an owner's block (in place, or by replacing a tensor).
     Per forward: (output, streamed bytes per rank)."""
-    n = len(model.double_blocks) + len(model.single_blocks)
-    blocks = {path: list(getattr(model, path)) for path in OWNERS}
-    for path, places in OWNERS.items():
-        for block, place in zip(blocks[path], places, strict=True):
-            rec.put(block, place)
-    handle = attach_block_sharding(model, MM, ["cpu"] * n, "cpu")
-    engine = attach_sequence_engine(handle.router, [p for pl in handle.proxies.values() for p in pl], MM_SPEC,
-                                    ["cpu", "cpu"], timeout_s=30)
-    engine.streams = [BlockStream("cpu", ops=rec, place=p) for p in RANKS]
+    blocks, handle, engine = _engine(model, rec)
     engine.keep_resident([budget, budget])
     out = []
     try:
@@ -245,8 +244,8 @@ def _resident_run(model, rec, budget, change=None, forwards=3):
                 with torch.no_grad():
                     change(blocks)
             with torch.no_grad(), handle.router.forward_scope(sequence=True):
-                out.append((model(*_inputs()), list(engine.stats.bytes_streamed)))
-            out[-1] = (out[-1][0], list(engine.stats.bytes_streamed))
+                y = model(*_inputs())
+            out.append((y, list(engine.stats.bytes_streamed)))  # the stats are the forward's once it ended
     finally:
         engine.close()
         handle.detach()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from ..distributed.config import parse_addr
 from ..distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
 from . import rank_actor
+from .group import failed_calls
 from .settings import (
     NAME_LABEL,
     RAY_ADDRESS_ENV,
@@ -127,14 +128,7 @@ def start_rank(ray, member: Member, timeout_s: float):
 def check_alive(ray, ranks: dict[str, object], timeout_s: float) -> None:
     """Every rank actor in ``{member: handle}`` answers within ``timeout_s``; otherwise ClusterError
     naming the members that did not (dead node, dead actor, or silent)."""
-    pending = {actor.ping.remote(): key for key, actor in ranks.items()}
-    ready, silent = ray.wait(list(pending), num_returns=len(pending), timeout=timeout_s)
-    lost = {pending[ref]: f"no answer within {timeout_s:g} s" for ref in silent}
-    for ref in ready:
-        try:
-            ray.get(ref, timeout=0)
-        except Exception as err:
-            lost[pending[ref]] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    lost = failed_calls(ray, {actor.ping.remote(): key for key, actor in ranks.items()}, timeout_s)
     if lost:
         raise ClusterError("[ShardDiT] lost " + "; ".join(f"member {k} ({why})" for k, why in sorted(lost.items()))
                            + ": Ray reports its node or actor gone (see `ray status`); the next prompt runs on the "

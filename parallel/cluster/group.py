@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from .settings import ClusterError
 
-__all__ = ["SessionGroup", "form_group", "open_store"]
+__all__ = ["SessionGroup", "failed_calls", "form_group", "open_store"]
 
 
 def open_store(host: str, timeout_s: float):
@@ -94,16 +94,23 @@ def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, back
     return group
 
 
-def _raise_missing(ray, refs: dict, wait_s: float, host_error: str | None) -> None:
-    """ClusterError naming each member whose ``join`` failed or did not return within ``wait_s``
-    (and the host's own error, when it had one); nothing when all joined and the host did."""
+def failed_calls(ray, refs: dict, wait_s: float) -> dict:
+    """``{key: why}`` for each Ray call in ``{ref: key}`` that raised or did not return within
+    ``wait_s`` (one wait for all); {} when every one answered."""
     ready, silent = ray.wait(list(refs), num_returns=len(refs), timeout=wait_s)
-    problems = {refs[r]: f"no answer within {wait_s:g} s" for r in silent}
+    failed = {refs[r]: f"no answer within {wait_s:g} s" for r in silent}
     for ref in ready:
         try:
             ray.get(ref, timeout=0)
         except Exception as err:
-            problems[refs[ref]] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            failed[refs[ref]] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+    return failed
+
+
+def _raise_missing(ray, refs: dict, wait_s: float, host_error: str | None) -> None:
+    """ClusterError naming each member whose ``join`` failed or did not return within ``wait_s``
+    (and the host's own error, when it had one); nothing when all joined and the host did."""
+    problems = failed_calls(ray, refs, wait_s)
     if problems or host_error:
         said = "; ".join(f"member {k}: {why}" for k, why in sorted(problems.items())) or "every member joined"
         host = f"; the host: {host_error}" if host_error else ""

@@ -223,10 +223,11 @@ def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, 
     ``weighted``: token and head shares proportional to the devices' throughputs (as the engine's
     ``set_speeds``), else even (the largest share decides)."""
     s, n, g = work.shape, work.tokens, len(group)
-    shares = [hw.flops[d] for d in group] if weighted and g > 1 else None
-    tok = {d: b - a for d, (a, b) in zip(group, share_ranges(n, g, shares), strict=True)}
-    hds = {d: b - a for d, (a, b) in zip(group, share_ranges(s.heads, g, shares), strict=True)}
-    if shares is None:  # even: every device as the one with the most
+    if weighted and g > 1:
+        shares = [hw.flops[d] for d in group]
+        tok = {d: b - a for d, (a, b) in zip(group, share_ranges(n, g, shares), strict=True)}
+        hds = {d: b - a for d, (a, b) in zip(group, share_ranges(s.heads, g, shares), strict=True)}
+    else:  # even: every device as the one with the most
         tok, hds = dict.fromkeys(group, math.ceil(n / g)), dict.fromkeys(group, math.ceil(s.heads / g))
     x_bytes = {d: samples * 4 * (g - 1) / g * tok[d] * s.width * work.activation_bytes for d in group}
     x_s = {d: x_bytes[d] / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if g > 1 else 0.0 for d in group}

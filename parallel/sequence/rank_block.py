@@ -38,6 +38,7 @@ import threading
 
 import torch
 
+from ..tensor_map import is_container
 from .ulysses import ulysses_attention
 
 __all__ = ["ATTENTION_OVERRIDE", "SELF_ATTENTION_NAMES", "BlockAttention", "ModuleWatch", "run_rank_block",
@@ -108,13 +109,9 @@ def attention_modules(block: torch.nn.Module | None) -> list:
     return [m for m in found if m is not None]
 
 
-def _is_container(x) -> bool:
-    return not isinstance(x, torch.Tensor) and callable(getattr(x, "take", None))
-
-
 def _taken(args: tuple) -> tuple:
     """``args`` with q, k, v taken out of their containers (each container is left consumed)."""
-    held = [_is_container(a) for a in args[:3]]
+    held = [is_container(a) for a in args[:3]]
     if not any(held):
         return args
     if len(held) < 3 or not all(held):

@@ -22,6 +22,28 @@ from sharddit.parallel.sequence.ulysses import ulysses_attention
 from harness import dist_toys  # noqa: F401 - the toys' blocks can run on workers
 
 
+def run_ranks(target, world: int, folder, *args) -> list:
+    """Spawn ``target(rank, world, port, *args, out_path)`` for every rank on a fresh 127.0.0.1 port,
+    wait for each (120 s), kill any left alive, and return each rank's output file path."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    paths = [folder / f"rank{r}.pt" for r in range(world)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, str(p))) for r, p in enumerate(paths)]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs:
+            p.join(120)
+            assert p.exitcode == 0, f"rank process exit code {p.exitcode}"
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return paths
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
