@@ -276,7 +276,17 @@ class ComfyServer:
         return self.outputs(pid)
 
     def free(self, unload_models: bool = True, free_memory: bool = True) -> None:
+        """POST /free and make sure it has taken effect before the next prompt runs.
+
+        ComfyUI's prompt worker reads the /free flags only after it returns from waiting on its
+        queue, that is after the *next* prompt (or a gc timeout, up to 10 s later). Without a
+        barrier the unload lands after the caller's first prompt, at random: queue one tiny prompt
+        of core nodes, so the flags are applied before anything the caller queues next."""
         self._post("/free", {"unload_models": unload_models, "free_memory": free_memory}).raise_for_status()
+        barrier = {"1": {"class_type": "EmptyLatentImage", "inputs": {"width": 16, "height": 16, "batch_size": 1}},
+                   "2": {"class_type": "SaveLatent",
+                         "inputs": {"samples": ["1", 0], "filename_prefix": f"free_barrier/{uuid.uuid4().hex}"}}}
+        self.run(barrier)
 
     def interrupt(self) -> None:
         self._post("/interrupt").raise_for_status()
