@@ -48,7 +48,7 @@ MUTATIONS = [
      "tests/test_dist_secret.py::test_a_signature_is_checked_whole_and_in_constant_time", False),
     ("parallel/distributed/secret.py", "hmac.compare_digest(mac, sign(key, *parts))", "mac == sign(key, *parts)",
      "tests/test_dist_secret.py::test_a_signature_is_checked_whole_and_in_constant_time", False),
-    ("parallel/distributed/worker.py", "or flat.dtype != torch.uint8 or flat.numel() != self.layouts[(key, idx)].nbytes:",
+    ("parallel/distributed/serving.py", "or flat.dtype != torch.uint8 or flat.numel() != self.layouts[(key, idx)].nbytes:",
      "or flat.dtype != torch.uint8:",
      "tests/test_dist_protocol.py::test_a_worker_refuses_owned_weights_that_do_not_fill_the_layout_exactly", False),
     ("parallel/distributed/wire.py", "if offset != data.numel():", "if False:",

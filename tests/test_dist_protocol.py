@@ -181,7 +181,8 @@ def test_workers_refuse_custom_operations_unless_the_user_opts_in(monkeypatch):
 
 def test_the_protocol_lists_every_message_host_and_worker_use():
     used = set()
-    for path in ("parallel/distributed/host.py", "parallel/distributed/worker.py", "parallel/distributed/ranks.py", "parallel/distributed/wire.py"):
+    for path in ("parallel/distributed/host.py", "parallel/distributed/worker.py", "parallel/distributed/serving.py",
+                 "parallel/distributed/ranks.py", "parallel/distributed/wire.py"):
         used |= set(re.findall(r'"op": "(\w+)"', (REPO / path).read_text()))
     assert used <= set(protocol.MESSAGES) and {"hello", "answer", "welcome", "block", "ok"} <= used, used
     assert Path(protocol.__file__).name == "protocol.py"
@@ -213,20 +214,17 @@ def test_received_bytes_must_be_exactly_what_the_header_announced():
 def test_a_worker_refuses_owned_weights_that_do_not_fill_the_layout_exactly():
     """The bytes of a block a worker is to own must be exactly its layout's size (uint8): a longer
     buffer would be bound silently, its tail ignored."""
-    from sharddit.parallel.distributed.weights import WeightRing, pack_block
-    from sharddit.parallel.distributed.worker import Worker
+    from sharddit.parallel.distributed.weights import pack_block
+    from sharddit.parallel.distributed.serving import BlockServer
 
     torch.manual_seed(0)
     block = SeqToyDiT(dim=32, heads=4).eval().blocks[1]
     flat = pack_block(block, WeightLayout(block))
 
     def take(owned):
-        w = Worker.__new__(Worker)  # only its weight intake: no lobby, no session
-        w.skeletons, w.layouts, w.owned, w.name, w.said = {}, {}, {}, "w", []
-        w.device = w.wire = torch.device("cpu")
-        w.ring, w.say = WeightRing("cpu", "cpu"), w.said.append
-        w._weights(None, {"key": "k", "blocks": [[0, describe_block(block)]], "owned": [[0, owned]],
-                          "transfers": []}, 1, {}, 5.0)
+        w = BlockServer("w", "cpu", "gloo", 1, {}, {}, 5.0, say=[].append)  # only its weight intake: no session
+        w.take_weights(None, {"key": "k", "blocks": [[0, describe_block(block)]], "owned": [[0, owned]],
+                              "transfers": []})
         return w
 
     w = take(flat)
