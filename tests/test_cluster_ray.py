@@ -56,8 +56,11 @@ def cluster(tmp_path_factory):
         worker = [sys.executable, str(REPO), "worker", "--ray", "--join", f"127.0.0.1:{port}", "--name", "box2",
                   "--devices", "cpu"]
         # CUDA_VISIBLE_DEVICES: what the worker command's GPUs are numbered by, which its actors must see unchanged
-        procs.append(start_group(worker, {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "7"},
-                            open(tmp / "box2.log", "w")))
+        # its ranks also build the tests' toy blocks (SHARDDIT_WORKER_IMPORTS: the harness registers them)
+        procs.append(start_group(worker, {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "7",
+                                          "PYTHONPATH": str(REPO / "tests"),
+                                          "SHARDDIT_WORKER_IMPORTS": "harness.dist_toys"},
+                                 open(tmp / "box2.log", "w")))
         ray_mod = driver.connect(f"127.0.0.1:{port}", TIMEOUT_S)
         wait_for("member box2/cpu", lambda: "box2/cpu" in driver.list_members(ray_mod), 90)
         yield {"ray": ray_mod, "port": port, "token": token, "tmp": tmp, "worker": procs[1]}
@@ -238,6 +241,54 @@ def test_a_client_with_a_wrong_token_can_neither_connect_nor_add_a_node(cluster)
     from sharddit.parallel.cluster.driver import list_members
 
     assert list(list_members(cluster["ray"])) == ["box2/cpu"]
+
+
+def test_a_rank_on_the_second_node_samples_as_a_local_rank_does(cluster):
+    """``cpu,box2/cpu`` with the host as the Ray driver: the member's rank runs its blocks with
+    commands over Ray calls and weights and exchanges over the session's gloo groups; the forward
+    equals the all-local ``cpu,cpu`` run bit for bit (the same split) and the unsharded one within
+    the split bound; its own blocks cross once, again only when one changes; the session stays
+    open across forwards, and a second model's blocks go to the same member."""
+    from harness import dist_toys  # noqa: F401  (the toy blocks' describers)
+    from harness.numerics import assert_same_shapes_equal, assert_split_close
+    from harness.seq_models import engine_for, run_sequence, toy_copies, toy_inputs
+
+    from sharddit.parallel.cluster.host import ClusterHost
+    from sharddit.parallel.distributed.ranks import attach_remote_ranks
+    from sharddit.parallel.distributed.weights import WeightLayout
+
+    host = ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
+    assert host.check_names(["box2/cpu"])["box2/cpu"]["device"] == "cpu"
+    threads = torch.get_num_threads()  # bit-identical needs the same CPU threads (Ray sets OMP_NUM_THREADS)
+    torch.set_num_threads(cluster["ray"].get(host.rank("box2/cpu").where.remote(), timeout=TIMEOUT_S)["threads"])
+    model, local_model, ref_model = toy_copies(3)
+    handle, engine = engine_for(model, ["cpu", "cpu"])
+    ranks = attach_remote_ranks(engine, host, {1: "box2/cpu"}, {"box2/cpu": "cpu"})
+    lhandle, lengine = engine_for(local_model, ["cpu", "cpu"])
+    block = WeightLayout(ref_model.blocks[0]).nbytes
+    try:
+        for batch in (1, 2, 1):  # cfg = 1: tokens split, Ulysses across the nodes; cfg > 1: batch split
+            x = toy_inputs(batch)
+            with torch.no_grad():
+                ref = ref_model(*x)
+            out = run_sequence(handle, model, *x)
+            assert_same_shapes_equal(out, run_sequence(lhandle, local_model, *x), what=f"Ray rank, batch {batch}")
+            assert_split_close(out, ref, what=f"cpu,box2/cpu batch {batch}")
+            assert engine.stats.blocks_run == [4, 4]
+        session = host.session
+        assert ranks.weight_bytes["box2/cpu"] == 2 * block  # only the host's two streamed: its own stayed
+        with torch.no_grad():
+            for b in (handle.proxies["blocks"][3].real_block, ref_model.blocks[3]):
+                b.o.weight.add_(0.01)  # a LoRA-like change of one of its blocks
+            ref = ref_model(*toy_inputs(2))
+        assert_split_close(run_sequence(handle, model, *toy_inputs(2)), ref, what="block 3 changed")
+        assert ranks.weight_bytes["box2/cpu"] == 3 * block and host.session is session
+        assert ranks.held_bytes(1)["blocks"] == [2, 3]
+    finally:
+        engine.close()
+        lengine.close()
+        host.close_session()
+        torch.set_num_threads(threads)
 
 
 def test_a_killed_node_is_reported_naming_the_member_within_the_timeout(cluster):

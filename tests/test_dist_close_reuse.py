@@ -8,7 +8,7 @@ from harness import dist_procs
 from sharddit.parallel.distributed.weights import WeightLayout
 from sharddit.parallel.distributed.ranks import attach_remote_ranks
 
-from test_dist_sequence import _copies, _engine, _inputs, _run  # noqa: E402
+from harness.seq_models import engine_for as _engine, run_sequence as _run, toy_copies as _copies, toy_inputs as _inputs  # noqa: E402
 
 TIMEOUT_S = 8.0
 

@@ -49,7 +49,7 @@ def test_the_local_path_has_no_host_sync(monkeypatch):
     makes the host wait for a GPU in a forward: no ``host_sync``, no read or copy to the host
     (``item``, ``tolist``, ``cpu``, ``numpy``), no stream, event or device synchronize. On a GPU
     ``benchmarks/gpu_check.py`` (``syncs``) checks the same with CUDA's own sync debug mode."""
-    from test_dist_sequence import _copies, _engine, _inputs, _run
+    from harness.seq_models import engine_for as _engine, run_sequence as _run, toy_copies as _copies, toy_inputs as _inputs
 
     from sharddit.parallel.distributed import wire
 

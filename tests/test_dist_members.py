@@ -17,7 +17,7 @@ from harness import dist_procs
 from harness.numerics import assert_split_close
 from sharddit.parallel.distributed.entries import member_key, split_member
 from sharddit.parallel.distributed.ranks import attach_remote_ranks
-from test_dist_sequence import _copies, _engine, _inputs, _run
+from harness.seq_models import engine_for as _engine, run_sequence as _run, toy_copies as _copies, toy_inputs as _inputs
 
 TIMEOUT_S = 8.0
 

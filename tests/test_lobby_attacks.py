@@ -241,7 +241,7 @@ def test_a_real_session_works_after_every_attack():
     """A spawned worker joins a lobby strangers have poisoned (counters, a forged invite to it, a
     forged offer of its name, a bogus member): the host's forward over it matches the unsharded model."""
     from sharddit.parallel.distributed.ranks import attach_remote_ranks
-    from test_dist_sequence import _copies, _engine, _inputs, _run
+    from harness.seq_models import engine_for as _engine, run_sequence as _run, toy_copies as _copies, toy_inputs as _inputs
 
     with dist_procs.lobby_with_workers(8.0, ("w1",)) as lob:
         stranger = _client(lob)

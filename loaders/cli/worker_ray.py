@@ -12,20 +12,53 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
+import os
 import signal
 import subprocess
 import sys
 
 from ...parallel.cluster.node import ray_start_command
+from ...parallel.cluster.rank_actor import PACK_DIR_ENV, SETUP_ENV
 from ...parallel.cluster.settings import INSTALL_HINT, check_auth
 from ...parallel.distributed.config import parse_addr
 from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
 from ...parallel.placement.devices import check_member_name
 from .worker_devices import check_cuda, parse_worker_devices
 
-__all__ = ["RAY_PORT", "ray_join_address", "ray_node_command", "run_ray_node"]
+__all__ = ["RAY_PORT", "node_environment", "ray_join_address", "ray_node_command", "run_ray_node", "setup_rank"]
 
 RAY_PORT = 6379  # Ray's GCS port
+PACK_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+log = logging.getLogger("sharddit")
+
+
+def node_environment(env=os.environ) -> dict:
+    """The node's environment (its rank actors inherit it): where this pack is, and the setup each
+    rank runs before serving (``setup_rank``: ComfyUI's block classes)."""
+    return {**env, PACK_DIR_ENV: PACK_DIR, SETUP_ENV: f"{__name__.split('.')[0]}.loaders.cli.worker_ray:setup_rank"}
+
+
+def setup_rank(device: str) -> str:
+    """Run in a rank actor before it serves: make ``device`` current, import this node's ComfyUI
+    (``COMFYUI_PATH``, or the ComfyUI the pack sits in) and register its block builders, so the
+    rank builds the host's blocks with ComfyUI's own classes. Returns ComfyUI's version ('' when
+    this node has no ComfyUI: then only the blocks of other registered families can run here)."""
+    from ...parallel.distributed.join import bind_device
+    from ..comfyui_import import ComfyUINotFound, import_comfyui
+
+    if device.startswith("cuda"):
+        bind_device(device)
+    try:
+        import_comfyui(use_cuda=True, quiet=True)
+    except ComfyUINotFound as e:
+        log.warning("%s; this member builds no ComfyUI blocks", e)
+        return ""
+    from ..comfy.worker_blocks import register_comfy
+    from .worker_command import _comfyui_version
+
+    register_comfy()
+    return _comfyui_version()
 
 
 def ray_node_command(args) -> list[str]:
@@ -67,7 +100,7 @@ def run_ray_node(args) -> int:
         return 1
     members = ", ".join(f"{args.name}/{r.rsplit('/', 1)[-1]}" for r in json.loads(cmd[cmd.index("--resources") + 1]))
     print(f"[ShardDiT] worker {args.name!r}: joining the Ray cluster at {args.join} as {members}", flush=True)
-    child = subprocess.Popen(cmd)  # this environment: its CUDA_VISIBLE_DEVICES numbers --devices
+    child = subprocess.Popen(cmd, env=node_environment())  # its CUDA_VISIBLE_DEVICES numbers --devices
     try:
         return child.wait()
     except KeyboardInterrupt:

@@ -27,6 +27,8 @@ from ...parallel.distributed.host import choose_worker_weights
 from ...parallel.distributed.lobby import Lobby
 from ...parallel.distributed.ranks import attach_remote_ranks
 from ...parallel.distributed.entries import choose_backend, gpu_uuid
+from ...parallel.cluster.host import cluster_host
+from ...parallel.cluster.settings import ClusterError, check_auth, ray_address
 
 __all__ = ["PatchVersion", "attach_workers", "auto_members", "check_workers", "decide_worker_weights",
            "describe_workers", "get_lobby", "patch_versions", "resolve_auto_devices", "start_lobby_if_configured"]
@@ -35,7 +37,13 @@ log = logging.getLogger("sharddit")
 _LOBBY: list[Lobby] = []
 
 
-def get_lobby(devices: str = "") -> Lobby:
+def get_lobby(devices: str = ""):
+    """Where sessions with the workers come from: the Ray cluster when ``SHARDDIT_RAY_ADDRESS`` is
+    set (``parallel/cluster/host.ClusterHost``: members, their rank actors, one session), else this
+    host's lobby (``SHARDDIT_DIST_ADDR``). Call from the prompt's thread only: both may wait."""
+    host = cluster_host()
+    if host is not None:
+        return host
     if not _LOBBY:
         addr = dist_addr()
         if addr is None:
@@ -77,6 +85,12 @@ def start_lobby_if_configured() -> None:
     cannot be bound is one ``[ShardDiT]`` error line, distributed mode stays off, and every node
     works with this machine's devices (a prompt naming worker devices then gets the same message)."""
     try:
+        if ray_address() is not None:  # joined at the first prompt that names a member; said now if refused
+            check_auth("the ComfyUI host (SHARDDIT_RAY_ADDRESS)")
+            if dist_addr() is not None:
+                log.warning("[ShardDiT] both SHARDDIT_RAY_ADDRESS and %s are set: the Ray cluster is used, the "
+                            "lobby is not started", ADDR_ENV)
+            return
         if dist_addr() is not None:
             get_lobby()
     except Exception as e:  # noqa: BLE001 - an exception here would remove every ShardDiT node
@@ -85,13 +99,20 @@ def start_lobby_if_configured() -> None:
 
 
 def describe_workers() -> str:
-    """The joined workers for the Plan node ('' when this host accepts none)."""
+    """The joined workers (or Ray members) for the Plan node ('' when this host accepts none)."""
+    if ray_address() is not None:
+        try:
+            return get_lobby().describe()
+        except (ClusterError, ValueError) as e:
+            return str(e)
     return _LOBBY[0].describe() if _LOBBY else ""
 
 
-def check_workers(devices: str, remote) -> None:
+def check_workers(devices: str, remote, contact: bool = True) -> None:
     """Every named member (``NAME/DEVICE``) is listed once and has joined (ValueError naming the
-    missing one, the joined ones and the command that starts it)."""
+    missing one, the joined ones and the command that starts it). ``contact=False`` (a node's
+    ``validate_inputs``, on ComfyUI's web-server thread): the listing only, no lobby or cluster
+    is asked (a stranger holding it must not hold the web server)."""
     if not remote:
         return
     members = [member_key(name, dev) for name, dev in remote]
@@ -100,7 +121,8 @@ def check_workers(devices: str, remote) -> None:
             raise ValueError(f"[ShardDiT] devices {devices!r} lists the worker device {m!r} {members.count(m)} times: "
                              "a worker process serves one rank; list it once (start the worker with more devices, "
                              "--devices cuda:0,cuda:1, for more ranks on that machine)")
-    get_lobby(devices).check_names(members)
+    if contact:
+        get_lobby(devices).check_names(members)
 
 
 def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None,
@@ -121,8 +143,8 @@ def attach_workers(engine, devices: str, remote, n_local: int, owners=None, vers
 def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:
     """``distributed/host.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
     members = [(member_key(n, d), d) for n, d in remote]
-    keep_all, why = choose_worker_weights(dist_weights(), members, plan.block_ranges[n_local:], block_bytes,
-                                          get_lobby(devices).workers())
+    offers = get_lobby(devices).check_names([m for m, _ in members])
+    keep_all, why = choose_worker_weights(dist_weights(), members, plan.block_ranges[n_local:], block_bytes, offers)
     log.info("[ShardDiT] %s: %s", WEIGHTS_ENV, why)
     return keep_all
 
@@ -173,9 +195,11 @@ def patch_versions(runtime, block_keys: dict[int, str]):
 def auto_members(devices: str) -> tuple[str, ...]:
     """The joined members ``devices=auto`` would take now, in key order (() for other devices or
     when this host has no lobby). Callers that cache per ``devices`` add it to their key."""
-    if not isinstance(devices, str) or devices.strip().lower() != "auto" or not _LOBBY:
+    if not isinstance(devices, str) or devices.strip().lower() != "auto":
         return ()
-    return tuple(sorted(_LOBBY[0].workers()))
+    if ray_address() is not None:
+        return tuple(get_lobby().members())
+    return tuple(sorted(_LOBBY[0].workers())) if _LOBBY else ()
 
 
 def resolve_auto_devices(devices: str, parallel: str, local_auto, blocks_only=lambda: "") -> str:

@@ -42,7 +42,7 @@ def check_devices(devices: str) -> None:
     if not parsed.auto:
         inventory = read_inventory()
         check_devices_exist(parsed.unique_devices, inventory.names, inventory.hidden_note)
-    check_workers(devices, remote)
+    check_workers(devices, remote, contact=False)  # validate_inputs: the web-server thread
 
 
 RESERVE_MAX_GB = 1024.0

@@ -16,6 +16,8 @@ import time
 
 import torch.distributed as dist
 
+from ..distributed.host import reset_after_failed_init
+from .rank_server import session_subgroups
 from .settings import ClusterError
 
 __all__ = ["SessionGroup", "failed_calls", "form_group", "open_store"]
@@ -45,6 +47,7 @@ class SessionGroup:
         self.ranks = {key: r + 1 for r, key in enumerate(actors)}
         self.world = len(actors) + 1
         self.subgroups: dict[tuple, object] = {}
+        self.weight_groups: dict[str, object] = {}
 
     def close(self) -> None:
         """Every member leaves (bounded), then the host; the actors stay for the next session."""
@@ -57,12 +60,17 @@ class SessionGroup:
 
 
 def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, backend: str = "gloo",
-               subgroups: tuple = ()) -> SessionGroup:
+               subgroups: tuple = (), session_keys=None) -> SessionGroup:
     """Form the session's group of the host (rank 0) and ``actors`` (``{member: handle}``, ranks 1..n
     in that order), and its ``subgroups`` (rank tuples; ``new_group`` meets through the same store,
     so every subgroup a session needs is made here, before the store closes: ``group.subgroups``).
     ``host`` is this machine's address the members can reach. ClusterError naming the members that
-    did not join within ``timeout_s``; the store is closed either way."""
+    did not join within ``timeout_s``; the store is closed either way.
+
+    ``session_keys`` (a sampling session): the members join through their rank servers
+    (``rank_server.RankServer.join``), the group itself is gloo, and the subgroups are the
+    session's (``rank_server.session_subgroups``: these exchange groups, then the weight groups) on
+    ``backend``: ``group.subgroups`` maps each exchange key, ``group.weight_groups`` each weight group."""
     if dist.is_initialized():
         raise ClusterError("[ShardDiT] a distributed session is already open in this process (torch.distributed's "
                            "default group): close it before forming another")
@@ -72,22 +80,33 @@ def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, back
     group.store_host, group.store_port = host, server.port  # closed once formed (tests connect to check)
     start = time.monotonic()
     try:
-        subgroups = [tuple(g) for g in subgroups]
-        refs = {a.join.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend, subgroups): k
-                for k, a in actors.items()}
+        if session_keys is None:
+            subgroups = [tuple(g) for g in subgroups]
+            refs = {a.join.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend,
+                                  subgroups): k for k, a in actors.items()}
+        else:
+            keys = [tuple(g) for g in session_keys]
+            subgroups = session_subgroups(group.world, keys)
+            refs = {a.join_session.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend,
+                                          keys): k for k, a in actors.items()}
         client = dist.TCPStore(host, server.port, None, False, timeout, use_libuv=True)
         try:
-            dist.init_process_group(backend, store=dist.PrefixStore(prefix, client), rank=0, world_size=group.world,
-                                    timeout=timeout)
-            group.subgroups = {g: dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups}
+            dist.init_process_group(backend if session_keys is None else "gloo", store=dist.PrefixStore(prefix, client),
+                                    rank=0, world_size=group.world, timeout=timeout)
+            made = [dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups]
+            group.subgroups = dict(zip(subgroups, made))
+            if session_keys is not None:
+                group.subgroups = dict(zip(keys, made))
+                group.weight_groups = {"all": made[len(keys)]}
+                if group.world > 2:
+                    group.weight_groups["workers"] = made[len(keys) + 1]
         except Exception as err:  # DistStoreError on timeout, or gloo's own
             # the members had the same timeout and started first: their answers are in, or never come
             _raise_missing(ray, refs, min(timeout_s, 2.0), f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
         left = max(1.0, timeout_s - (time.monotonic() - start))
         _raise_missing(ray, refs, left, None)
     except BaseException:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        reset_after_failed_init()  # also a failed init's group count: the next session's groups must match
         raise
     finally:
         del server  # the rendezvous store stops listening: the group is formed, or failed

@@ -6,16 +6,20 @@ received stay with it); a member found dead is dropped, named in the error, and 
 runs on the members left. Call these from the prompt's thread, never from ComfyUI's web-server
 thread: connecting and forming a group wait (each wait bounded by ``SHARDDIT_DIST_TIMEOUT``).
 
-This is the seam for the sampling engine (``parallel/distributed/ranks.DistRanks`` takes a session
-today from the lobby's ``host.HostSession``); it is not wired there yet.
+It is also the sampling engine's session source (``distributed.ranks.DistRanks``), as the lobby
+is without Ray: ``session_for`` keeps one ``session.RaySession`` open across prompts while its
+members and groups stay the same, ``check_names`` / ``workers`` give the members' offers.
 """
 from __future__ import annotations
 
 import threading
 
 from ..distributed.config import dist_timeout
+from ..distributed.entries import local_versions
+from ..units import format_gib
 from .driver import Member, check_alive, connect, list_members, start_rank
-from .group import SessionGroup, form_group
+from .group import SessionGroup, failed_calls, form_group
+from .session import RaySession
 from .settings import ClusterError, ray_address
 
 __all__ = ["ClusterHost", "cluster_host"]
@@ -32,6 +36,9 @@ class ClusterHost:
         self.ray = connect(address, timeout_s)
         self.ranks: dict[str, object] = {}
         """Member ``NAME/DEVICE`` -> its rank actor, started on first use."""
+        self.session: RaySession | None = None
+        self.versions = local_versions()
+        self._count = 0
 
     def members(self) -> dict[str, Member]:
         return list_members(self.ray)
@@ -60,6 +67,54 @@ class ClusterHost:
         except ClusterError:
             self._drop_silent(actors)
             raise
+
+    # ---- the sampling engine's session source (as ``distributed.lobby.Lobby``) ---------------------
+    def check_names(self, members) -> dict[str, dict]:
+        """The offers of ``members`` (each started if needed); ClusterError naming a missing or lost one."""
+        actors = {m: self.rank(m) for m in members}
+        refs = {a.offer.remote(): m for m, a in actors.items()}
+        lost = failed_calls(self.ray, refs, self.timeout_s)
+        if lost:
+            self._drop_silent({m: actors[m] for m in lost})
+            raise ClusterError("[ShardDiT] " + "; ".join(f"member {m} did not answer ({why})" for m, why in
+                                                         sorted(lost.items())) + ": see `ray status`")
+        return {refs[r]: self.ray.get(r, timeout=0) for r in refs}
+
+    def workers(self) -> dict[str, dict]:
+        """Every member's offer now."""
+        return self.check_names(list(self.members()))
+
+    def describe(self) -> str:
+        """Lines for the Plan node and ``plan --workers``: the members and their free memory."""
+        offers = self.workers()
+        head = f"Ray members at {self.address} (devices NAME/DEVICE, parallel=sequence):"
+        if not offers:
+            return head + " none yet; on each machine run `python <pack-dir> worker --ray --join ... --name NAME`"
+        return "\n".join([head] + [f"  {m}: {format_gib(o.get('free', 0))} GiB free" for m, o in offers.items()])
+
+    def session_for(self, names: tuple[str, ...], groups: tuple, backend: str, devices: dict[str, str]) -> RaySession:
+        """The open session with exactly these members and groups, or a fresh one (a broken or
+        different one is closed first)."""
+        s = self.session
+        if s is not None and (s.broken or s.names != tuple(names) or s.group_keys != tuple(groups)
+                              or s.backend != backend):
+            self.close_session()
+        if self.session is None:
+            actors = {key: self.rank(key) for key in names}
+            self._count += 1
+            try:
+                check_alive(self.ray, actors, self.timeout_s)
+                self.session = RaySession(self.ray, actors, self.ray.util.get_node_ip_address(), groups, backend,
+                                          devices, self.timeout_s, self._count)
+            except ClusterError:
+                self._drop_silent(actors)
+                raise
+        return self.session
+
+    def close_session(self) -> None:
+        s, self.session = self.session, None
+        if s is not None:
+            s.close()
 
     def _drop_silent(self, actors: dict[str, object]) -> None:
         """Forget (and kill) each actor that does not answer a ping now."""

@@ -10,8 +10,19 @@ over Ray, then serves collectives on it. Every wait is bounded by the ``timeout_
 from __future__ import annotations
 
 import datetime
+import importlib
+import importlib.util
 import os
 import socket
+import sys
+
+PACK_DIR_ENV = "SHARDDIT_PACK_DIR"
+"""Set by ``python <pack-dir> worker --ray`` for its node: where the pack lies on that machine."""
+SETUP_ENV = "SHARDDIT_RANK_SETUP"
+"""``module:function`` the rank calls once with its device before serving (the worker command sets
+ComfyUI's: import it, register its block builders)."""
+IMPORTS_ENV = "SHARDDIT_WORKER_IMPORTS"
+"""Comma-separated modules a rank imports before serving (block families of other packs; tests' toys)."""
 
 
 class RankWorker:
@@ -23,6 +34,8 @@ class RankWorker:
         self.member = member
         self.device = device
         self.groups: dict[tuple, object] = {}
+        self.rank = None
+        """The pack's ``cluster.rank_server.RankServer``, made on the first session (``_server``)."""
 
     def where(self) -> dict:
         """Where this rank runs: Ray node id, host name, pid, device, ``CUDA_VISIBLE_DEVICES``."""
@@ -30,7 +43,7 @@ class RankWorker:
 
         return {"member": self.member, "node_id": ray.get_runtime_context().get_node_id(),
                 "host": socket.gethostname(), "pid": os.getpid(), "device": self.device,
-                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "threads": _torch_threads()}
 
     def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float,
              backend: str = "gloo", subgroups: list = ()) -> int:
@@ -52,6 +65,35 @@ class RankWorker:
         self.groups = {tuple(g): dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups}
         return dist.get_rank()
 
+    def _server(self):
+        """The pack's RankServer, imported from this node's pack folder the first time (the pack
+        under the name ``sharddit``, as ``python <pack-dir>`` imports it), after the node's setup."""
+        if self.rank is None:
+            pack = _import_pack()
+            setup = os.environ.get(SETUP_ENV, "")
+            comfyui = ""
+            if setup:
+                module, _, func = setup.partition(":")
+                comfyui = getattr(importlib.import_module(module), func)(self.device) or ""
+            for module in filter(None, (m.strip() for m in os.environ.get(IMPORTS_ENV, "").split(","))):
+                importlib.import_module(module)
+            self.rank = importlib.import_module(f"{pack}.parallel.cluster.rank_server").RankServer(
+                self.member, self.device, comfyui)
+        return self.rank
+
+    def offer(self) -> dict:
+        """This member's offer (device, free bytes, GPU, versions)."""
+        return self._server().offer()
+
+    def join_session(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float,
+                     backend: str, group_keys: list) -> int:
+        """Join a sampling session (``RankServer.join``)."""
+        return self._server().join(host, port, prefix, rank, world, timeout_s, backend, group_keys)
+
+    def command(self, payload: bytes) -> bytes:
+        """One command of the session (``RankServer.command``): payload in, payload out."""
+        return self._server().command(payload)
+
     def all_to_all(self, rows, group: tuple | None = None):
         """Send equal row blocks of ``rows`` to every rank of ``group`` (the session's whole group
         when None; block k to its k-th rank) and return the blocks received, in rank order (the
@@ -69,9 +111,34 @@ class RankWorker:
         import torch.distributed as dist
 
         self.groups = {}
+        if self.rank is not None:
+            return self.rank.leave()
         if dist.is_initialized():
             dist.destroy_process_group()
         return True
 
     def ping(self) -> str:
         return self.member
+
+
+def _import_pack() -> str:
+    """The pack's package name in this process: ``sharddit``, imported by path from
+    ``SHARDDIT_PACK_DIR`` unless already imported."""
+    if "sharddit" not in sys.modules:
+        pack_dir = os.environ.get(PACK_DIR_ENV, "")
+        init = os.path.join(pack_dir, "__init__.py")
+        if not pack_dir or not os.path.isfile(init):
+            raise RuntimeError(f"[ShardDiT] this Ray node does not say where the ShardDiT pack is ({PACK_DIR_ENV}="
+                               f"{pack_dir!r}): start it with `python <pack-dir> worker --ray --join ...`")
+        spec = importlib.util.spec_from_file_location("sharddit", init, submodule_search_locations=[pack_dir])
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["sharddit"] = module
+        spec.loader.exec_module(module)
+    return "sharddit"
+
+
+def _torch_threads() -> int:
+    """torch's intra-op threads here (Ray sets ``OMP_NUM_THREADS`` for its workers)."""
+    import torch
+
+    return torch.get_num_threads()

@@ -32,7 +32,7 @@ from .secret import sign, verify
 
 __all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "SecretMismatch", "channel_key",
            "check_message", "decode_message", "decode_value", "dtype_name", "encode_value", "frame", "new_nonce",
-           "parse_header", "tensor_nbytes", "tensors_from_bytes"]
+           "from_payload", "parse_header", "tensor_nbytes", "tensors_from_bytes", "to_payload"]
 
 PROTOCOL = 2
 """Version of the distributed protocol: these control messages and the lobby's signed entries
@@ -236,3 +236,55 @@ def decode_message(encoded: dict, tensors: list) -> dict:
     """The checked message of a verified header, its values rebuilt."""
     msg = {k: decode_value(v, tensors) for k, v in encoded.items()}
     return check_message(msg)
+
+
+# ---- payloads: one message as one bytes object (Ray's authenticated calls carry it) ---------------
+_LEN = 8
+
+
+def to_payload(msg: dict) -> bytes:
+    """A checked message as bytes: an 8-byte little-endian header length, the JSON header
+    ``{"protocol", "msg", "tensors"}``, then the tensors' raw bytes. Unsigned: the transport that
+    carries it (Ray's token-authenticated calls) says who sent it."""
+    check_message(msg)
+    tensors: list = []
+    body = {k: encode_value(v, tensors) for k, v in msg.items()}
+    if len(tensors) > MAX_TENSORS:
+        raise ValueError(f"[ShardDiT] a message carries {len(tensors)} tensors, at most {MAX_TENSORS}")
+    cpu = [t.detach().to("cpu").contiguous() for t in tensors]
+    specs = [[dtype_name(t.dtype), list(t.shape)] for t in cpu]
+    text = json.dumps({"protocol": PROTOCOL, "msg": body, "tensors": specs}, allow_nan=False,
+                      separators=(",", ":")).encode()
+    raw = [t.reshape(-1).view(torch.uint8).numpy().tobytes() for t in cpu if t.numel()]
+    return b"".join([len(text).to_bytes(_LEN, "little"), text, *raw])
+
+
+def from_payload(payload, max_body: int, device="cpu") -> tuple[dict, int]:
+    """(message, bytes) of a payload ``to_payload`` made; ProtocolError for anything else: not
+    bytes, a header longer than ``MAX_HEADER_BYTES`` or than the payload, not JSON, another
+    protocol, tensors over ``max_body`` bytes or not exactly filling the rest. Every size is
+    checked before a tensor is made; tensors land on ``device``."""
+    if not isinstance(payload, (bytes, bytearray)) or len(payload) < _LEN:
+        raise ProtocolError(f"a payload must be bytes of at least {_LEN}, got {type(payload).__name__}")
+    n = int.from_bytes(payload[:_LEN], "little")
+    if n > MAX_HEADER_BYTES or n > len(payload) - _LEN:
+        raise ProtocolError(f"a payload announces a {n}-byte header in {len(payload)} bytes")
+    try:
+        data = json.loads(payload[_LEN:_LEN + n])
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"a payload header is not JSON ({e})") from None
+    if not (isinstance(data, dict) and set(data) == {"protocol", "msg", "tensors"} and isinstance(data["msg"], dict)
+            and isinstance(data["tensors"], list) and len(data["tensors"]) <= MAX_TENSORS):
+        raise ProtocolError("a payload header lacks protocol/msg/tensors")
+    if data["protocol"] != PROTOCOL:
+        raise ProtocolError(f"the peer speaks ShardDiT protocol {str(data['protocol'])[:12]}, this side {PROTOCOL}: "
+                            "run the same ShardDiT version on both")
+    nbytes = sum(tensor_nbytes(s) for s in data["tensors"])
+    if nbytes > max_body:
+        raise ProtocolError(f"message {str(data['msg'].get('op'))[:20]!r} announces {nbytes} bytes of tensors, more "
+                            f"than the {max_body} expected here")
+    if nbytes != len(payload) - _LEN - n:
+        raise ProtocolError(f"a payload announces {nbytes} bytes of tensors and carries {len(payload) - _LEN - n}")
+    body = torch.frombuffer(bytearray(payload[_LEN + n:]), dtype=torch.uint8) if nbytes else torch.empty(
+        0, dtype=torch.uint8)
+    return decode_message(data["msg"], tensors_from_bytes(data["tensors"], body, device)), nbytes

@@ -1,0 +1,102 @@
+"""The pack's side of a Ray rank actor: join a session's groups, serve the host's commands.
+
+``rank_actor.RankWorker`` (shipped by value, standard library only) imports the pack on its
+node and hands everything to a ``RankServer``. The host's commands arrive as Ray calls, each one
+``protocol`` payload (schema-checked JSON and raw tensor bytes, every size checked before a
+tensor is made: nothing of ours is unpickled); the reply goes back the same way. Ray's token
+authenticated the caller; no code here authenticates anyone. The weight broadcasts and the
+Ulysses exchanges run on the session's torch.distributed groups (``distributed.serving``).
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.entries import make_offer
+from ..distributed.host import end_process_group, reset_after_failed_init
+from ..distributed.join import bind_device, device_free_bytes
+from ..distributed.protocol import ProtocolError, from_payload, to_payload
+from ..distributed.serving import BlockServer
+
+__all__ = ["MAX_COMMAND_BYTES", "RankServer", "session_subgroups"]
+
+log = logging.getLogger("sharddit")
+MAX_COMMAND_BYTES = 1 << 40
+"""Largest command (block weights inside) a rank accepts."""
+
+
+def session_subgroups(world: int, group_keys) -> list[tuple]:
+    """The subgroups of a session, in the order every process makes them: the exchange groups
+    (``group_keys``), then the weight groups ``all`` and, with two members or more, ``workers``."""
+    return [tuple(g) for g in group_keys] + [tuple(range(world))] + ([tuple(range(1, world))] if world > 2 else [])
+
+
+class RankServer:
+    """One member ``NAME/DEVICE``'s rank: made once per actor, one session at a time."""
+
+    def __init__(self, member: str, device: str, comfyui: str = ""):
+        self.member, self.device, self.comfyui = member, device, comfyui
+        self.name = member.partition("/")[0]
+        self.server: BlockServer | None = None
+        self.backend = "gloo"
+
+    def offer(self) -> dict:
+        """What this member offers: its device, free bytes, GPU and versions (as a lobby offer)."""
+        return make_offer(self.name, self.device, device_free_bytes(self.device), self.comfyui)
+
+    def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float, backend: str,
+             group_keys) -> int:
+        """Join the session's group (gloo) as ``rank`` of ``world`` through the host's one-session
+        store, then its subgroups (``session_subgroups``, on ``backend``); returns the rank."""
+        self.leave()
+        if self.device.startswith("cuda"):
+            bind_device(self.device)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        keys = [tuple(g) for g in group_keys]
+        try:
+            store = dist.TCPStore(host, port, None, False, timeout, use_libuv=True)
+            dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
+                                    timeout=timeout)
+            made = [dist.new_group(list(g), backend=backend, timeout=timeout) for g in session_subgroups(world, keys)]
+        except BaseException:
+            reset_after_failed_init()  # the next session's group names must match the host's
+            raise
+        wgroups = {"all": made[len(keys)]}
+        if world > 2:
+            wgroups["workers"] = made[len(keys) + 1]
+        self.backend = backend
+        self.server = BlockServer(self.member, self.device, backend, rank, dict(zip(keys, made)), wgroups, timeout_s,
+                                  say=lambda m: log.info("%s", m))
+        return dist.get_rank()
+
+    def command(self, payload: bytes) -> bytes:
+        """One command's payload in, its reply's payload out. A failed command replies ``error``
+        and this rank leaves the session (its ranks are out of step)."""
+        if self.server is None:
+            return to_payload({"op": "error", "error": f"member {self.member} is in no session"})
+        try:
+            msg, _ = from_payload(payload, MAX_COMMAND_BYTES, self.server.device)
+            reply = self.server.command(msg)
+        except ProtocolError as e:
+            self.leave(failed=True)
+            return to_payload({"op": "error", "error": f"invalid command: {e}"})
+        except Exception as e:  # noqa: BLE001 - report to the host, which closes the session
+            log.error("[ShardDiT] member %s: %s", self.member, traceback.format_exc())
+            self.leave(failed=True)
+            return to_payload({"op": "error", "error": f"{type(e).__name__}: {e}"})
+        return to_payload(reply)
+
+    def leave(self, failed: bool = False) -> bool:
+        """Leave the session's groups (blocks and ring go with it); the actor stays for the next."""
+        if self.server is not None:
+            self.server.release()
+            self.server = None
+        if dist.is_initialized():
+            end_process_group(failed and self.backend == "nccl")
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return True

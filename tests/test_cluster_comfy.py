@@ -1,0 +1,110 @@
+"""Several machines on Ray through ComfyUI's real server (issue 32): a local Ray cluster with
+token auth on (a head, and a second node started by the real ``python <pack-dir> worker --ray
+--join ... --name box2 --devices cpu``); the server joins it as a Ray driver
+(``SHARDDIT_RAY_ADDRESS``) and samples with ``devices=cpu,box2/cpu``, ``parallel=sequence``.
+
+- six prompts in a row, changing the seed, the shape, cfg and the LoRA strength and back, each
+  equal to core's KSampler within the split bound (tests/harness/numerics.py: a split gives GEMMs
+  fewer rows); the last repeats the first and is bit-identical to it;
+- the worker node killed: the next prompt fails within the timeout naming the member, and the
+  prompt after it runs on this machine's devices.
+"""
+import os
+import re
+import secrets
+import sys
+import time
+
+import pytest
+import torch
+from harness import dist_procs
+from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
+from harness.ray_cluster import listening, start_group, stop_group, wait_for
+from harness.server import REPO, ComfyServer
+from test_distributed_server_comfy import _graph, _latent, _run
+
+pytestmark = [pytest.mark.comfy, pytest.mark.cluster]
+TIMEOUT_S = 20
+HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
+          "RAY_health_check_initial_delay_ms": "0"}
+
+
+@pytest.fixture(scope="module")
+def ray_server(tiny_models, tmp_path_factory):
+    from harness.comfy_env import comfy_path
+
+    tmp = tmp_path_factory.mktemp("ray_comfy")
+    port = dist_procs.free_port()
+    saved = dict(os.environ)
+    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "HOME": str(tmp),
+                       "RAY_USAGE_STATS_ENABLED": "0", **HEALTH})
+    os.environ.pop("SHARDDIT_CLUSTER_INSECURE", None)
+    procs, server = [], None
+    try:
+        head = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port", str(port), "--num-cpus", "1",
+                "--num-gpus", "0", "--include-dashboard=false", "--object-store-memory", str(100 << 20),
+                "--temp-dir", str(tmp / "t"), "--disable-usage-stats", "--block"]
+        procs.append(start_group(head, dict(os.environ), open(tmp / "head.log", "w")))
+        wait_for("the Ray head's port", lambda: listening("127.0.0.1", port), 60)
+        worker = [sys.executable, str(REPO), "worker", "--ray", "--join", f"127.0.0.1:{port}", "--name", "box2",
+                  "--devices", "cpu"]
+        env = {**os.environ, "COMFYUI_PATH": str(comfy_path()), "PYTHONUNBUFFERED": "1"}
+        env.pop("PYTHONPATH", None)
+        procs.append(start_group(worker, env, open(tmp / "box2.log", "w")))
+        node_log = tmp / "box2.log"  # `ray start --block` says this once the node has registered with the head
+        wait_for("the box2 node", lambda: "Ray runtime started" in node_log.read_text(errors="replace"), 180)
+        os.environ.update(SHARDDIT_RAY_ADDRESS=f"127.0.0.1:{port}", SHARDDIT_DIST_TIMEOUT=str(TIMEOUT_S),
+                          SHARDDIT_DIST_WEIGHTS="share")
+        server = ComfyServer(comfy_path(), tmp / "comfy", tiny_models.root)
+        server.start()
+        server.worker, server.tmp = procs[1], tmp
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        for proc in reversed(procs):
+            stop_group(proc)
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _graph_for(names, sampler, devices, seed, size, cfg, lora, prefix):
+    g = _graph(names, sampler, devices, cfg, 2, prefix, lora=lora)
+    g["7"]["inputs"]["seed"] = seed
+    g["6"]["inputs"].update(width=size[0], height=size[1])
+    return g
+
+
+PROMPTS = [  # (seed, (width, height), cfg, LoRA strength): each setting changed, then back
+    (5, (80, 80), 1.0, 1.0), (6, (80, 80), 1.0, 1.0), (6, (96, 80), 1.0, 1.0), (6, (96, 80), 3.0, 1.0),
+    (6, (96, 80), 3.0, 0.5), (5, (80, 80), 1.0, 1.0)]
+
+
+def test_six_prompts_on_a_ray_member_equal_core(ray_server, tiny_models):
+    server, names = ray_server, tiny_models.names
+    first = None
+    for i, (seed, size, cfg, lora) in enumerate(PROMPTS):
+        core = _run(server, _graph_for(names, "core", "", seed, size, cfg, lora, f"ray/core_{i}"))
+        ours = _run(server, _graph_for(names, "ours", "cpu,box2/cpu", seed, size, cfg, lora, f"ray/ours_{i}"))
+        assert_split_close(ours, core, COMFY_SPLIT_BOUND, f"prompt {i}: cpu,box2/cpu vs core "
+                                                         f"(seed {seed}, {size}, cfg {cfg}, LoRA {lora})")
+        first = ours if first is None else first
+    assert torch.equal(ours, first), "the last prompt repeats the first"
+    log = server.log_text()
+    assert "on Ray with box2/cpu" in log, server.log_tail()  # the session ran on the Ray member
+    assert len(re.findall(r"session \d+ open on Ray", log)) == 1, "one session for all six prompts"
+
+
+def test_a_killed_worker_node_is_named_and_the_next_prompt_runs_here(ray_server, tiny_models):
+    server, names = ray_server, tiny_models.names
+    stop_group(server.worker)  # the worker command, its raylet and its rank actor
+    t0 = time.monotonic()
+    pid = server.queue_prompt(_graph_for(names, "ours", "cpu,box2/cpu", 7, (80, 80), 1.0, 1.0, "ray/after_kill"))
+    status = server.status(pid, 300)
+    took = time.monotonic() - t0
+    text = str(status["messages"])
+    assert status["status_str"] == "error" and "box2/cpu" in text, f"{status}\n{server.log_tail()}"
+    assert took < 3 * TIMEOUT_S + 30, took
+    local = _run(server, _graph_for(names, "ours", "cpu,cpu", 7, (80, 80), 1.0, 1.0, "ray/local_after_kill"))
+    core = _run(server, _graph_for(names, "core", "", 7, (80, 80), 1.0, 1.0, "ray/core_after_kill"))
+    assert_split_close(local, core, COMFY_SPLIT_BOUND, "cpu,cpu after the member was lost")
