@@ -5,7 +5,10 @@ token auth on (a head, and a second node started by the real ``python <pack-dir>
 
 - six prompts in a row, changing the seed, the shape, cfg and the LoRA strength and back, each
   equal to core's KSampler within the split bound (tests/harness/numerics.py: a split gives GEMMs
-  fewer rows); the last repeats the first and is bit-identical to it;
+  fewer rows); the last repeats the first and is bit-identical to it; ComfyUI's ``/system_stats``
+  answers within 1 s all along (nothing of the cluster runs on its web-server thread);
+- ``devices=auto`` takes the member (``cpu,box2/cpu``, logged) and gives the same latent;
+- ``plan --workers ray:HOST:PORT`` reads the member's free memory from the cluster;
 - the worker node killed: the next prompt fails within the timeout naming the member, and the
   prompt after it runs on this machine's devices.
 """
@@ -13,15 +16,17 @@ import os
 import re
 import secrets
 import sys
+import threading
 import time
 
 import pytest
+import requests
 import torch
 from harness import dist_procs
 from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
 from harness.ray_cluster import listening, start_group, stop_group, wait_for
 from harness.server import REPO, ComfyServer
-from test_distributed_server_comfy import _graph, _latent, _run
+from test_distributed_server_comfy import _graph, _run
 
 pytestmark = [pytest.mark.comfy, pytest.mark.cluster]
 TIMEOUT_S = 20
@@ -58,6 +63,8 @@ def ray_server(tiny_models, tmp_path_factory):
         server = ComfyServer(comfy_path(), tmp / "comfy", tiny_models.root)
         server.start()
         server.worker, server.tmp = procs[1], tmp
+        server.ray_address = f"127.0.0.1:{port}"
+        server.ray_env = {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "HOME")}
         yield server
     finally:
         if server is not None:
@@ -80,8 +87,37 @@ PROMPTS = [  # (seed, (width, height), cfg, LoRA strength): each setting changed
     (6, (96, 80), 3.0, 0.5), (5, (80, 80), 1.0, 1.0)]
 
 
+class _StatsWatch(threading.Thread):
+    """Asks ``/system_stats`` every 0.25 s; ``slowest`` is the longest answer (a timeout counts as 5 s)."""
+
+    def __init__(self, url):
+        super().__init__(daemon=True)
+        self.url, self.slowest, self.asked, self.done = url, 0.0, 0, threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.25):
+            t0 = time.monotonic()
+            try:
+                ok = requests.get(f"{self.url}/system_stats", timeout=5).status_code == 200
+            except requests.RequestException:
+                ok = False
+            self.slowest = max(self.slowest, time.monotonic() - t0 if ok else 5.0)
+            self.asked += 1
+
+
 def test_six_prompts_on_a_ray_member_equal_core(ray_server, tiny_models):
     server, names = ray_server, tiny_models.names
+    watch = _StatsWatch(server.url)
+    watch.start()
+    try:
+        _six_prompts(server, names)
+    finally:
+        watch.done.set()
+        watch.join()
+    assert watch.asked > 10 and watch.slowest < 1.0, (watch.asked, watch.slowest)
+
+
+def _six_prompts(server, names):
     first = None
     for i, (seed, size, cfg, lora) in enumerate(PROMPTS):
         core = _run(server, _graph_for(names, "core", "", seed, size, cfg, lora, f"ray/core_{i}"))
@@ -93,6 +129,29 @@ def test_six_prompts_on_a_ray_member_equal_core(ray_server, tiny_models):
     log = server.log_text()
     assert "on Ray with box2/cpu" in log, server.log_tail()  # the session ran on the Ray member
     assert len(re.findall(r"session \d+ open on Ray", log)) == 1, "one session for all six prompts"
+
+
+def test_devices_auto_takes_the_ray_member(ray_server, tiny_models):
+    server, names = ray_server, tiny_models.names
+    explicit = _run(server, _graph_for(names, "ours", "cpu,box2/cpu", 8, (80, 80), 1.0, 1.0, "ray/explicit"))
+    auto = _run(server, _graph_for(names, "ours", "auto", 8, (80, 80), 1.0, 1.0, "ray/auto"))
+    assert "devices=auto with joined workers -> 'cpu,box2/cpu'" in server.log_text(), server.log_tail()
+    assert torch.equal(auto, explicit)
+
+
+def test_plan_reads_the_members_free_memory_from_the_cluster(ray_server):
+    import json
+    import subprocess
+
+    port = ray_server.ray_address
+    out = subprocess.run([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-1.3b", "--devices",
+                          "cpu=64GiB,box2/cpu", "--size", "480x320", "--frames", "17", "--parallel", "sequence",
+                          "--workers", f"ray:{port}", "--json"], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **ray_server.ray_env}, cwd=str(REPO))
+    assert out.returncode in (0, 3), out.stdout + out.stderr
+    row = json.loads(out.stdout)["workers"]["devices"]["box2/cpu"]
+    assert row["free_bytes"] > 0, row  # the member's own offer, read over Ray
+    assert "Ray members at" in out.stderr and re.search(r"box2/cpu: [\d.]+ GiB free", out.stderr), out.stderr
 
 
 def test_a_killed_worker_node_is_named_and_the_next_prompt_runs_here(ray_server, tiny_models):

@@ -232,3 +232,33 @@ def test_a_worker_refuses_owned_weights_that_do_not_fill_the_layout_exactly():
     for bad in (torch.cat([flat, flat[:8]]), flat[:-8], flat.view(torch.int16)):
         with pytest.raises(ProtocolError, match="block 0: its weights do not match its layout"):
             take(bad)
+
+
+def test_a_payload_round_trips_bit_for_bit_and_refuses_every_malformed_one():
+    """``to_payload`` / ``from_payload`` (commands and replies in Ray calls): tensors come back bit
+    for bit (NaN, -0.0, bf16); a payload that is not bytes, whose header length runs past it or
+    past MAX_HEADER_BYTES, whose header is not JSON or names another protocol, whose tensors exceed
+    the receiver's limit or do not fill the rest exactly, is refused naming why, before any
+    tensor is made."""
+    t = torch.tensor([float("nan"), -0.0, 1.5], dtype=torch.bfloat16)
+    msg = {"op": "tensor", "tensor": t}
+    payload = protocol.to_payload(msg)
+    got, nbytes = protocol.from_payload(payload, t.numel() * 2)
+    assert nbytes == 6 and got["tensor"].dtype == torch.bfloat16
+    assert torch.equal(got["tensor"].view(torch.int16), t.view(torch.int16))
+    n = int.from_bytes(payload[:8], "little")
+    header = json.loads(payload[8:8 + n])
+    other = json.dumps({**header, "protocol": protocol.PROTOCOL + 1}).encode()
+    cases = {
+        "must be bytes": "not bytes",
+        "announces a 9223372036854775807-byte header": (2**63 - 1).to_bytes(8, "little") + payload[8:],
+        "is not JSON": (5).to_bytes(8, "little") + b"{{{{{" + b"\0" * 6,
+        f"protocol {protocol.PROTOCOL + 1}": len(other).to_bytes(8, "little") + other + payload[8 + n:],
+        "announces 6 bytes of tensors and carries 5": payload[:-1],
+        "announces 6 bytes of tensors and carries 7": payload + b"\0",
+        "more than the 4 expected here": (payload, 4),
+    }
+    for said, bad in cases.items():
+        bad, limit = bad if isinstance(bad, tuple) else (bad, 1 << 20)
+        with pytest.raises(ProtocolError, match=re.escape(said)):
+            protocol.from_payload(bad, limit)

@@ -16,14 +16,14 @@ import sys
 
 from ...parallel.cost.inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, gpu_names, parse_link_gbps
 from ...parallel.placement.devices import parse_devices
-from ...parallel.distributed.config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights, parse_addr
+from ...parallel.distributed.config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights
 from ...parallel.cost.workers import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
 from ...parallel.placement.inventory import inventory_from_spec, read_hidden_note
 from ...parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfy.checks import check_device_entries
 from ..comfyui_import import import_comfyui
-from .plan_lobby import read_lobby
+from .plan_lobby import read_cluster, read_lobby, workers_address
 from ..simulator.presets import preset_names
 from ..simulator.simulator_strategies import DEFAULT_CFG, DEFAULT_GPU, check_cfg
 
@@ -70,8 +70,9 @@ def add_arguments(p) -> None:
                         f"{DEFAULT_NET_GBPS:g}: 10 GbE; InfiniBand-class 100 and up)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--png", metavar="FILE", help="also write the plan as a picture (the one the Plan node shows)")
-    p.add_argument("--workers", metavar="HOST:PORT",
-                   help="also list the ShardDiT workers joined to the host at HOST:PORT (its SHARDDIT_DIST_ADDR); "
+    p.add_argument("--workers", metavar="[ray:]HOST:PORT",
+                   help="also list the ShardDiT workers joined to the host at HOST:PORT (its SHARDDIT_DIST_ADDR), or "
+                        "with ray:HOST:PORT the members of that Ray cluster (RAY_AUTH_MODE=token and its token); "
                         "worker devices in --devices without =SIZE take their free memory from these offers")
 
 
@@ -125,7 +126,10 @@ def run(args) -> int:
     setup = check_simulation(args.model, devices, *args.size, args.frames, args.batch, args.dtype,
                              args.reserve_vram_gb, None, args.parallel, args.cfg, args.gpu, args.link_gbps,
                              len(workers))
-    lobby = read_lobby(args.workers) if args.workers is not None else None
+    lobby = None
+    if args.workers is not None:
+        on_ray, addr = workers_address(args.workers)
+        lobby = read_cluster(addr) if on_ray else read_lobby(addr)
     if workers and lobby is not None:
         workers = _with_offers(workers, lobby)
     report = run_simulation(setup, args.gpu, args.link_gbps, workers, weights, args.net_gbps)
@@ -164,7 +168,7 @@ def check_plan_args(args) -> None:
     if args.png:
         _check_png(args.png)
     if args.workers is not None:
-        parse_addr(args.workers, "--workers")
+        workers_address(args.workers)
     if not args.dist_weights:
         dist_weights()  # SHARDDIT_DIST_WEIGHTS set to something else than auto, share, all
 

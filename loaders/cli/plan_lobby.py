@@ -21,7 +21,11 @@ from dataclasses import dataclass
 
 from ...parallel.distributed.config import parse_addr
 
-__all__ = ["CONNECT_TIMEOUT_S", "NOTICE_S", "LobbyView", "read_lobby", "resolve_host"]
+__all__ = ["CONNECT_TIMEOUT_S", "NOTICE_S", "RAY_PREFIX", "LobbyView", "read_cluster", "read_lobby", "resolve_host",
+           "workers_address"]
+
+RAY_PREFIX = "ray:"
+"""``plan --workers ray:HOST:PORT``: the members of the Ray cluster at HOST:PORT (its GCS port)."""
 
 CONNECT_TIMEOUT_S = 10.0
 """How long ``plan`` waits for a host's lobby in all (resolving, connecting, the store's answer)."""
@@ -50,6 +54,31 @@ def resolve_host(host: str, port: int, what: str) -> list:
         why = getattr(e, "strerror", None) or str(e)
         raise ValueError(f"[ShardDiT] {what} {host}:{port}: the host name {host!r} does not resolve ({why}): check "
                          f"its spelling, or give the host's IP address (what its SHARDDIT_DIST_ADDR says)") from None
+
+
+def workers_address(text: str) -> tuple[bool, str]:
+    """``--workers`` -> (on Ray, ``HOST:PORT``), checked (ValueError naming the value and the fix)."""
+    on_ray = text.startswith(RAY_PREFIX)
+    addr = text[len(RAY_PREFIX):] if on_ray else text
+    parse_addr(addr, "--workers")
+    return on_ray, addr
+
+
+def read_cluster(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> LobbyView:
+    """The members' offers and their description from the Ray cluster at ``addr`` (``--workers
+    ray:HOST:PORT``): this process joins it as a Ray driver (its token needed, as the host's),
+    within ``timeout_s``; ValueError naming the address and why otherwise."""
+    from ...parallel.cluster.driver import connect, list_members, probe_free
+    from ...parallel.cluster.host import describe_members
+    from ...parallel.cluster.settings import ClusterError
+
+    host, port = parse_addr(addr, "--workers")
+    try:
+        ray = connect(addr, timeout_s)
+        offers = probe_free(ray, list_members(ray), timeout_s)
+        return LobbyView(host, port, offers, describe_members(addr, offers))
+    except ClusterError as e:
+        raise ValueError(f"[ShardDiT] --workers {RAY_PREFIX}{addr}: {str(e).removeprefix('[ShardDiT] ')}") from None
 
 
 def read_lobby(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> LobbyView:

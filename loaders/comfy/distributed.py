@@ -123,6 +123,19 @@ def check_workers(devices: str, remote, contact: bool = True) -> None:
                              "--devices cuda:0,cuda:1, for more ranks on that machine)")
     if contact:
         get_lobby(devices).check_names(members)
+    else:
+        _check_settings(devices)
+
+
+def _check_settings(devices: str) -> None:
+    """The settings a worker device needs, read without contacting anyone: ValueError naming the
+    variable and the fix (a bad value, or neither SHARDDIT_RAY_ADDRESS nor SHARDDIT_DIST_ADDR)."""
+    dist_timeout()
+    if ray_address() is None and dist_addr() is None:
+        raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices, but neither SHARDDIT_RAY_ADDRESS nor "
+                         f"{ADDR_ENV} is set where ComfyUI runs: set SHARDDIT_RAY_ADDRESS=HOST:6379 (a Ray cluster "
+                         "whose worker machines ran `python <pack-dir> worker --ray --join HOST:6379 --name NAME`), "
+                         f"or {ADDR_ENV}=HOST:PORT and start each worker with --join HOST:PORT")
 
 
 def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None,

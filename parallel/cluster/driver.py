@@ -26,7 +26,7 @@ from .settings import (
     parse_member_resource,
 )
 
-__all__ = ["Member", "check_alive", "connect", "list_members", "members_from_nodes", "start_rank"]
+__all__ = ["Member", "check_alive", "connect", "list_members", "members_from_nodes", "probe_free", "start_rank"]
 
 log = logging.getLogger(__name__)
 NAMESPACE = "sharddit"
@@ -133,3 +133,20 @@ def check_alive(ray, ranks: dict[str, object], timeout_s: float) -> None:
         raise ClusterError("[ShardDiT] lost " + "; ".join(f"member {k} ({why})" for k, why in sorted(lost.items()))
                            + ": Ray reports its node or actor gone (see `ray status`); the next prompt runs on the "
                            "members left")
+
+
+def probe_free(ray, members: dict[str, Member], timeout_s: float) -> dict[str, dict]:
+    """``{member: {"device", "free"}}`` read by one small Ray task per member on its node (no rank
+    actor: a running host's actors hold the members' resources); ClusterError naming the members
+    that did not answer within ``timeout_s``."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[rank_actor.__name__])
+    task = ray.remote(rank_actor.free_bytes)
+    refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(m.node_id, soft=False), num_cpus=0,
+                         max_retries=0).remote(m.device): key for key, m in members.items()}
+    lost = failed_calls(ray, refs, timeout_s)
+    if lost:
+        raise ClusterError("[ShardDiT] " + "; ".join(f"member {k} did not report its free memory ({why})"
+                                                     for k, why in sorted(lost.items())) + ": see `ray status`")
+    return {refs[r]: {"device": members[refs[r]].device, "free": int(ray.get(r, timeout=0))} for r in refs}

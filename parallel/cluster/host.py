@@ -22,7 +22,7 @@ from .group import SessionGroup, failed_calls, form_group
 from .session import RaySession
 from .settings import ClusterError, ray_address
 
-__all__ = ["ClusterHost", "cluster_host"]
+__all__ = ["ClusterHost", "cluster_host", "describe_members"]
 
 _lock = threading.Lock()
 _host: ClusterHost | None = None
@@ -84,13 +84,10 @@ class ClusterHost:
         """Every member's offer now."""
         return self.check_names(list(self.members()))
 
-    def describe(self) -> str:
-        """Lines for the Plan node and ``plan --workers``: the members and their free memory."""
-        offers = self.workers()
-        head = f"Ray members at {self.address} (devices NAME/DEVICE, parallel=sequence):"
-        if not offers:
-            return head + " none yet; on each machine run `python <pack-dir> worker --ray --join ... --name NAME`"
-        return "\n".join([head] + [f"  {m}: {format_gib(o.get('free', 0))} GiB free" for m, o in offers.items()])
+    def describe(self, offers: dict | None = None) -> str:
+        """Lines for the Plan node and ``plan --workers``: the members and their free memory
+        (``offers``: from ``workers()``, asked now when None)."""
+        return describe_members(self.address, self.workers() if offers is None else offers)
 
     def session_for(self, names: tuple[str, ...], groups: tuple, backend: str, devices: dict[str, str]) -> RaySession:
         """The open session with exactly these members and groups, or a fresh one (a broken or
@@ -132,6 +129,14 @@ class ClusterHost:
                 self.ray.kill(self.ranks.pop(key, actors[key]))
             except Exception:  # already gone with its node
                 pass
+
+
+def describe_members(address: str, offers: dict[str, dict]) -> str:
+    """Lines for the Plan node and ``plan --workers``: the members and their free memory."""
+    head = f"Ray members at {address} (devices NAME/DEVICE, parallel=sequence):"
+    if not offers:
+        return head + " none yet; on each machine run `python <pack-dir> worker --ray --join ... --name NAME`"
+    return "\n".join([head] + [f"  {m}: {format_gib(o.get('free', 0))} GiB free" for m, o in offers.items()])
 
 
 def cluster_host() -> ClusterHost | None:

@@ -142,3 +142,16 @@ def _torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def free_bytes(device: str) -> int:
+    """Free memory of ``device`` on this node (a Ray task's view, no actor, no pack import): the
+    GPU's free bytes (numbered as the worker command's ``--devices``), or available RAM for cpu."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 0
