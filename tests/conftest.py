@@ -87,3 +87,18 @@ def pytest_terminal_summary(terminalreporter):
 
 # Fixtures for `comfy` tests: comfy_env, tiny_models, comfy_server (tests/harness/fixtures.py).
 pytest_plugins = ["harness.fixtures"]
+
+
+@pytest.fixture(scope="session")
+def ray_members(tmp_path_factory):
+    """A local Ray cluster (token auth on) with worker nodes w1 and w2 (members ``w1/cpu``,
+    ``w2/cpu``), shared by the `cluster` tests that sample through members; this process is its
+    driver. Started on first use, stopped at the end of the run."""
+    from harness.ray_cluster import LocalRayCluster
+    from harness.server import REPO
+
+    cluster = LocalRayCluster(tmp_path_factory.mktemp("rm"), REPO, 8.0)  # short: Ray's socket paths fit 107 bytes
+    try:
+        yield cluster.start(("w1", "w2"))
+    finally:
+        cluster.stop()

@@ -38,7 +38,7 @@ HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_thresho
 def ray_server(tiny_models, tmp_path_factory):
     from harness.comfy_env import comfy_path
 
-    tmp = tmp_path_factory.mktemp("ray_comfy")
+    tmp = tmp_path_factory.mktemp("rc")
     port = dist_procs.free_port()
     saved = dict(os.environ)
     os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "HOME": str(tmp),

@@ -109,9 +109,13 @@ class ClusterHost:
         return self.session
 
     def close_session(self) -> None:
+        """Close the open session; after a failure, forget the members whose actors died (the next
+        session starts them again on their nodes, or names the member if its node is gone)."""
         s, self.session = self.session, None
         if s is not None:
             s.close()
+            if s.broken:
+                self._drop_silent(s.actors)
 
     def _drop_silent(self, actors: dict[str, object]) -> None:
         """Forget (and kill) each actor that does not answer a ping now."""

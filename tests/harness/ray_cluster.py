@@ -46,3 +46,84 @@ def listening(host, port):
         return True
     except OSError:
         return False
+
+
+HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
+          "RAY_health_check_initial_delay_ms": "0"}  # a dead node is noticed in ~2 s, not Ray's default ~15 s
+
+
+class LocalRayCluster:
+    """A Ray head and worker nodes on 127.0.0.1, token auth on, each node started by the real
+    ``python <pack-dir> worker --ray --join ... --name NAME --devices cpu``; this process is the
+    host's Ray driver (``parallel.cluster.driver.connect``). Nodes' ranks also build the tests' toy
+    blocks (``SHARDDIT_WORKER_IMPORTS=harness.dist_toys``) and, where ``COMFYUI_PATH`` is set,
+    ComfyUI's. ``node_env``: the environment of every node (tokens, HOME) for other processes."""
+
+    def __init__(self, tmp, repo, timeout_s: float):
+        import secrets
+        import sys
+
+        self.tmp, self.repo, self.timeout_s, self.python = tmp, repo, timeout_s, sys.executable
+        self.token = secrets.token_hex(32)
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.node_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "HOME": str(tmp),
+                         "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **HEALTH}
+        self.node_env.pop("SHARDDIT_CLUSTER_INSECURE", None)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.ray = None
+
+    def start(self, names=()):
+        head = [self.python, "-m", "ray.scripts.scripts", "start", "--head", "--port", str(self.port), "--num-cpus",
+                "1", "--num-gpus", "0", "--include-dashboard=false", "--object-store-memory", str(100 << 20),
+                "--temp-dir", str(self.tmp / "t"), "--disable-usage-stats", "--block"]
+        self.procs["head"] = start_group(head, self.node_env, open(self.tmp / "head.log", "w"))
+        wait_for("the Ray head's port", lambda: listening("127.0.0.1", self.port), 60)
+        for name in names:
+            self.add_node(name, wait=False)
+        for name in names:
+            self.wait_node(name)
+        from sharddit.parallel.cluster.driver import connect
+
+        self._saved = dict(os.environ)  # the driver keeps the token while it is connected (restored by stop)
+        os.environ.update({k: self.node_env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", *HEALTH)})
+        self.ray = connect(self.address, self.timeout_s)
+        for name in names:
+            self.wait_node(name)
+        return self
+
+    def add_node(self, name: str, wait: bool = True):
+        cmd = [self.python, str(self.repo), "worker", "--ray", "--join", self.address, "--name", name,
+               "--devices", "cpu"]
+        env = {**self.node_env, "PYTHONPATH": str(self.repo / "tests"), "SHARDDIT_WORKER_IMPORTS": "harness.dist_toys"}
+        self.procs[name] = start_group(cmd, env, open(self.tmp / f"{name}.log", "w"))
+        if wait:
+            self.wait_node(name)
+
+    def wait_node(self, name: str):
+        """Until ``ray start --block`` says the node runs (then Ray lists it within a second)."""
+        log = self.tmp / f"{name}.log"
+        wait_for(f"the Ray node {name}", lambda: "Ray runtime started" in log.read_text(errors="replace"), 180)
+        if self.ray is not None:
+            from sharddit.parallel.cluster.driver import list_members
+
+            wait_for(f"member {name}/cpu", lambda: f"{name}/cpu" in list_members(self.ray), 30)
+
+    def stop_node(self, name: str):
+        stop_group(self.procs.pop(name))
+
+    def stop(self):
+        if self.ray is not None and self.ray.is_initialized():
+            self.ray.shutdown()
+        if getattr(self, "_saved", None) is not None:
+            os.environ.clear()
+            os.environ.update(self._saved)
+        for name in [n for n in self.procs if n != "head"] + ["head"]:
+            if name in self.procs:
+                stop_group(self.procs.pop(name))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
