@@ -215,8 +215,8 @@ def test_auto_keeps_a_whole_encoder_on_the_gpu_that_holds_it(env, files, placeme
 
 
 @pytest.mark.parametrize("device,match", [
-    ("cpu;cpu", r"device 'cpu;cpu' is not valid; accepted: 'auto', 'cpu', 'cuda:N', or a list"),
-    ("cuda:0,gpu1", r"devices 'cuda:0,gpu1': 'gpu1' is not a device.*; for a text encoder: 'auto', 'cpu'"),
+    ("cpu;cpu", r"device 'cpu;cpu' is not valid; accepted: 'auto', 'cpu' or 'cuda:N', or a list to split"),
+    ("cuda:0,gpu1", r"devices 'cuda:0,gpu1': 'gpu1' is not a device.*; for a text encoder: 'auto', 'cpu' or 'cuda:N', or a list"),
     ("cpu,cuda:7", r"device 'cuda:7' does not exist; this machine has cpu"),
 ])
 def test_bad_device_strings_fail_clearly_before_loading(env, files, device, match):

@@ -36,7 +36,7 @@ CALLBACK_KEY = "sharddit_text_encoder_split"
 __all__ = ["check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split", "apply_split", "sizes"]
 
 
-TE_DEVICE_FORM = ("'auto', 'cpu', 'cuda:N', or a list to split the encoder's layers over "
+TE_DEVICE_FORM = ("'auto', 'cpu' or 'cuda:N', or a list to split the encoder's layers over "
                   "(e.g. 'cuda:0,cuda:1', 'cuda:0,cpu', 'cpu,cpu')")
 
 
