@@ -227,3 +227,34 @@ def test_bad_device_strings_fail_clearly_before_loading(env, files, device, matc
     with pytest.raises(ValueError, match=match):
         node.execute(files["qwen"], "minimax", device)
     assert [id(m) for m in env.mm.loaded_models()] == before
+
+
+def test_plan_shows_h3s_encoder_over_the_gpus_and_its_time(env, capsys):
+    """The issue's `plan` (H3 fp8, 4 x 24 GiB, DiT over all four in `sequence`): Qwen3-VL 32B's 48 GiB
+    fits no GPU beside the DiT, so its 50 layers go over the four GPUs' room, the CPU only for the
+    last ones; the line names the layers per device and the time per prompt, which is each layer's
+    2 FLOP per parameter per token at its device's rate (no GPU name given: the RTX 4090 row)."""
+    import json
+
+    from sharddit.loaders.cli.main import main
+    from sharddit.loaders.simulator import text_encoders as te
+
+    _skip_before_033()
+    from sharddit.parallel.cost.inputs import gpu_flops
+
+    four = ",".join(f"cuda:{i}=24GiB" for i in range(4))
+    args = ["plan", "--model", "minimax-h3-fp8", "--devices", four, "--size", "1280x704", "--frames", "121"]
+    assert main(args + ["--json"]) in (0, 3)
+    data = json.loads(capsys.readouterr().out)["text_encoder"]
+    split = data["split"]
+    assert [s[1:] for s in split] == [[a, b] for a, b in zip([0] + [s[2] for s in split[:-1]], [s[2] for s in split])]
+    assert split[-1][2] == 50 and split[-1][0] == "cpu" and {s[0] for s in split[:-1]} == {f"cuda:{i}" for i in range(4)}
+    gpu_layers, cpu_layers = 50 - (split[-1][2] - split[-1][1]), split[-1][2] - split[-1][1]
+    per_layer_flops = 2 * te.LAYERS["qwen3-vl-32b-h3"][1] / 50 * 256
+    expected = gpu_layers * per_layer_flops / gpu_flops("RTX 4090") + cpu_layers * per_layer_flops / (te.CPU_TFLOPS * 1e12)
+    assert data["prompt_tokens"] == 256 and abs(data["seconds_per_prompt"] / expected - 1) < 1e-9
+    assert main(args) in (0, 3)
+    out = capsys.readouterr().out
+    counts = ", ".join(f"{d} {b - a}" for d, a, b in split)
+    assert (f"ShardDiTLoadTextEncoder auto -> split, layers per device: {counts} (home {split[0][0]}; no single "
+            f"device holds it, GPUs first); about {expected:.1f} s per prompt (256 tokens;") in out, out

@@ -64,15 +64,18 @@ def check_text_encoder_device(device: str, inventory: Inventory | None = None) -
         check_devices_exist(listed, names, inventory.hidden_note)
 
 
+LAYER_LISTS = ("layers", "block")  # Llama/Gemma/Qwen and CLIP: ``layers``; T5 and umT5: ``block``
+
+
 def encoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """Every layer of every ``layers`` ModuleList in ``module``, in module order, but a vision
-    tower's (Gemma 3's ``vision_model``, Qwen-VL's ``visual``: never run for a text prompt, they
-    stay home)."""
+    """Every layer of every ``layers`` / ``block`` ModuleList in ``module``, in module order, but
+    a vision tower's (Gemma 3's ``vision_model``, Qwen-VL's ``visual``: not run for a text prompt,
+    they stay home)."""
     layers = []
     for name, sub in module.named_modules():
         parts = name.split(".")
-        if (isinstance(sub, torch.nn.ModuleList) and parts[-1] == "layers"
-                and not any(_VISION in p for p in parts for _VISION in ("vision", "visual"))):
+        if (isinstance(sub, torch.nn.ModuleList) and parts[-1] in LAYER_LISTS
+                and not any(word in p for p in parts for word in ("vision", "visual"))):
             layers += list(sub)
     return layers
 
