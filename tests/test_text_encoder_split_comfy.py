@@ -258,3 +258,18 @@ def test_plan_shows_h3s_encoder_over_the_gpus_and_its_time(env, capsys):
     counts = ", ".join(f"{d} {b - a}" for d, a, b in split)
     assert (f"ShardDiTLoadTextEncoder auto -> split, layers per device: {counts} (home {split[0][0]}; no single "
             f"device holds it, GPUs first); about {expected:.1f} s per prompt (256 tokens;") in out, out
+
+
+def test_plan_layer_counts_are_what_the_loader_splits(env):
+    """``LAYERS`` (the plan's) is what ``encoder_layers`` (the loader's) finds in ComfyUI 0.33's own
+    classes on meta: Gemma 3 12B's 48, Qwen3-VL 32B's 50 (vision towers left out), umT5's 24 blocks."""
+    _skip_before_033()
+    from comfy.text_encoders import lt, minimax, wan
+    from sharddit.loaders.simulator.text_encoders import LAYERS
+
+    split = _pack(env, "loaders.comfy.text_encoder_split")
+    builds = {"gemma3-12b": (lt.ltxav_te(), "gemma3_12b"), "qwen3-vl-32b-h3": (minimax.te(), "qwen3vl_32b"),
+              "umt5-xxl": (wan.te(), "umt5xxl")}
+    for key, (factory, attr) in builds.items():
+        layers = split.encoder_layers(getattr(factory(device="meta", dtype=torch.bfloat16), attr))
+        assert (len(layers), sum(p.numel() for layer in layers for p in layer.parameters())) == LAYERS[key], key
