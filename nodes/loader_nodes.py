@@ -3,8 +3,15 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..loaders.comfy import component_loading, model_loading, text_encoder_split
-from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, CheckedCombo, devices_input, parallel_input,
-                            reserve_vram_input, validate_one)
+from .common_inputs import (
+    DEFAULT_DEVICES,
+    DEFAULT_PARALLEL,
+    CheckedCombo,
+    devices_input,
+    parallel_input,
+    reserve_vram_input,
+    validate_one,
+)
 
 CATEGORY = "sharddit/loaders"
 

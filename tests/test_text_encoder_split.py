@@ -7,11 +7,18 @@ input came from. Fake GPUs (``fake_device_mode``: a tensor on ``cuda:1`` meeting
 """
 import pytest
 import torch
-
-from sharddit.parallel.blocks.layer_devices import layer_device, place_layers, remove_layer_hooks
+from sharddit.parallel.blocks.layer_devices import (
+    layer_device,
+    place_layers,
+    remove_layer_hooks,
+)
 from sharddit.parallel.placement.layer_split import plan_layer_split
 from sharddit.parallel.placement.plan_text import PlacementError
-from sharddit.parallel.simulate import fake_device_mode, materialize_module, modules_move_in_place
+from sharddit.parallel.simulate import (
+    fake_device_mode,
+    materialize_module,
+    modules_move_in_place,
+)
 
 MB = 2**20
 LAYERS = (10 * MB,) * 8  # 80 MiB of layers

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.comfy
 
 PROMPT = 'a red fox jumps over the lazy dog, a sign reads "hello"'
 GiB = 2**30
-QWEN3VL_32B_CONFIG = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=50, num_attention_heads=1,
-                          num_key_value_heads=1)
+QWEN3VL_32B_CONFIG = {"hidden_size": 32, "intermediate_size": 32, "num_hidden_layers": 50, "num_attention_heads": 1,
+                      "num_key_value_heads": 1}
 QWEN_FILE = "tiny_qwen3vl_32b_h3.safetensors"
 CLIP_FILE = "tiny_clip_l_8_layers.safetensors"
 
@@ -35,7 +35,7 @@ def _skip_before_033():
 def qwen3vl_32b_state_dict(seed=0, dtype=torch.float32) -> dict:
     """Qwen3-VL 32B's text model as H3's file holds it (50 layers, no norm, no head), tiny widths,
     plus the one vision key core's detection reads (the tower is built by core, unused for text)."""
-    import comfy.text_encoders.minimax as minimax
+    from comfy.text_encoders import minimax
     from harness.tiny_encoders import _text_weights, _with_te_config
     from harness.tiny_models import _meta_ops
 
@@ -58,7 +58,7 @@ def clip_l_state_dict(seed=0, dtype=torch.float32) -> dict:
     from harness.tiny_models import _meta_ops
     from harness.tiny_te_hook import TINY_VOCAB_ROWS
 
-    small = dict(intermediate_size=32, num_hidden_layers=8)
+    small = {"intermediate_size": 32, "num_hidden_layers": 8}
     config = json.loads((Path(comfy.sd1_clip.__file__).parent / "sd1_clip_config.json").read_text())
     model = comfy.clip_model.CLIPTextModel({**config, **small}, dtype, "meta", _meta_ops())
     sd = _text_weights(model, seed, dtype, folded_vocab="text_model.embeddings.token_embedding.weight")

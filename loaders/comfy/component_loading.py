@@ -8,19 +8,23 @@ from __future__ import annotations
 import logging
 import os
 
-import torch
-
 import comfy.model_management as mm
 import comfy.sd
 import comfy.utils
 import folder_paths
+import torch
 
 from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
+from . import text_encoder_split as te_split
 from .checks import check_model_file, read_safetensors_header
 from .file_kinds import check_text_encoder_file, check_text_encoder_pair, check_vae_file
 from .model_loading import check_component_device, check_file_name
-from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
-from . import text_encoder_split as te_split
+from .placement import (
+    SHARDDIT_ATTR,
+    current_inventory,
+    plan_component_device,
+    record_component,
+)
 
 log = logging.getLogger("sharddit")
 

@@ -18,22 +18,25 @@ from __future__ import annotations
 
 import logging
 
+import comfy.patcher_extension
 import torch
 
-import comfy.patcher_extension
-
 from ...parallel.blocks.layer_devices import place_layers
-from ...parallel.placement.devices import check_devices_exist, parse_component_device, parse_devices
+from ...parallel.placement.devices import (
+    check_devices_exist,
+    parse_component_device,
+    parse_devices,
+)
 from ...parallel.placement.inventory import Inventory, read_inventory
 from ...parallel.placement.layer_split import LayerSplit, plan_layer_split
-from ...parallel.placement.planner import Footprint, PlacementRequest, plan_placement
-from .placement import _footprint_and_request, placed
+from ...parallel.placement.planner import PlacementRequest, plan_placement
+from .placement import footprint_and_request, placed
 
 log = logging.getLogger("sharddit")
 
 CALLBACK_KEY = "sharddit_text_encoder_split"
 
-__all__ = ["check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split", "apply_split", "sizes"]
+__all__ = ["apply_split", "check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split", "sizes"]
 
 
 TE_DEVICE_FORM = ("'auto', 'cpu' or 'cuda:N', or a list to split the encoder's layers over "
@@ -87,7 +90,7 @@ def _bytes(module: torch.nn.Module) -> int:
 def rooms_for_encoder(inventory: Inventory, reserve_vram_gb: float) -> dict[str, int]:
     """Bytes each device may take for the encoder: free + held - reserve - what the plan already
     puts there (the DiT and the VAE ShardDiT placed, as ``placement`` pins them)."""
-    footprint, request = _footprint_and_request("text_encoder", 0, "auto", reserve_vram_gb, placed())
+    footprint, request = footprint_and_request("text_encoder", 0, "auto", reserve_vram_gb, placed())
     plan = plan_placement(inventory, footprint, request)
     loads = {load.device: load.weight_bytes + load.activation_bytes for load in plan.loads}
     reserve = PlacementRequest(reserve_vram_gb=reserve_vram_gb).reserve_bytes
@@ -133,7 +136,7 @@ def _move_home(module: torch.nn.Module, layer_ids: set, device: torch.device) ->
         module.to(device)
         return
     for tensors in (module._parameters, module._buffers):
-        for name, t in tensors.items():
+        for t in tensors.values():
             if t is not None and t.device != device:
                 t.data = t.data.to(device)
     for child in module.children():

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 
 from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, table_gpu_name
 from ...parallel.placement.layer_split import LayerSplit, plan_layer_split
-from ...parallel.placement.planner import Footprint, PlacementError, PlacementRequest, plan_placement
+from ...parallel.placement.planner import (
+    Footprint,
+    PlacementError,
+    PlacementRequest,
+    plan_placement,
+)
 from .simulator_report import format_gib
 
 __all__ = ["ENCODERS", "LAYERS", "TextEncoderReport", "encoders_of", "place_text_encoder", "prompt_seconds"]

@@ -15,8 +15,8 @@ limit (the CPU when the inventory does not know its RAM).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from ..units import GiB
 from .devices import DEVICES_FORM, parse_devices
@@ -78,7 +78,7 @@ def plan_layer_split(layer_bytes: Sequence[int], home_bytes: int, rooms: Mapping
 
 
 def _room(rooms: Mapping[str, int], device: str) -> float:
-    return rooms[device] if device in rooms else math.inf
+    return rooms.get(device, math.inf)
 
 
 def _auto_entries(layer_bytes, home_bytes, rooms, notes) -> list[str]:
@@ -115,7 +115,7 @@ def _ranges(layer_bytes, entries, caps, weights):
     shares = [min(c, _SHARE_CAP) for c in caps]
     gpus_then_cpu = entries[-1] == "cpu" and any(d != "cpu" for d in entries)
     if gpus_then_cpu:  # GPU before CPU: the GPUs up to their caps, the CPU what is left
-        first = [i for i, d in enumerate(entries) if d == "cpu"][0]
+        first = next(i for i, d in enumerate(entries) if d == "cpu")
         held = sum(min(c, sum(layer_bytes)) for c in caps[:first])
         left = max(sum(layer_bytes) - held, 0)
         shares = shares[:first] + [left / (len(entries) - first)] * (len(entries) - first)
