@@ -273,3 +273,18 @@ def test_plan_layer_counts_are_what_the_loader_splits(env):
     for key, (factory, attr) in builds.items():
         layers = split.encoder_layers(getattr(factory(device="meta", dtype=torch.bfloat16), attr))
         assert (len(layers), sum(p.numel() for layer in layers for p in layer.parameters())) == LAYERS[key], key
+
+
+def test_a_list_without_room_names_the_fix_and_auto_keeps_the_cpu(env, files, placement_reset, monkeypatch):
+    """Two fake GPUs with room for half a layer beyond the 1 GiB reserve: the list ``cuda:0,cuda:1`` is
+    refused with each device's room and the fix (end the list with ',cpu'); ``auto`` keeps the whole
+    encoder on the CPU as before (no GPU can take a layer)."""
+    layer_bytes, _ = _layer_bytes(env, files, "stable_diffusion")
+    free = GiB + min(layer_bytes) // 2
+    plans = _fake_gpus(env, monkeypatch, f"cuda:0={free}bytes,cuda:1={free}bytes")
+    placement_error = _pack(env, "parallel.placement.plan_text").PlacementError
+    with pytest.raises(placement_error, match=r"does not fit device 'cuda:0,cuda:1' \(room for layers: cuda:0 -?0\.00 "
+                                              r"GiB, cuda:1 0\.00 GiB\)\. Add devices \(e\.g\. end the list with ',cpu'\)"):
+        load(env, files, "stable_diffusion", "cuda:0,cuda:1")
+    clip = load(env, files, "stable_diffusion", "auto")
+    assert plans == [] and str(clip.patcher.load_device) == "cpu"

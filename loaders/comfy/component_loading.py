@@ -132,17 +132,13 @@ def _load_placed(paths: list[str], names: list[str], clip_type: str, nbytes: int
                               model_options=options)
     setattr(clip.patcher.model, SHARDDIT_ATTR, "text_encoder")
     what = f"{' + '.join(names)} (type {clip_type}, {nbytes / 2**30:.2f} GiB in {'the files' if len(paths) > 1 else 'the file'})"
-    if split:
-        layer_bytes, home_bytes = te_split.sizes(clip)
-        plan = te_split.plan_encoder_split(layer_bytes, home_bytes, "auto" if device.strip().lower() == "auto" else device,
-                                           inventory, reserve_vram_gb)
-        if plan.devices != ("cpu",) or te_split.is_device_list(device):
-            te_split.apply_split(clip, plan)
-            record_component("text_encoder", "cpu", sum(b for b, d in zip(layer_bytes, plan.layer_devices()) if d == "cpu")
-                             + (home_bytes if plan.home == "cpu" else 0))
-            log.info("[ShardDiT] text encoder %s split over %s: %s%s", what, ", ".join(plan.devices), plan.describe(),
-                     "".join(f"; {n}" for n in plan.notes))
-            return clip
+    done = te_split.split_loaded(clip, device, inventory, reserve_vram_gb) if split else None
+    if done is not None:
+        plan, on_cpu = done
+        record_component("text_encoder", "cpu", on_cpu)
+        log.info("[ShardDiT] text encoder %s split over %s: %s%s", what, ", ".join(plan.devices), plan.describe(),
+                 "".join(f"; {n}" for n in plan.notes))
+        return clip
     record_component("text_encoder", chosen, clip.patcher.model_size())
     log.info("[ShardDiT] text encoder %s on %s", what, chosen)
     return clip

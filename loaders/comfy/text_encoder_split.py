@@ -29,6 +29,7 @@ from ...parallel.placement.devices import (
 )
 from ...parallel.placement.inventory import Inventory, read_inventory
 from ...parallel.placement.layer_split import LayerSplit, plan_layer_split
+from ...parallel.placement.plan_text import PlacementError
 from ...parallel.placement.planner import PlacementRequest, plan_placement
 from .placement import footprint_and_request, placed
 
@@ -36,7 +37,7 @@ log = logging.getLogger("sharddit")
 
 CALLBACK_KEY = "sharddit_text_encoder_split"
 
-__all__ = ["apply_split", "check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split", "sizes"]
+__all__ = ["apply_split", "check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split", "sizes", "split_loaded"]
 
 
 TE_DEVICE_FORM = ("'auto', 'cpu' or 'cuda:N', or a list to split the encoder's layers over "
@@ -89,10 +90,15 @@ def _bytes(module: torch.nn.Module) -> int:
 
 def rooms_for_encoder(inventory: Inventory, reserve_vram_gb: float) -> dict[str, int]:
     """Bytes each device may take for the encoder: free + held - reserve - what the plan already
-    puts there (the DiT and the VAE ShardDiT placed, as ``placement`` pins them)."""
-    footprint, request = footprint_and_request("text_encoder", 0, "auto", reserve_vram_gb, placed())
-    plan = plan_placement(inventory, footprint, request)
-    loads = {load.device: load.weight_bytes + load.activation_bytes for load in plan.loads}
+    puts there (the DiT and the VAE ShardDiT placed, as ``placement`` pins them; with no DiT
+    loaded yet, only the VAE)."""
+    state = placed()
+    if "dit" in state:
+        footprint, request = footprint_and_request("text_encoder", 0, "auto", reserve_vram_gb, state)
+        plan = plan_placement(inventory, footprint, request)
+        loads = {load.device: load.weight_bytes + load.activation_bytes for load in plan.loads}
+    else:
+        loads = {state["vae"]["device"]: state["vae"]["bytes"]} if "vae" in state else {}
     reserve = PlacementRequest(reserve_vram_gb=reserve_vram_gb).reserve_bytes
     rooms = {g.device: g.available_bytes - reserve - loads.get(g.device, 0) for g in inventory.gpus}
     cpu = inventory.cpu
@@ -105,6 +111,30 @@ def plan_encoder_split(layer_bytes, home_bytes: int, device: str, inventory: Inv
                        reserve_vram_gb: float) -> LayerSplit:
     """The split for an encoder of these sizes on ``device`` (a list, or ``auto``)."""
     return plan_layer_split(layer_bytes, home_bytes, rooms_for_encoder(inventory, reserve_vram_gb), device)
+
+
+def split_loaded(clip, device: str, inventory: Inventory, reserve_vram_gb: float) -> tuple[LayerSplit, int] | None:
+    """Split ``clip`` (loaded as a CPU model) over ``device`` (a list, or ``auto``): (the split,
+    bytes it leaves on the CPU), or None where ``auto`` keeps it whole on the CPU (no layer list,
+    no GPU takes a layer, no room)."""
+    explicit = is_device_list(device)
+    layer_bytes, home_bytes = sizes(clip)
+    if not layer_bytes:
+        if explicit:
+            raise ValueError(f"[ShardDiT] this text encoder has no layer list to split (no 'layers' or 'block' "
+                             f"ModuleList): give one device ('auto', 'cpu' or 'cuda:N') instead of {device!r}.")
+        return None
+    try:
+        split = plan_encoder_split(layer_bytes, home_bytes, device if explicit else "auto", inventory, reserve_vram_gb)
+    except PlacementError:
+        if explicit:
+            raise
+        return None
+    if not explicit and split.devices == ("cpu",):
+        return None
+    apply_split(clip, split)
+    on_cpu = sum(b for b, d in zip(layer_bytes, split.layer_devices()) if d == "cpu")
+    return split, on_cpu + (home_bytes if split.home == "cpu" else 0)
 
 
 def apply_split(clip, split: LayerSplit) -> None:
