@@ -288,3 +288,22 @@ def test_a_list_without_room_names_the_fix_and_auto_keeps_the_cpu(env, files, pl
         load(env, files, "stable_diffusion", "cuda:0,cuda:1")
     clip = load(env, files, "stable_diffusion", "auto")
     assert plans == [] and str(clip.patcher.load_device) == "cpu"
+
+
+def test_the_split_is_put_back_after_each_comfyui_load(env, files, placement_reset):
+    """ComfyUI moves a model it loads to its load device (the CPU for a split encoder); the patcher's
+    ON_LOAD callback then places the layers again. Here the routing is taken off, ComfyUI unloads
+    everything and the next encode loads the encoder again: every layer is routed once more and
+    the conditioning is unchanged."""
+    from sharddit.parallel.blocks.layer_devices import layer_device, remove_layer_hooks
+
+    split = _pack(env, "loaders.comfy.text_encoder_split")
+    clip = load(env, files, "minimax", "cpu,cpu")
+    ref, _ = encode(clip)
+    layers = split.encoder_layers(clip.patcher.model)
+    remove_layer_hooks(layers)
+    env.mm.unload_all_models()
+    assert all(layer_device(layer) is None for layer in layers)
+    cond, _ = encode(clip)
+    assert all(layer_device(layer) == torch.device("cpu") for layer in layers)
+    assert torch.equal(cond, ref)
