@@ -307,3 +307,21 @@ def test_the_split_is_put_back_after_each_comfyui_load(env, files, placement_res
     cond, _ = encode(clip)
     assert all(layer_device(layer) == torch.device("cpu") for layer in layers)
     assert torch.equal(cond, ref)
+
+
+def test_the_dual_loader_splits_its_pair_too(env, files, placement_reset, caplog):
+    """Kandinsky 5's pair (Qwen2.5-VL 7B + CLIP-L) through ShardDiTLoadDualTextEncoder over
+    ``cpu,cpu``: both encoders' layers (4 + 2) are split as one list, by bytes, and the conditioning
+    and pooled output are core DualCLIPLoader's."""
+    from harness import tiny_encoders as te
+
+    paths = te.write_tiny_encoders(files["clip_path"].parent.parent, kinds=("qwen25_7b", "clip_l"))
+    te.register_tiny_encoders(paths)
+    first, second = paths["qwen25_7b"].name, paths["clip_l"].name
+    with caplog.at_level("INFO", logger="sharddit"):
+        clip = _nodes(env)["ShardDiTLoadDualTextEncoder"].execute(first, second, "kandinsky5", "cpu,cpu").result[0]
+    assert len(_pack(env, "loaders.comfy.text_encoder_split").encoder_layers(clip.patcher.model)) == 6
+    assert any(re.search(r"split over cpu: cpu layers 0-\d, cpu layers \d-5$", m) for m in caplog.messages)
+    cond, extra = encode(clip)
+    ref, ref_extra = encode(_nodes(env)["DualCLIPLoader"]().load_clip(first, second, "kandinsky5")[0])
+    assert torch.equal(cond, ref) and torch.equal(extra["pooled_output"], ref_extra["pooled_output"])
