@@ -325,3 +325,14 @@ def test_the_dual_loader_splits_its_pair_too(env, files, placement_reset, caplog
     cond, extra = encode(clip)
     ref, ref_extra = encode(_nodes(env)["DualCLIPLoader"]().load_clip(first, second, "kandinsky5")[0])
     assert torch.equal(cond, ref) and torch.equal(extra["pooled_output"], ref_extra["pooled_output"])
+
+
+def test_tokens_are_embedded_on_the_first_device_not_the_load_device(env, files, placement_reset):
+    """Core's encode sets the execution device to the patcher's load device (the CPU, for a split
+    encoder); the split encoder takes its first device instead, where its embeddings are (here the
+    CPU again, so the load device is given as ``meta`` to tell the two apart)."""
+    clip = load(env, files, "minimax", "cpu,cpu")
+    model = clip.cond_stage_model
+    model.set_clip_options({"execution_device": torch.device("meta")})
+    assert getattr(model, model.clip).execution_device == torch.device("cpu")
+    model.reset_clip_options()

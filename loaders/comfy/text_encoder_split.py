@@ -10,7 +10,7 @@ through ``parallel.blocks.layer_devices`` (each layer where its weights are).
 ComfyUI holds the encoder as a CPU model (``load_device`` and ``offload_device`` ``cpu``): its
 loader moves the encoder there whenever it loads it, and an ``ON_LOAD`` callback of the patcher
 then puts each layer and home back on their devices; unloading moves everything to the CPU, which
-frees the GPUs. ComfyUI's memory manager does not see the GPU parts (they read as used memory in
+frees the GPUs. Tokens are embedded on home (``run_tokens_on``), not on the load device. ComfyUI's memory manager does not see the GPU parts (they read as used memory in
 the next plan's free-VRAM inventory). Core picks the same weight dtype for a CPU and a GPU text
 encoder (``text_encoder_dtype``), so loading it as a CPU model first changes no number.
 """
@@ -37,7 +37,8 @@ log = logging.getLogger("sharddit")
 
 CALLBACK_KEY = "sharddit_text_encoder_split"
 
-__all__ = ["apply_split", "check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split", "sizes", "split_loaded"]
+__all__ = ["apply_split", "check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split",
+           "run_tokens_on", "sizes", "split_loaded"]
 
 
 TE_DEVICE_FORM = ("'auto', 'cpu' or 'cuda:N', or a list to split the encoder's layers over "
@@ -151,6 +152,23 @@ def apply_split(clip, split: LayerSplit) -> None:
 
     place()
     clip.patcher.add_callback_with_key(comfy.patcher_extension.CallbacksMP.ON_LOAD, CALLBACK_KEY, place)
+    run_tokens_on(model, torch.device(split.home))
+
+
+def run_tokens_on(model: torch.nn.Module, device: torch.device) -> None:
+    """Make ``model`` (a CLIP's ``cond_stage_model``) embed its tokens on ``device``: core's encode
+    sets the execution device to the patcher's load device (the CPU for a split encoder), which
+    would embed on the CPU and send every layer's hidden states through it. Only this instance's
+    ``set_clip_options`` is wrapped (idempotent)."""
+    original = getattr(model.set_clip_options, "__wrapped__", model.set_clip_options)
+
+    def set_clip_options(options):
+        if options.get("execution_device") is not None:
+            options = {**options, "execution_device": device}
+        return original(options)
+
+    set_clip_options.__wrapped__ = original
+    model.set_clip_options = set_clip_options
 
 
 def sizes(clip) -> tuple[list[int], int]:
