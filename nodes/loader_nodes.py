@@ -2,9 +2,16 @@
 import folder_paths
 from comfy_api.latest import io
 
-from ..loaders.comfy import component_loading, model_loading
-from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, CheckedCombo, devices_input, parallel_input,
-                            reserve_vram_input, validate_one)
+from ..loaders.comfy import component_loading, model_loading, text_encoder_split
+from .common_inputs import (
+    DEFAULT_DEVICES,
+    DEFAULT_PARALLEL,
+    CheckedCombo,
+    devices_input,
+    parallel_input,
+    reserve_vram_input,
+    validate_one,
+)
 
 CATEGORY = "sharddit/loaders"
 
@@ -53,6 +60,10 @@ class ShardDiTLoadDiffusionModel(io.ComfyNode):
 
 DEVICE_TOOLTIP = ("Where this model runs: 'auto' (a GPU the DiT does not use when one has room, else beside the "
                   "DiT, else the CPU; decided from free VRAM and logged), 'cpu', or 'cuda:N'.")
+TE_DEVICE_TOOLTIP = ("Where the text encoder runs: 'auto' (a GPU the DiT does not use when one has room, else beside "
+                     "the DiT; when no single device holds it, its layers split over the GPUs by free VRAM, the CPU "
+                     "taking what they cannot), 'cpu', 'cuda:N', or a list to split its layers over "
+                     "('cuda:0,cuda:1', 'cuda:0,cpu', weighted 'cuda:0:3,cuda:1:1').")
 
 
 class ShardDiTLoadTextEncoder(io.ComfyNode):
@@ -69,14 +80,14 @@ class ShardDiTLoadTextEncoder(io.ComfyNode):
                                tooltip="A text encoder file in ComfyUI/models/text_encoders (e.g. umt5_xxl for Wan)."),
                 CheckedCombo("type", options=component_loading.clip_types(), default="wan",
                              tooltip="The model family the text encoder is for (core CLIPLoader's list)."),
-                devices_input("device", tooltip=DEVICE_TOOLTIP),
+                devices_input("device", tooltip=TE_DEVICE_TOOLTIP),
             ],
             outputs=[io.Clip.Output(tooltip="A CLIP for the text encode nodes; it runs on the chosen device.")],
         )
 
     @classmethod
     def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
-        return validate_one(model_loading.check_component_device, device)
+        return validate_one(text_encoder_split.check_text_encoder_device, device)
 
     @classmethod
     def execute(cls, clip_name, type, device) -> io.NodeOutput:
@@ -104,14 +115,14 @@ class ShardDiTLoadDualTextEncoder(io.ComfyNode):
                 CheckedCombo("type", options=component_loading.dual_clip_types(),
                              default=component_loading.default_dual_clip_type(),
                              tooltip="The model family the pair is for (core DualCLIPLoader's list)."),
-                devices_input("device", tooltip=DEVICE_TOOLTIP),
+                devices_input("device", tooltip=TE_DEVICE_TOOLTIP),
             ],
             outputs=[io.Clip.Output(tooltip="A CLIP for the text encode nodes; both encoders run on the chosen device.")],
         )
 
     @classmethod
     def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
-        return validate_one(model_loading.check_component_device, device)
+        return validate_one(text_encoder_split.check_text_encoder_device, device)
 
     @classmethod
     def execute(cls, clip_name1, clip_name2, type, device) -> io.NodeOutput:
@@ -136,14 +147,14 @@ class ShardDiTLoadLTXAVTextEncoder(io.ComfyNode):
                                default=_first_file("checkpoints"),
                                tooltip="The LTX-2 checkpoint in ComfyUI/models/checkpoints; only its text "
                                        "projection is loaded here (and counted for the device)."),
-                devices_input("device", tooltip=DEVICE_TOOLTIP),
+                devices_input("device", tooltip=TE_DEVICE_TOOLTIP),
             ],
             outputs=[io.Clip.Output(tooltip="A CLIP for the text encode nodes; it runs on the chosen device.")],
         )
 
     @classmethod
     def validate_inputs(cls, device="auto"):  # only `device`: see ShardDiTLoadDiffusionModel
-        return validate_one(model_loading.check_component_device, device)
+        return validate_one(text_encoder_split.check_text_encoder_device, device)
 
     @classmethod
     def execute(cls, text_encoder, ckpt_name, device) -> io.NodeOutput:

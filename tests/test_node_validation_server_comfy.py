@@ -72,7 +72,9 @@ CASES = [  # (node, input, bad value, words of the one message)
                    ("cpu,w1/cpu,w1/cpu", "'w1/cpu' 2 times"))
       if not (n == "ShardDiTVAEDecodeTiled" and "/" in v)],
     *[(n, "device", v, w) for n in ("ShardDiTLoadTextEncoder", "ShardDiTLoadVAE")
-      for v, w in (("cuda:7", "'cuda:7' does not exist"), ("cpu,cpu", "'cpu,cpu' is not valid"))],
+      for v, w in (("cuda:7", "'cuda:7' does not exist"), ("cpu,cpu", "'cpu,cpu' is not valid"))
+      if not (n == "ShardDiTLoadTextEncoder" and v == "cpu,cpu")],  # a text encoder splits over a list
+    ("ShardDiTLoadTextEncoder", "device", "cpu,gpu1", "'gpu1' is not a device"),
     # null: 0.3.64 names it 'None' (a string by then), 0.29 None
     *[(n, "parallel", v, "None" if v is None else repr(v)) for n in ("ShardDiTLoadDiffusionModel", "ShardDiTShardModel",
                                                  "ShardDiTKSampler", "ShardDiTPlan")

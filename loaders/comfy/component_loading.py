@@ -8,18 +8,23 @@ from __future__ import annotations
 import logging
 import os
 
-import torch
-
 import comfy.model_management as mm
 import comfy.sd
 import comfy.utils
 import folder_paths
+import torch
 
 from ...parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
+from . import text_encoder_split as te_split
 from .checks import check_model_file, read_safetensors_header
 from .file_kinds import check_text_encoder_file, check_text_encoder_pair, check_vae_file
 from .model_loading import check_component_device, check_file_name
-from .placement import SHARDDIT_ATTR, current_inventory, plan_component_device, record_component
+from .placement import (
+    SHARDDIT_ATTR,
+    current_inventory,
+    plan_component_device,
+    record_component,
+)
 
 log = logging.getLogger("sharddit")
 
@@ -53,7 +58,7 @@ LTXAV_TEXT_PREFIX = "text_embedding_projection."
 def load_text_encoder(clip_name: str, clip_type: str, device: str, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB):
     """Core CLIPLoader's load, on the device planned for the file's size."""
     path = check_file_name("text_encoders", clip_name)
-    check_component_device(device)
+    te_split.check_text_encoder_device(device, current_inventory())
     check_model_file(path, clip_name)
     _check_type(clip_type, clip_types(), "CLIPLoader")
     check_text_encoder_file(path, clip_name, clip_type, "Load Text Encoder (ShardDiT)")
@@ -66,7 +71,7 @@ def load_dual_text_encoder(clip_name1: str, clip_name2: str, clip_type: str, dev
     files), sized by the sum of the files."""
     names = [clip_name1, clip_name2]
     paths = [check_file_name("text_encoders", n) for n in names]
-    check_component_device(device)
+    te_split.check_text_encoder_device(device, current_inventory())
     for path, name in zip(paths, names):
         check_model_file(path, name)
     _check_type(clip_type, dual_clip_types(), "DualCLIPLoader")
@@ -80,7 +85,7 @@ def load_ltxav_text_encoder(text_encoder: str, ckpt_name: str, device: str,
     ``CLIPType.LTXV``), sized by the Gemma file plus only the projection's bytes of the checkpoint."""
     te_path = check_file_name("text_encoders", text_encoder)
     ckpt_path = check_file_name("checkpoints", ckpt_name)
-    check_component_device(device)
+    te_split.check_text_encoder_device(device, current_inventory())
     check_model_file(te_path, text_encoder)
     check_model_file(ckpt_path, ckpt_name)
     check_text_encoder_file(te_path, text_encoder, "ltxav", "Load LTXV Audio Text Encoder (ShardDiT)")
@@ -110,17 +115,32 @@ def _check_type(clip_type: str, types: list[str], loader: str) -> None:
 
 
 def _load_placed(paths: list[str], names: list[str], clip_type: str, nbytes: int, device: str, reserve_vram_gb: float):
-    """``comfy.sd.load_clip`` with the device ShardDiT's plan picks for ``nbytes``."""
-    chosen = plan_component_device("text_encoder", nbytes, device, reserve_vram_gb, current_inventory())
+    """``comfy.sd.load_clip`` with the device ShardDiT's plan picks for ``nbytes``; a device list,
+    or ``auto`` when no single device holds it, splits its layers (``text_encoder_split``)."""
+    inventory = current_inventory()
+    split = te_split.is_device_list(device)
+    if split:
+        te_split.check_text_encoder_device(device, inventory)
+        chosen = "cpu"
+    else:
+        chosen = plan_component_device("text_encoder", nbytes, device, reserve_vram_gb, inventory)
+        split = chosen == "cpu" and str(device).strip().lower() == "auto" and bool(inventory.gpus)
     dev = torch.device(chosen)
     options = {"load_device": dev, "offload_device": dev if dev.type == "cpu" else mm.text_encoder_offload_device()}
     clip = comfy.sd.load_clip(ckpt_paths=paths, embedding_directory=folder_paths.get_folder_paths("embeddings"),
                               clip_type=getattr(comfy.sd.CLIPType, clip_type.upper(), comfy.sd.CLIPType.STABLE_DIFFUSION),
                               model_options=options)
     setattr(clip.patcher.model, SHARDDIT_ATTR, "text_encoder")
+    what = f"{' + '.join(names)} (type {clip_type}, {nbytes / 2**30:.2f} GiB in {'the files' if len(paths) > 1 else 'the file'})"
+    done = te_split.split_loaded(clip, device, inventory, reserve_vram_gb) if split else None
+    if done is not None:
+        plan, on_cpu = done
+        record_component("text_encoder", "cpu", on_cpu)
+        log.info("[ShardDiT] text encoder %s split over %s: %s%s", what, ", ".join(plan.devices), plan.describe(),
+                 "".join(f"; {n}" for n in plan.notes))
+        return clip
     record_component("text_encoder", chosen, clip.patcher.model_size())
-    log.info("[ShardDiT] text encoder %s (type %s, %.2f GiB in %s) on %s", " + ".join(names), clip_type,
-             nbytes / 2**30, "the files" if len(paths) > 1 else "the file", chosen)
+    log.info("[ShardDiT] text encoder %s on %s", what, chosen)
     return clip
 
 

@@ -52,7 +52,7 @@ def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: 
     assert kind in _COMPONENTS, kind
     state = placed()
     inventory = inventory if inventory is not None else current_inventory()
-    footprint, request = _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state)
+    footprint, request = footprint_and_request(kind, nbytes, device, reserve_vram_gb, state)
     plan = plan_placement(inventory, footprint, request)
     chosen = plan.text_encoder_device if kind == "text_encoder" else plan.vae_device
     if str(device).strip().lower() == "auto":
@@ -62,7 +62,7 @@ def plan_component_device(kind: str, nbytes: int, device: str, reserve_vram_gb: 
     return chosen
 
 
-def _footprint_and_request(kind, nbytes, device, reserve_vram_gb, state):
+def footprint_and_request(kind, nbytes, device, reserve_vram_gb, state):
     """The DiT and the other component as already placed (pinned), plus this component."""
     dit = state.get("dit")
     footprint = dit["footprint"] if dit else Footprint(block_bytes=(1,))

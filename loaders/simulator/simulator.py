@@ -166,13 +166,13 @@ def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=Non
         report.strategies = compute_strategies(ctx, report, parallel, cfg, gpu, link_gbps)
     if workers:
         report.workers = compute_worker_report(ctx, report, workers, dist_weights, cfg, gpu, net_gbps)
-    report.text_encoder = _text_encoder(ctx, report)
+    report.text_encoder = _text_encoder(ctx, report, gpu)
     report.size_note = setup.size_note
     report.seconds = time.monotonic() - started
     return report
 
 
-def _text_encoder(ctx: SimContext, report: SimulationReport):
+def _text_encoder(ctx: SimContext, report: SimulationReport, gpu: str | None = None):
     """The model's text encoder, placed beside the DiT of the chosen strategy (``sequence``: every GPU
     it runs on; else the blocks plan's devices, home first) as ShardDiT's text encoder loader would."""
     st = report.strategies
@@ -184,7 +184,7 @@ def _text_encoder(ctx: SimContext, report: SimulationReport):
         devices = []
     activation = max((d.peak_activations for d in report.devices), default=0)
     return place_text_encoder(ctx.spec, ctx.inventory, ctx.request, ctx.block_bytes, ctx.home_bytes, activation,
-                              devices)
+                              devices, gpu)
 
 
 def _host_devices(devices: str, inventory, n_workers: int) -> tuple[Inventory, str]:
