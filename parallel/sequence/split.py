@@ -24,6 +24,7 @@ whole.
 """
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -31,7 +32,7 @@ import torch
 
 from ..tensor_map import map_tensors
 
-__all__ = ["Group", "TokenSpec", "cut_row_table", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
+__all__ = ["Group", "TokenSpec", "cut_frame_rows", "cut_row_table", "split_items", "stream_parts", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,18 @@ class TokenSpec:
     ``mod_segments``: which modulation row applies to which tokens; ``row`` an index, or one per
     token): each rank gets the ranges that meet its tokens, renumbered from its first row
     (``cut_row_table``)."""
+    whole_parts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Stream arguments that are a tuple of hidden states (LTX-2's ``x = (video, audio)``) -> the
+    items every rank of a group keeps whole (the audio: a few tokens, attended by all of them); the
+    other items are split on the argument's token dim. A block returns the tuple, item by item."""
+    frame_tables: tuple[str, ...] = ()
+    """Arguments holding one row per frame of ``patches_per_frame`` tokens (LTX-2's
+    ``CompressedTimestep``: ``data`` [B, frames, C], expanded per token inside the block), or a
+    plain per-token tensor: each rank gets its token range's rows (``cut_frame_rows``)."""
+    gather_kv: tuple[str, ...] = ()
+    """Block submodules whose attention takes whole queries and keys/values from the split tokens
+    (LTX-2's ``video_to_audio_attn``: audio queries, video keys/values): each rank attends over the
+    keys/values of every rank of its group, gathered in token order (``ulysses.gathered_kv_attention``)."""
 
 
 def share_ranges(total: int, parts: int, shares=None) -> list[tuple[int, int]]:
@@ -194,6 +207,32 @@ def cut_row_table(table, rs: RankSlice, main: int, tail: int, what: str) -> list
     return out
 
 
+def cut_frame_rows(obj, rs: RankSlice, batch: int, main: int, what: str):
+    """The rank's rows of a per-frame table (``TokenSpec.frame_tables``): its batch group, then the
+    frames of its tokens. A range on frame boundaries keeps one row per frame; a range that cuts a
+    frame gets one row per token (``patches_per_frame`` 1: the block expands nothing). A plain
+    tensor is cut on dim 1 like any token argument; None stays None."""
+    if obj is None or isinstance(obj, torch.Tensor):
+        return None if obj is None else slice_tokens(slice_batch(obj, batch, rs), 1, rs, main, 0, what)
+    data, per = slice_batch(obj.data, batch, rs), obj.patches_per_frame
+    new = copy.copy(obj)
+    new.batch_size = data.shape[0]
+    if per == 1 and data.shape[1] == 1:  # one row for every token
+        new.data = data
+        return new
+    if data.shape[1] * per != main:
+        raise ValueError(f"[ShardDiT] sequence mode: argument {what!r} has {data.shape[1]} frames of {per} tokens, "
+                         f"expected {main} tokens")
+    t0, t1 = rs.tokens
+    if t0 % per == 0 and t1 % per == 0:
+        new.data, new.num_frames = data[:, t0 // per:t1 // per], (t1 - t0) // per
+        return new
+    f0, f1 = t0 // per, -(-t1 // per)
+    rows = data[:, f0:f1].repeat_interleave(per, dim=1)[:, t0 - f0 * per:t1 - f0 * per]
+    new.data, new.patches_per_frame, new.num_frames = rows.contiguous(), 1, t1 - t0
+    return new
+
+
 def slice_batch(t: torch.Tensor, batch: int, rs: RankSlice) -> torch.Tensor:
     """The rank's batch group of ``t`` when its first dimension is the batch, else ``t``."""
     b0, b1 = rs.group.batch
@@ -213,3 +252,23 @@ def split_arg(obj, token_dim: int | None, rs: RankSlice, batch: int, main: int, 
                              text_first)
         return t
     return map_tensors(cut, obj, dicts=False)
+
+
+def stream_parts(streams: dict) -> dict:
+    """Stream name -> value, with a tuple-valued stream (LTX-2's ``x = (video, audio)``) given as
+    one entry per item, named ``<name>.<i>`` (each item has its own rows on every rank)."""
+    out = {}
+    for name, value in streams.items():
+        if isinstance(value, (tuple, list)):
+            out.update({f"{name}.{i}": item for i, item in enumerate(value)})
+        else:
+            out[name] = value
+    return out
+
+
+def split_items(spec: TokenSpec, name: str, value) -> list:
+    """The items of argument ``name`` that carry split tokens: a tuple stream's items but the
+    ``whole_parts`` ones, else the value itself."""
+    if name in spec.whole_parts and isinstance(value, (tuple, list)):
+        return [v for i, v in enumerate(value) if i not in spec.whole_parts[name]]
+    return [value]

@@ -17,7 +17,7 @@ import torch
 
 from .split import RankSlice, share_ranges
 
-__all__ = ["ulysses_attention"]
+__all__ = ["gathered_kv_attention", "ulysses_attention"]
 
 
 def _head_slice(x: torch.Tensor, h0: int, h1: int, head_dim: int, heads_first: bool) -> torch.Tensor:
@@ -103,3 +103,23 @@ def _attend_heads(attend, qkv, n_heads: int, heads: int, head_dim: int, extra, k
         raise NotImplementedError("[ShardDiT] sequence mode: a per-head self-attention mask is not supported; "
                                   "use parallel=blocks for this model")
     return attend(q, k, v, n_heads, *extra, **kwargs)
+
+
+def gathered_kv_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, kwargs: dict):
+    """``attend(q, k, v, heads, ...)`` with whole queries (the same on every rank) and the keys and
+    values of the group's whole sequence: each rank holds its own token rows of ``k`` and ``v``
+    (LTX-2's video-to-audio attention: audio queries, video keys/values); one all-to-all sends them
+    to every other rank, and they are joined in token order. Every rank then computes the same
+    output: per query exactly the unsharded maths."""
+    q, k, v = args[:3]
+    tok = 2 if kwargs.get("skip_reshape", False) else 1
+    n, pos = len(rs.group.ranks), rs.position
+    ranges = share_ranges(main, n, getattr(rs.group, "shares", None))
+    if k.shape[tok] != ranges[pos][1] - ranges[pos][0] or v.shape[tok] != k.shape[tok]:
+        raise RuntimeError(f"[ShardDiT] sequence mode: gathered keys/values have {k.shape[tok]} and {v.shape[tok]} "
+                           f"tokens, expected this rank's {ranges[pos][1] - ranges[pos][0]}")
+    expect = [[_resized(t, tok, b - a) for t in (k, v)] for a, b in ranges]
+    recv = exchange.all_to_all(pos, [(k, v)] * n, expect)
+    k_all = torch.cat([recv[j][0] for j in range(n)], dim=tok)
+    v_all = torch.cat([recv[j][1] for j in range(n)], dim=tok)
+    return attend(q, k_all, v_all, *args[3:], **kwargs)

@@ -1,0 +1,87 @@
+"""LTX-2.3 (ComfyUI 0.33's ``comfy/ldm/lightricks/av_model.py``, ``LTXAVModel``) in `sequence`.
+
+A tiny random-weight LTX-2.3 (gated attention, cross-attention AdaLN: ``harness.tiny_templates``'s
+configuration, loaded by core's detection) samples a (video, audio) latent with core's KSampler and
+with ShardDiT's in `sequence` on ``cpu,cpu`` and ``cpu,cpu,cpu``. The video tokens (2 latent frames
+of 4 x 4) are split over the ranks: on 2 ranks on frame boundaries (the per-frame timesteps stay
+one row per frame), on 3 ranks mid-frame (11, 11, 10 tokens: one row per token). The audio tokens
+stay whole on every rank; video->audio attention gathers the video keys/values. Both latents within
+the pack's bound for token splits. ComfyUI 0.3.64 has no LTX-2: the cases skip there, saying so.
+"""
+import importlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from sharddit.parallel.random_weights import random_state_dict
+
+pytestmark = pytest.mark.comfy
+
+
+def _version() -> str:
+    path = Path(os.environ.get("COMFYUI_PATH", "")) / "comfyui_version.py"
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    return text.rsplit("=", 1)[-1].strip().strip('"') if "__version__" in text else "unknown"
+
+
+def _require_ltxav() -> None:
+    try:
+        importlib.import_module("comfy.ldm.lightricks.av_model")
+    except ImportError:
+        if _version().startswith("0.3."):
+            pytest.skip(f"ComfyUI {_version()} has no LTX-2 (added after ComfyUI 0.3.64)")
+        raise
+
+
+class _AVLatent:
+    """LTX-2's latent as core's sampler takes it: a ``NestedTensor`` of the video (128 channels, 2
+    latent frames of 4 x 4: 32 tokens) and the audio (8 channels x 16, 5 steps), fresh per run."""
+
+    def clone(self):
+        from comfy.nested_tensor import NestedTensor
+
+        return NestedTensor([torch.zeros(1, 128, 2, 4, 4), torch.zeros(1, 8, 5, 16)])
+
+
+@pytest.fixture(scope="module")
+def ltx_model(env):
+    _require_ltxav()
+    import comfy.sd
+    from harness import tiny_templates
+
+    config = dict(tiny_templates.ltx23_transformer_config(64, 32), num_layers=3)
+    sd = random_state_dict(tiny_templates.ltxav_dit(config), seed=0)
+    model = comfy.sd.load_diffusion_model_state_dict(sd, metadata={"config": json.dumps({"transformer": config})})
+    assert type(model.model.diffusion_model).__name__ == "LTXAVModel"
+    return model
+
+
+EXTRAS = {"tokens": 8, "dim": 64 + 32, "frame_rate": 25.0}  # the text projection's video + audio features
+
+
+@pytest.mark.parametrize("cfg", [1.0, 3.0])
+@pytest.mark.parametrize("devices", ["cpu,cpu", "cpu,cpu,cpu"])
+def test_ltx2_sequence_matches_core(env, ltx_model, cfg, devices):
+    """Every block split (no fallback), the video and the audio latents against core's KSampler under
+    the pack's bound for token splits. At cfg 3 on 2 ranks cond and uncond run one per rank (no
+    exchange); on 3 ranks one group of 3 splits both samples' tokens."""
+    from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
+    from harness.sampling import ours, stock
+
+    ref = stock(env, ltx_model, _AVLatent(), EXTRAS, cfg=cfg)
+    assert all(torch.isfinite(t).all() and t.abs().max() > 0 for t in ref.tensors)
+    got = ours(env, ltx_model, _AVLatent(), EXTRAS, devices, cfg=cfg, parallel="sequence")
+    (state,) = ltx_model.model.__dict__["_sharddit_states"].values()
+    stats = state.router.engine.stats
+    n = devices.count(",") + 1
+    assert stats.fallbacks == 0 and stats.blocks_run == [3] * n, stats
+    split = not (cfg > 1 and n == 2)
+    assert (sum(stats.exchanges) > 0) == split, stats  # Ulysses and the gathered video keys/values ran
+    if split:
+        assert [b - a for a, b in stats.tokens] == ([16, 16] if n == 2 else [11, 11, 10])
+    assert len(got.tensors) == 2
+    for a, b, what in zip(got.tensors, ref.tensors, ("video", "audio"), strict=True):
+        assert_split_close(a, b, COMFY_SPLIT_BOUND, f"LTX-2.3 {what} {devices} cfg {cfg}")
