@@ -20,8 +20,7 @@ are checked bit-identical (even token split, > 10 rows per rank).
 SwiGLU, modulation per row range; batch 1 always, as ComfyUI runs H3), ``kandinsky`` (Kandinsky 5:
 two text blocks run whole, then visual blocks split, with cross-attention to 256 text tokens) or
 ``ltx2`` (LTX-2.3: the video tokens split, 40 audio tokens half as wide kept whole on every rank,
-per-frame timesteps, audio->video and video->audio attention, the latter over the gathered video
-keys/values).
+per-frame timesteps, audio->video and video->audio attention, the latter split by heads).
 Their outputs are compared within the toy bound (``tests/harness/numerics.py``), not bit for bit:
 their GEMMs run on a rank's rows.
 

@@ -247,7 +247,8 @@ _KANDINSKY5_TOKENS = (TokenSpec(whole=True), TokenSpec({"visual_embed": 1, "freq
 # update. v_pe and v_cross_pe: (rotation [B, L, H, ...], split flag). The video timesteps are
 # ``CompressedTimestep``s (one row per latent frame) or per-token tensors: each rank gets its rows.
 # Video self-attention (attn1): Ulysses; audio->video attention: the rank's video queries against the
-# whole audio (local); video->audio attention: whole audio queries against the gathered video keys/values.
+# whole audio (local); video->audio attention: the whole audio queries split by heads, each rank
+# receiving every video token's keys/values of its heads (``TokenSpec.gather_kv``).
 _LTXAV_TOKENS = (TokenSpec({"x": 1, "v_pe": 1, "v_cross_pe": 1}, whole_parts={"x": (1,)},
                            frame_tables=("v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep"),
                            gather_kv=("video_to_audio_attn",), must_be_none=("self_attention_mask",)),)

@@ -5,8 +5,10 @@ configuration, loaded by core's detection) samples a (video, audio) latent with 
 with ShardDiT's in `sequence` on ``cpu,cpu`` and ``cpu,cpu,cpu``. The video tokens (2 latent frames
 of 4 x 4) are split over the ranks: on 2 ranks on frame boundaries (the per-frame timesteps stay
 one row per frame), on 3 ranks mid-frame (11, 11, 10 tokens: one row per token). The audio tokens
-stay whole on every rank; video->audio attention gathers the video keys/values. Both latents within
-the pack's bound for token splits. ComfyUI 0.3.64 has no LTX-2: the cases skip there, saying so.
+stay whole on every rank; video->audio attention splits its heads over the ranks (2 audio heads over
+3 ranks: one rank attends none and only relays), each receiving every video token's keys/values of
+its heads. Both latents within the pack's bound for token splits (also run on 0.29). ComfyUI 0.3.64
+has no LTX-2: the cases skip there, saying so.
 """
 import importlib
 import json
@@ -79,7 +81,7 @@ def test_ltx2_sequence_matches_core(env, ltx_model, cfg, devices):
     n = devices.count(",") + 1
     assert stats.fallbacks == 0 and stats.blocks_run == [3] * n, stats
     split = not (cfg > 1 and n == 2)
-    assert (sum(stats.exchanges) > 0) == split, stats  # Ulysses and the gathered video keys/values ran
+    assert (sum(stats.exchanges) > 0) == split, stats  # Ulysses and the video->audio heads ran
     if split:
         assert [b - a for a, b in stats.tokens] == ([16, 16] if n == 2 else [11, 11, 10])
     assert len(got.tensors) == 2

@@ -123,7 +123,7 @@ def _taken(args: tuple) -> tuple:
 
 class BlockAttention:
     """The attention override of one rank: Ulysses for the block's self-attention, the group's
-    gathered keys/values for its ``gather_kv`` submodules, local otherwise.
+    keys/values of every token, split by heads, for its ``gather_kv`` submodules; local otherwise.
 
     ``prev``: an override another pack installed before ours (called with ``func`` first, as
     ComfyUI calls an override); None: none."""

@@ -73,8 +73,8 @@ class TokenSpec:
     plain per-token tensor: each rank gets its token range's rows (``cut_frame_rows``)."""
     gather_kv: tuple[str, ...] = ()
     """Block submodules whose attention takes whole queries and keys/values from the split tokens
-    (LTX-2's ``video_to_audio_attn``: audio queries, video keys/values): each rank attends over the
-    keys/values of every rank of its group, gathered in token order (``ulysses.gathered_kv_attention``)."""
+    (LTX-2's ``video_to_audio_attn``: audio queries, video keys/values): split by heads over the
+    group, each rank attending the keys/values of every token for its heads (``ulysses.gathered_kv_attention``)."""
 
 
 def share_ranges(total: int, parts: int, shares=None) -> list[tuple[int, int]]:
