@@ -88,3 +88,24 @@ def test_video_split_audio_whole_like_the_whole_pair(ranks, batch):
     assert st.exchanges == ([12] * ranks if one_group else [0] * ranks), st.exchanges
     engine.close()
     handle.detach()
+
+
+def test_cross_modal_heads_over_worker_processes_run_whole():
+    """The video->audio split (``TokenSpec.gather_kv``) runs on the engine's own threads only; with
+    ranks in worker processes (any runner but ``LocalRanks``: ``DistRanks``) each block call runs
+    whole (`blocks`), saying why: the unsharded result, bit for bit."""
+    torch.manual_seed(0)
+    model = AVToy(dim=32, heads=4, n_blocks=2).eval()
+    inputs = (torch.randn(1, 2, 6, 8), torch.randn(1, 5, 8)), torch.rand(1, 2), torch.randn(1, 4, 16)
+    with torch.no_grad():
+        ref = model(*inputs)
+    handle, engine = _shard(model, AV, AV_SPECS, ["cpu", "cpu"])
+    local = engine.runner
+    engine.runner = object()  # stands for DistRanks: never asked for anything here
+    with torch.no_grad(), handle.router.forward_scope(sequence=True):
+        out = model(*inputs)
+    assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
+    assert engine.stats.fallbacks == 2 and handle.router.stats.blocks_run == 2
+    engine.runner = local
+    engine.close()
+    handle.detach()
