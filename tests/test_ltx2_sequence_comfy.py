@@ -87,3 +87,26 @@ def test_ltx2_sequence_matches_core(env, ltx_model, cfg, devices):
     assert len(got.tensors) == 2
     for a, b, what in zip(got.tensors, ref.tensors, ("video", "audio"), strict=True):
         assert_split_close(a, b, COMFY_SPLIT_BOUND, f"LTX-2.3 {what} {devices} cfg {cfg}")
+
+
+def test_ltx2_with_cores_stg_in_sequence_matches_core(env, ltx_model):
+    """Core's ``LTXVSpatioTemporalGuidance`` on LTX-2.3 (its own block loop turns the node's
+    ``stg_self_attn_blocks`` into ``stg_skip_self_attn``): the perturbed pass's block 1 passes its
+    video self-attention's values through without calling attention, so that block's attention calls
+    are the audio and cross-modal ones only; told apart by module, they still split as above."""
+    from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
+    from harness.sampling import ours, stock
+
+    stg = env.nodes.NODE_CLASS_MAPPINGS.get("LTXVSpatioTemporalGuidance")
+    if stg is None:  # 0.29 has LTX-2 but not this node
+        pytest.skip("core's LTXVSpatioTemporalGuidance node, in 0.33 (added after ComfyUI 0.3.64)")
+    guided = stg.execute(ltx_model, 2.0, "1", 0.0, 1.0).result[0]  # perturb block 1 of 3
+    ref = stock(env, guided, _AVLatent(), EXTRAS, cfg=1.0)
+    unguided = stock(env, ltx_model, _AVLatent(), EXTRAS, cfg=1.0)
+    assert (ref.tensors[0] - unguided.tensors[0]).abs().max() > 1e-3, "the STG pass must change the result"
+    got = ours(env, guided, _AVLatent(), EXTRAS, "cpu,cpu", cfg=1.0, parallel="sequence")
+    (state,) = guided.model.__dict__["_sharddit_states"].values()
+    stats = state.router.engine.stats
+    assert stats.fallbacks == 0 and len(stats.groups) == 1, stats
+    for a, b, what in zip(got.tensors, ref.tensors, ("video", "audio"), strict=True):
+        assert_split_close(a, b, COMFY_SPLIT_BOUND, f"LTX-2.3 + core's STG on block 1 {what}, cpu,cpu, cfg 1")
