@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from sharddit.parallel.random_weights import random_state_dict
 
 pytestmark = pytest.mark.comfy

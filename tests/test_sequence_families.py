@@ -9,8 +9,13 @@ the ComfyUI classes themselves are in test_minimax_h3_comfy.py and test_families
 import pytest
 import torch
 from harness.numerics import assert_split_close
-from harness.toy_families import AV_SPEC, PACKED_SPEC, AVToy, PackedToy, TextThenVisualToy
-
+from harness.toy_families import (
+    AV_SPEC,
+    PACKED_SPEC,
+    AVToy,
+    PackedToy,
+    TextThenVisualToy,
+)
 from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.split import TokenSpec

@@ -143,15 +143,15 @@ class TextThenVisualToy(nn.Module):
         return self.head(v)
 
 
-AV_SPEC = dict(token_dims={"x": 1, "v_pe": 1}, whole_parts={"x": (1,)}, frame_tables=("v_timestep",),
-               gather_kv=("video_to_audio_attn",))
+AV_SPEC = {"token_dims": {"x": 1, "v_pe": 1}, "whole_parts": {"x": (1,)}, "frame_tables": ("v_timestep",),
+           "gather_kv": ("video_to_audio_attn",)}
 """``TokenSpec`` keywords of ``AVToy`` (as the LTX-2 entry of ``parallel/families.py``)."""
 
 
 class FrameRows:
     """LTX-2's ``CompressedTimestep`` in small: ``data`` [B, frames, C], each row for ``patches_per_frame`` tokens."""
 
-    __slots__ = ("data", "batch_size", "num_frames", "patches_per_frame")
+    __slots__ = ("batch_size", "data", "num_frames", "patches_per_frame")
 
     def __init__(self, data, per):
         self.data, self.patches_per_frame = data, per
@@ -169,7 +169,7 @@ class Attn(nn.Module):
         self.heads, self.q, self.kv = heads, nn.Linear(dim, inner), nn.Linear(kv_dim or dim, 2 * inner)
         self.o = nn.Linear(inner, dim)
 
-    def forward(self, x, context=None, pe=None, transformer_options={}):
+    def forward(self, x, context=None, pe=None, transformer_options=None):
         q, (k, v) = self.q(x), self.kv(x if context is None else context).chunk(2, dim=-1)
         if pe is not None:
             q, k = q * pe, k * pe  # rotary stand-in, per token
@@ -190,7 +190,7 @@ class AVBlock(nn.Module):
         self.ff = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(approximate="tanh"), nn.Linear(4 * dim, dim))
         self.audio_ff = nn.Sequential(nn.Linear(a_dim, 4 * a_dim), nn.GELU(approximate="tanh"), nn.Linear(4 * a_dim, a_dim))
 
-    def forward(self, x, v_context, v_timestep, a_timestep, v_pe, transformer_options={}):
+    def forward(self, x, v_context, v_timestep, a_timestep, v_pe, transformer_options=None):
         vx, ax = x
         opts = transformer_options
         scale = 1 + v_timestep.expand()
@@ -216,7 +216,7 @@ class AVToy(nn.Module):
         (a timestep per frame), ``context`` [B, T, text_dim]; returns (video, audio) as given."""
         opts = dict(transformer_options or {})
         video, audio = x
-        b, frames, per = video.shape[:3]
+        b, _, per = video.shape[:3]
         vx, ax = self.embed(video.flatten(1, 2)), self.a_embed(audio)
         v_t = FrameRows(self.time(t.unsqueeze(-1)), per)
         a_t = self.a_time(t.mean(1).view(b, 1, 1))
