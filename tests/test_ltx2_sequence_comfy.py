@@ -60,6 +60,31 @@ def ltx_model(env):
     return model
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_per_frame_timesteps_cut_like_the_whole(env, ranks):
+    """Core's ``CompressedTimestep`` (one row per frame of 16 tokens, 3 frames, each its own values)
+    cut per rank: on 3 ranks on frame boundaries, on 2 mid-frame (the narrowed subclass, one row per
+    frame kept); each rank's expansions equal its tokens of the whole one's, and ``isinstance`` holds."""
+    _require_ltxav()
+    from comfy.ldm.lightricks.av_model import CompressedTimestep
+
+    from sharddit.parallel.sequence.frames import cut_frame_rows
+    from sharddit.parallel.sequence.split import plan_groups, rank_slices
+
+    g = torch.Generator().manual_seed(0)
+    per, frames, params, dim = 16, 3, 9, 8
+    whole = CompressedTimestep(torch.randn(1, frames, params * dim, generator=g), per, per_frame=True)
+    table = torch.randn(params, dim, generator=g)
+    for rs in rank_slices(plan_groups(1, ranks), frames * per):
+        a, b = rs.tokens
+        cut = cut_frame_rows(whole, rs, 1, frames * per, "v_timestep")
+        assert isinstance(cut, CompressedTimestep) and cut.data.shape[1] <= 2, (ranks, rs.tokens)
+        for got, ref in zip(cut.expand_for_computation(table, 1, slice(6, 9)),
+                            whole.expand_for_computation(table, 1, slice(6, 9)), strict=True):
+            assert torch.equal(got, ref[:, a:b]), (ranks, rs.tokens)
+        assert torch.equal(cut.expand(), whole.expand()[:, a:b])
+
+
 EXTRAS = {"tokens": 8, "dim": 64 + 32, "frame_rate": 25.0}  # the text projection's video + audio features
 
 

@@ -36,10 +36,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ..tensor_map import map_tensors, rebuild, tensors_in
+from .frames import cut_frame_rows
 from .interfaces import RankRunner
 from .local import LocalRanks
 from .rank_block import ATTENTION_OVERRIDE, BlockAttention, with_attention
-from .split import (Group, RankSlice, TokenSpec, cut_frame_rows, cut_row_table, plan_groups, rank_slices, split_arg,
+from .split import (Group, RankSlice, TokenSpec, cut_row_table, plan_groups, rank_slices, split_arg,
                     split_items, stream_parts)
 from .stream import BlockStream, begin_forward, end_forward
 from .threads import RankThreadError, RankThreads

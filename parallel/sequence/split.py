@@ -24,7 +24,6 @@ whole.
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -32,7 +31,7 @@ import torch
 
 from ..tensor_map import map_tensors
 
-__all__ = ["Group", "TokenSpec", "cut_frame_rows", "cut_row_table", "split_items", "stream_parts", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
+__all__ = ["Group", "TokenSpec", "cut_row_table", "split_items", "stream_parts", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ class TokenSpec:
     frame_tables: tuple[str, ...] = ()
     """Arguments holding one row per frame of ``patches_per_frame`` tokens (LTX-2's
     ``CompressedTimestep``: ``data`` [B, frames, C], expanded per token inside the block), or a
-    plain per-token tensor: each rank gets its token range's rows (``cut_frame_rows``)."""
+    plain per-token tensor: each rank gets its token range's rows (``frames.cut_frame_rows``)."""
     gather_kv: tuple[str, ...] = ()
     """Block submodules whose attention takes whole queries and keys/values from the split tokens
     (LTX-2's ``video_to_audio_attn``: audio queries, video keys/values): split by heads over the
@@ -205,32 +204,6 @@ def cut_row_table(table, rs: RankSlice, main: int, tail: int, what: str) -> list
             row = row[lo - a:hi - a]
         out.append((lo - t0, hi - t0, row))
     return out
-
-
-def cut_frame_rows(obj, rs: RankSlice, batch: int, main: int, what: str):
-    """The rank's rows of a per-frame table (``TokenSpec.frame_tables``): its batch group, then the
-    frames of its tokens. A range on frame boundaries keeps one row per frame; a range that cuts a
-    frame gets one row per token (``patches_per_frame`` 1: the block expands nothing). A plain
-    tensor is cut on dim 1 like any token argument; None stays None."""
-    if obj is None or isinstance(obj, torch.Tensor):
-        return None if obj is None else slice_tokens(slice_batch(obj, batch, rs), 1, rs, main, 0, what)
-    data, per = slice_batch(obj.data, batch, rs), obj.patches_per_frame
-    new = copy.copy(obj)
-    new.batch_size = data.shape[0]
-    if per == 1 and data.shape[1] == 1:  # one row for every token
-        new.data = data
-        return new
-    if data.shape[1] * per != main:
-        raise ValueError(f"[ShardDiT] sequence mode: argument {what!r} has {data.shape[1]} frames of {per} tokens, "
-                         f"expected {main} tokens")
-    t0, t1 = rs.tokens
-    if t0 % per == 0 and t1 % per == 0:
-        new.data, new.num_frames = data[:, t0 // per:t1 // per], (t1 - t0) // per
-        return new
-    f0, f1 = t0 // per, -(-t1 // per)
-    rows = data[:, f0:f1].repeat_interleave(per, dim=1)[:, t0 - f0 * per:t1 - f0 * per]
-    new.data, new.patches_per_frame, new.num_frames = rows.contiguous(), 1, t1 - t0
-    return new
 
 
 def slice_batch(t: torch.Tensor, batch: int, rs: RankSlice) -> torch.Tensor:
