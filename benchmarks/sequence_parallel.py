@@ -17,8 +17,10 @@ are checked bit-identical (even token split, > 10 rows per rank).
 
 ``--family`` picks the toy's shape (``tests/harness/toy_families.py``): ``wan`` (above), ``h3``
 (MiniMax H3: 256 text rows and the video rows packed in one sample's sequence, joint attention,
-SwiGLU, modulation per row range; batch 1 always, as ComfyUI runs H3) or ``kandinsky`` (Kandinsky 5:
-two text blocks run whole, then visual blocks split, with cross-attention to 256 text tokens).
+SwiGLU, modulation per row range; batch 1 always, as ComfyUI runs H3), ``kandinsky`` (Kandinsky 5:
+two text blocks run whole, then visual blocks split, with cross-attention to 256 text tokens) or
+``ltx2`` (LTX-2.3: the video tokens split, 40 audio tokens half as wide kept whole on every rank,
+per-frame timesteps, audio->video and video->audio attention, the latter split by heads).
 Their outputs are compared within the toy bound (``tests/harness/numerics.py``), not bit for bit:
 their GEMMs run on a rank's rows.
 
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--dim", type=int, default=1024)
-    ap.add_argument("--family", choices=("wan", "h3", "kandinsky"), default="wan")
+    ap.add_argument("--family", choices=("wan", "h3", "kandinsky", "ltx2"), default="wan")
     ap.add_argument("--slow", type=int, default=1,
                     help="K > 1: make rank 1 a K times slower device (Wan-shaped toy) and compare "
                          "even shares with shares by speed (1 : 1/K) instead of timing against unsharded")
@@ -121,7 +123,8 @@ def main(argv=None) -> int:
     if args.family == "wan":
         assert torch.equal(ref, out), f"outputs differ: {(ref - out).abs().max()}"
     else:
-        assert_split_close(out, ref, what=f"{args.family} toy")
+        for o, r in zip(out, ref, strict=True) if isinstance(out, tuple) else [(out, ref)]:  # ltx2: (video, audio)
+            assert_split_close(o, r, what=f"{args.family} toy")
     ratios, ceilings, times = [], [], {"unsharded": [], "sequence": []}
     for rep in range(args.reps):
         order = [("unsharded", unsharded), ("sequence", sequence)]
@@ -196,7 +199,7 @@ def _slow_rank(args, model, inputs, handle, engine) -> int:
 
 def _family(args, heads: int, n_blocks: int):
     """(model, (x, t, context), layout, token specs) of the ``--family`` toy."""
-    from harness.toy_families import PACKED_SPEC, PackedToy, TextThenVisualToy
+    from harness.toy_families import AV_SPEC, PACKED_SPEC, AVToy, PackedToy, TextThenVisualToy
     from harness.toy_seq import SeqToyDiT
 
     from sharddit.parallel.blocks.sharding import BlockLayout
@@ -215,6 +218,12 @@ def _family(args, heads: int, n_blocks: int):
         inputs = (torch.randn(b, args.tokens, 64), torch.rand(b), torch.randn(b, 256, d))
         specs = (TokenSpec(whole=True), TokenSpec({"visual_embed": 1, "freqs": 2}))
         return model, inputs, BlockLayout(("text_blocks", "visual_blocks"), (("x",), ("visual_embed",))), specs
+    if args.family == "ltx2":
+        model = AVToy(dim=d, heads=heads, n_blocks=n_blocks, in_dim=64, text_dim=d, a_dim=d // 2, a_heads=heads // 2).eval()
+        frames = 8
+        x = (torch.randn(b, frames, args.tokens // frames, 64), torch.randn(b, 40, 64))
+        inputs = (x, torch.rand(b, frames), torch.randn(b, 256, d))
+        return model, inputs, BlockLayout(("transformer_blocks",), (("x",),)), (TokenSpec(**AV_SPEC),)
     model = SeqToyDiT(dim=d, heads=heads, n_blocks=n_blocks, ffn=4 * d, in_dim=64).eval()
     inputs = (torch.randn(b, args.tokens, 64), torch.rand(b), torch.randn(b, 512, d))
     return model, inputs, BlockLayout(("blocks",), (("x",),)), (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)

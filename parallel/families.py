@@ -242,6 +242,16 @@ _MINIMAX_H3_TOKENS = (TokenSpec({"x": 0, "rope_freqs": 1}, unbatched=True, row_t
 # Kandinsky 5 (0.29/0.33): text blocks run whole (the text alone, before the video is embedded); visual
 # blocks split visual_embed [B, L, C] and freqs [1, L, ...]; text_embed (cross-attention) stays whole.
 _KANDINSKY5_TOKENS = (TokenSpec(whole=True), TokenSpec({"visual_embed": 1, "freqs": 1}))
+# LTX-2 / LTX-2.3 (0.29/0.33 av_model.py): the stream x = (vx [B, L, C], ax [B, A, Ca]); the video
+# tokens split, the audio (25 tokens a second) whole on every rank, which all compute the same audio
+# update. v_pe and v_cross_pe: (rotation [B, L, H, ...], split flag). The video timesteps are
+# ``CompressedTimestep``s (one row per latent frame) or per-token tensors: each rank gets its rows.
+# Video self-attention (attn1): Ulysses; audio->video attention: the rank's video queries against the
+# whole audio (local); video->audio attention: the whole audio queries split by heads, each rank
+# receiving every video token's keys/values of its heads (``TokenSpec.gather_kv``).
+_LTXAV_TOKENS = (TokenSpec({"x": 1, "v_pe": 1, "v_cross_pe": 1}, whole_parts={"x": (1,)},
+                           frame_tables=("v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep"),
+                           gather_kv=("video_to_audio_attn",), must_be_none=("self_attention_mask",)),)
 _MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 _ENTRIES = (
     Family("wan", "Wan", ("blocks",), (("x",),), token_specs=_WAN_TOKENS, image_models=("wan2.1",),
@@ -257,10 +267,8 @@ _ENTRIES = (
     # LTX-2 / LTX-2.3 (ComfyUI 0.29 comfy/ldm/lightricks/av_model.py ``LTXAVModel``): one list of
     # ``BasicAVTransformerBlock``s called as ``block((vx, ax), v_context=..., a_pe=..., ...)``: the
     # stream is the (video, audio) pair, returned as a pair.
-    Family("ltxav", "LTX-2 (audio+video)", ("transformer_blocks",), (("x",),), image_models=("ltxav",),
-           geometry=_ltxav_geometry, cost_shape=_ltxav_cost,
-           why_blocks_only="its blocks carry the video and the audio tokens together and cross-attend "
-                           "between them; sequence mode does not split that pair yet"),
+    Family("ltxav", "LTX-2 (audio+video)", ("transformer_blocks",), (("x",),), token_specs=_LTXAV_TOKENS,
+           image_models=("ltxav",), geometry=_ltxav_geometry, cost_shape=_ltxav_cost),
     # Kandinsky 5 (0.29 comfy/ldm/kandinsky5/model.py): text blocks ``block(x, time_embed, freqs)``
     # refine the text tokens, then visual blocks ``block(visual_embed, text_embed, time_embed, freqs)``
     # (the router brings the text home after the last text block, where the video is embedded).

@@ -174,8 +174,8 @@ def test_family_blocks_on_two_ranks_equal_unsharded(comfy, name):
     assert torch.isfinite(ref).all() and ref.abs().max() > 0
     assert torch.equal(got, ref)
     specs, why = find_arch_spec(type(dit).__name__).sequence_specs(dit)
-    if name not in ("HunyuanVideo 1.5", "MiniMaxH3Model", "Kandinsky5"):  # these run `sequence` (test_sequence_comfy.py,
-        # test_minimax_h3_comfy.py, the Kandinsky 5 test below)
+    if name not in ("HunyuanVideo 1.5", "MiniMaxH3Model", "Kandinsky5", "LTXAVModel"):  # these run `sequence`
+        # (test_sequence_comfy.py, test_minimax_h3_comfy.py, the Kandinsky 5 test below, test_ltx2_sequence_comfy.py)
         assert specs is None and why.startswith(find_arch_spec(type(dit).__name__).name + " runs in blocks mode only")
 
 
@@ -279,12 +279,12 @@ class _AVLatent:
 
 
 @pytest.mark.parametrize("cfg", [1.0, 3.0])
-def test_ltx2_through_sharddit_ksampler_equals_core(env, cfg, caplog):
+def test_ltx2_through_sharddit_ksampler_equals_core(env, cfg):
     """LTX-2.3 end to end on ComfyUI's own loader and sampler: a tiny ``LTXAVModel`` (LTX-2.3's gated
     attention and cross-attention AdaLN, 3 dual-stream blocks; ``harness.tiny_templates``'s
     configuration) on a (video, audio) latent; core's KSampler against ShardDiT's on ``cpu,cpu``
-    and ``cpu,cpu,cpu`` in both modes. `sequence` falls back to `blocks` (the family's reason in the
-    log), so every run is the unsharded maths: ``torch.equal`` on both latents."""
+    and ``cpu,cpu,cpu`` in `blocks`: the unsharded maths, ``torch.equal`` on both latents (`sequence`:
+    test_ltx2_sequence_comfy.py)."""
     import json
 
     _class("comfy.ldm.lightricks.av_model", "LTXAVModel")  # or the skip on 0.3.64
@@ -299,16 +299,11 @@ def test_ltx2_through_sharddit_ksampler_equals_core(env, cfg, caplog):
     extras = {"tokens": 8, "dim": 64 + 32, "frame_rate": 25.0}  # the text projection's video + audio features
     ref = stock(env, model, _AVLatent(), extras, cfg=cfg)
     for devices in ("cpu,cpu", "cpu,cpu,cpu"):
-        for parallel in ("blocks", "sequence"):
-            caplog.clear()
-            with caplog.at_level("INFO", logger="sharddit"):
-                got = ours(env, model, _AVLatent(), extras, devices, cfg=cfg, parallel=parallel)
-            assert len(got.tensors) == 2
-            assert all(torch.equal(a, b) for a, b in zip(got.tensors, ref.tensors, strict=True)), (devices, parallel)
-            (state,) = model.model.__dict__["_sharddit_states"].values()
-            assert state.router.stats.blocks_run == 3, (devices, parallel)
-            if parallel == "sequence":
-                assert "LTX-2 runs in blocks mode only" in caplog.text
+        got = ours(env, model, _AVLatent(), extras, devices, cfg=cfg, parallel="blocks")
+        assert len(got.tensors) == 2
+        assert all(torch.equal(a, b) for a, b in zip(got.tensors, ref.tensors, strict=True)), devices
+        (state,) = model.model.__dict__["_sharddit_states"].values()
+        assert state.router.stats.blocks_run == 3, devices
 
 
 @pytest.mark.parametrize("cfg", [1.0, 3.0])

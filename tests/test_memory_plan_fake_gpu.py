@@ -30,9 +30,11 @@ SIZES = {"wan2.1-t2v-14b": {"480p": (832, 480, 81), "720p": (1280, 720, 81)},
          "hunyuanvideo-13b": {"480p": (848, 480, 129), "720p": (1280, 720, 129)},
          "ltxv-13b": {"480p": (768, 512, 121), "720p": (1280, 704, 121)},
          "minimax-h3": {"480p": (848, 480, 124), "720p": (1344, 768, 124)},
-         "kandinsky5-lite": {"480p": (848, 480, 121), "720p": (1280, 720, 121)}}
+         "kandinsky5-lite": {"480p": (848, 480, 121), "720p": (1280, 720, 121)},
+         "ltx-2.3": {"480p": (768, 512, 121), "720p": (1280, 704, 121)}}
 DEPTH = {"wan2.1-t2v-14b": lambda n: {"num_layers": 4}, "ltxv-13b": lambda n: {"num_layers": 4},
          "minimax-h3": lambda n: {"num_layers": 4}, "kandinsky5-lite": lambda n: {"num_visual_blocks": 4},
+         "ltx-2.3": lambda n: {"num_layers": 4},
          "hunyuanvideo-13b": lambda n: {"depth": n // 2, "depth_single_blocks": n // 2}}
 """The cut model per rank count: 4 blocks (HunyuanVideo: one block per rank, half double, half single).
 With 2 blocks on 2 ranks the home rank's peak rose above the full model's (its first and last block
@@ -169,8 +171,10 @@ def test_the_plans_ulysses_term_bounds_the_exchange_measured(sim, contexts, monk
     # LTX-Video with core's fused FFN (ComfyUI 0.33, ``ltxv/fused_ffn``): the FFN's peak (up-projection
     # alive through the down-projection) is higher than attention plus its exchange, so a rank's peak
     # holds no exchange buffer (measured 0.001 GiB beyond the block term, 2 ranks cfg 1): the plan's
-    # term is then a margin the peak does not reach, and only its upper bound can be checked here
-    exchange_at_peak = variant != "ltxv/fused_ffn"
+    # term is then a margin the peak does not reach, and only its upper bound can be checked here.
+    # LTX-2.3 (``ltxav``, the same FFN): its peak falls in the exchange or in the FFN by thread order
+    # (4 ranks cfg > 1, rank 1: 0.031 and 0.007 GiB beyond the block term in two runs of the same case)
+    exchange_at_peak = variant not in ("ltxv/fused_ffn", "ltxav")
     if variant == "hunyuan_video":
         # HunyuanVideo as ComfyUI 0.3.64 runs it (single blocks keep q/k/v through their MLP): the rank's
         # peak falls in the MLP or in the exchange by thread order (0.151 and 0.000 GiB beyond the block

@@ -5,7 +5,7 @@ Core's ``LTXVSpatioTemporalGuidance`` (0.33 ``comfy_extras/nodes_lt.py``) runs o
 with ``stg_self_attn_blocks`` in ``transformer_options``; the model turns it into
 ``stg_skip_self_attn`` for the listed blocks, whose ``attn1`` then passes its values through without
 calling attention, so the block's only attention call is its cross-attention. In 0.33 only LTX-2's
-``av_model`` does that turning (LTX-2 runs in `blocks` mode); 0.38.1's ``LTXVModel`` does it too.
+``av_model`` does that turning (LTX-2 with STG in `sequence`: test_ltx2_sequence_comfy.py); 0.38.1's ``LTXVModel`` does it too.
 ``_per_block_marker`` is a stand-in for 0.38.1's loop, written here as a ``patches_replace["dit"]``
 patch on the same core block: block ``i``'s ``transformer_options`` get ``stg_skip_self_attn`` when
 ``i`` is in ``stg_self_attn_blocks``. Compared with core's KSampler on the same MODEL, within

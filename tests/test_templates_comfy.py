@@ -27,8 +27,9 @@ cfg 1 with the x2 latent upscaler between them). The tiny files are ``harness.ti
 under the templates' own names. LTX-2.3's prompt enhancer (Gemma 3 generating a new prompt, behind
 the template's "Enable Prompt Enhance" switch) is switched off: the switch is lazy, so the
 generation, its abliterated-Gemma LoRA and its preview never run; the typed prompt is encoded as
-with the switch off in the UI. Kandinsky 5 and LTX-2 run `blocks` only (parallel/families.py): in
-`sequence` the run must say it fell back and equal the template bit for bit.
+with the switch off in the UI. All four split tokens in `sequence` (LTX-2.3: the video tokens, the
+audio whole on every rank; parallel/families.py); a family that did not would have to say it fell
+back and equal the template bit for bit (``Run.splits``).
 ComfyUI 0.3.64 has neither the package nor the nodes the templates use (``ComfySwitchNode``,
 ``ComfyMathExpression``): skipped there.
 """
@@ -179,7 +180,7 @@ RUNS = {
                 "267:330": ("PrimitiveBoolean", {"value": False}),
                 "267:325": ("EmptyImage", {"width": 64, "height": 64}),
                 "267:235": ("ResizeImagesByLongerEdge", {"longer_edge": 128})},
-               (("267:218", 0), ("267:218", 1)), False),
+               (("267:218", 0), ("267:218", 1)), True),
 }
 
 

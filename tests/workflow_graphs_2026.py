@@ -139,9 +139,9 @@ LTX23_NOTE = (
     "`models/checkpoints/`, **Shard DiT Blocks (ShardDiT)** spreads the DiT's 48 blocks over the GPUs, and the "
     "Gemma 3 text encoder loader takes the same checkpoint for its text projection. Video and sound are sampled "
     "together as one latent and split again for decoding.\n\n"
-    "**VRAM per GPU** (`plan`, two 16 GiB cards, fp8): cuda:0 10.2 GiB weights + 1.0 activations, cuda:1 "
-    "9.4 + 1.0; one 16 GiB card is short (20.6 GiB). `parallel` `auto` picks **blocks** (LTX-2 does not "
-    "split its tokens); on one 24 GiB card it keeps the DiT whole.")
+    "**VRAM per GPU** (`plan`, two 16 GiB cards, fp8, CFG 4): cuda:0 10.2 GiB weights + 0.7 activations + 0.7 "
+    "prefetch, cuda:1 9.4 + 0.5 + 0.7; one 16 GiB card is short (20.6 GiB). `parallel` `auto` picks **sequence** "
+    "(cond and uncond each on its own GPU: 1.96× one GPU predicted); on one 24 GiB card it keeps the DiT whole.")
 
 
 def hunyuan15_t2v(t) -> Graph:

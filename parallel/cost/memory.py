@@ -99,6 +99,12 @@ ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
     # states more (Lite's, the rotary tables weigh more beside its 1792 width); +3 %, rounded up to 0.05
     "kandinsky5": ActivationFactors(block=7.35, ulysses=8.25, home_hidden=1.05, rope=0.05),
     "minimax_h3": ActivationFactors(block=14.35, ulysses=4.6, home_hidden=1.1, rope=0.05, joint_text=True),
+    # LTX-2.3 (ComfyUI 0.33, 48 blocks cut to 4, bf16; the video tokens split, the audio whole on every
+    # rank) at 768x512 and 1280x704 x 121, 2 and 4 fake GPUs, cfg 1 and > 1, per byte of a rank's video
+    # rows (the audio, ~1 % of them, and the video->audio attention's keys/values by heads are in the
+    # figures): g = 1 14.14-14.31, g = 2 14.27-14.64, g = 4 15.53-16.21 (block 14.31 and ulysses 2.54
+    # bound all); home 1.95-3.63 batch hidden states more; +3 %, rounded up to 0.05
+    "ltxav": ActivationFactors(block=14.75, ulysses=2.65, home_hidden=3.75, rope=0.05),
 }
 
 

@@ -35,11 +35,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..tensor_map import map_tensors, tensors_in
+from ..tensor_map import map_tensors, rebuild, tensors_in
+from .frames import cut_frame_rows
 from .interfaces import RankRunner
 from .local import LocalRanks
 from .rank_block import ATTENTION_OVERRIDE, BlockAttention, with_attention
-from .split import Group, RankSlice, TokenSpec, cut_row_table, plan_groups, rank_slices, split_arg
+from .split import (Group, RankSlice, TokenSpec, cut_row_table, plan_groups, rank_slices, split_arg,
+                    split_items, stream_parts)
 from .stream import BlockStream, begin_forward, end_forward
 from .threads import RankThreadError, RankThreads
 
@@ -265,22 +267,22 @@ class SequenceEngine:
             self._note_fallback(str(e))
             return run_whole(self.materialize(args), self.materialize(kwargs))
         streams = self._stream_values(slot, names, args, kwargs)
+        parts = stream_parts(streams)  # a tuple stream (LTX-2's (video, audio)) item by item
         outs = {}
-        for name, value in streams.items():
-            ph = value if id(value) in fwd.placeholders else None
-            full_shape = (ph if ph is not None else value).shape
-            outs[name] = torch.empty(full_shape, dtype=value.dtype, device="meta")
+        for name, value in parts.items():
+            outs[name] = torch.empty(value.shape, dtype=value.dtype, device="meta")
             fwd.placeholders[id(outs[name])] = (outs[name], name)
-        if any(id(v) not in fwd.placeholders for v in streams.values()):
+        if any(id(v) not in fwd.placeholders for v in parts.values()):
             self.stats.scatters += 1
         nxt = self._next.get(slot.index)
         for rank in fwd.ranks:
             fn = functools.partial(self._rank_block, fwd, rank, spec, names, slot.index, block, args, kwargs,
-                                   tuple(streams), nxt)
+                                   tuple(parts), nxt)
             fwd.pending[rank.slice.rank] = self.pool.submit(rank.slice.rank, fn, f"block {slot.index}")
-        out = tuple(outs[n] for n in streams)
+        out = tuple(rebuild(v, [outs[f"{n}.{i}"] for i in range(len(v))]) if isinstance(v, (tuple, list))
+                    else outs[n] for n, v in streams.items())
         if home_after:
-            out = tuple(self._gather(fwd, ph) for ph in out)
+            out = tuple(map_tensors(functools.partial(self._gather, fwd), o, dicts=False) for o in out)
         return out[0] if len(out) == 1 else out
 
     def materialize(self, obj, depth: int = 2):
@@ -301,10 +303,12 @@ class SequenceEngine:
         if spec.tail_stream and isinstance(values.get(spec.tail_stream), torch.Tensor) and fwd is not None \
                 and id(values[spec.tail_stream]) not in fwd.placeholders:
             fwd.tail = values[spec.tail_stream].shape[1]
+        if spec.gather_kv and not isinstance(self.runner, LocalRanks):
+            raise SequenceUnsupported("cross-modal attention over worker processes is not split yet")
         if fwd is None:
             name = next((n for n in spec.token_dims if n not in spec.replicated_streams
-                         and isinstance(values.get(n), torch.Tensor)), None)
-            primary = values.get(name)
+                         and isinstance(split_items(spec, n, values.get(n))[0], torch.Tensor)), None)
+            primary = split_items(spec, name, values.get(name))[0] if name else None
             if primary is None or primary.dim() < 2:
                 raise SequenceUnsupported("no token-carrying hidden state found")
             # [B, L, ...], or one sample's [L, ...] (``TokenSpec.unbatched``)
@@ -318,9 +322,11 @@ class SequenceEngine:
             if spec.tail_stream and isinstance(values.get(spec.tail_stream), torch.Tensor):
                 fwd.tail = values[spec.tail_stream].shape[1]
         for name, dim in spec.token_dims.items():
-            v = values.get(name)
-            if v is not None and id(v) not in fwd.placeholders:
-                _check_tokens(v, dim, fwd.main, fwd.tail, name)
+            for v in split_items(spec, name, values.get(name)):
+                if v is not None and id(v) not in fwd.placeholders:
+                    _check_tokens(v, dim, fwd.main, fwd.tail, name)
+        for name in spec.frame_tables:
+            _check_frames(values.get(name), fwd.main, name)
         return fwd
 
     def _stream_values(self, slot, names, args, kwargs) -> dict:
@@ -362,7 +368,8 @@ class SequenceEngine:
         return full
 
     def _replicated(self, fwd) -> set[str]:
-        return {n for s in self.token_specs for n in s.replicated_streams}
+        return ({n for s in self.token_specs for n in s.replicated_streams}
+                | {f"{n}.{i}" for s in self.token_specs for n, items in s.whole_parts.items() for i in items})
 
     def _wait_all(self, fwd: _Forward) -> None:
         if self.serial_lock is not None:
@@ -410,7 +417,12 @@ class SequenceEngine:
         if entry is not None and entry[0] is value:
             return rank.streams[entry[1]]
         if name == "transformer_options" and isinstance(value, dict):
-            return self._cached(rank, value, lambda: self._rank_options(fwd, rank, value))
+            return self._cached(rank, value, lambda: self._rank_options(fwd, rank, value, spec.gather_kv))
+        if name in spec.frame_tables:
+            return self._cached(rank, value, lambda: _to_rank(cut_frame_rows(value, rank.slice, fwd.batch, fwd.main,
+                                                                              name), rank.device, False))
+        if isinstance(value, (tuple, list)) and f"{name}.0" in stream_names:  # a tuple stream, item by item
+            return rebuild(value, [self._stream_item(fwd, rank, spec, name, i, v) for i, v in enumerate(value)])
         if not isinstance(value, (torch.Tensor, tuple, list)):
             return value
         if name in spec.row_tables:
@@ -422,6 +434,16 @@ class SequenceEngine:
                                                       name or "?", fwd.text_first), rank.device, is_stream)
         return make() if is_stream else self._cached(rank, value, make)
 
+    def _stream_item(self, fwd, rank: _Rank, spec: TokenSpec, name: str, i: int, value):
+        """This rank's item ``i`` of tuple stream ``name``: its own rows, or (arriving whole) its cut:
+        split on the stream's token dim, or whole (``TokenSpec.whole_parts``); always a fresh copy."""
+        entry = fwd.placeholders.get(id(value))
+        if entry is not None and entry[0] is value:
+            return rank.streams[entry[1]]
+        dim = None if i in spec.whole_parts.get(name, ()) else spec.token_dims.get(name)
+        return _to_rank(split_arg(value, dim, rank.slice, fwd.batch, fwd.main, fwd.tail, f"{name}.{i}",
+                                  fwd.text_first), rank.device, True)
+
     @staticmethod
     def _cached(rank: _Rank, value, make):
         hit = rank.cache.get(id(value))
@@ -432,10 +454,10 @@ class SequenceEngine:
         return out
 
     @staticmethod
-    def _rank_options(fwd, rank: _Rank, options: dict) -> dict:
+    def _rank_options(fwd, rank: _Rank, options: dict, gather_kv: tuple[str, ...] = ()) -> dict:
         """``transformer_options`` with this rank's attention override (``rank_block``)."""
         attention = BlockAttention(fwd.exchanges.get(rank.slice.group.index), rank.slice, fwd.main, fwd.text_first,
-                                   options.get(ATTENTION_OVERRIDE))
+                                   options.get(ATTENTION_OVERRIDE), gather_kv)
         rank.attentions.append(attention)
         return with_attention(options, attention)
 
@@ -449,6 +471,17 @@ def _check_every_rank_has_tokens(batch: int, main: int, n_ranks: int) -> None:
         raise SequenceUnsupported(f"{main} image token(s) per sample, fewer than the {per_group} ranks that split "
                                   f"each sample's tokens (batch {batch} on {n_ranks} ranks); a rank would get none. "
                                   f"A latent of {per_group} tokens or more splits (or use fewer devices)")
+
+
+def _check_frames(value, main: int, name: str) -> None:
+    """SequenceUnsupported unless ``value`` (``TokenSpec.frame_tables``) covers ``main`` tokens."""
+    if value is None or isinstance(value, torch.Tensor):
+        if value is not None:
+            _check_token_dim(value, 1, main, 0, name)
+        return
+    frames, per = getattr(getattr(value, "data", None), "shape", (0, 0))[1], getattr(value, "patches_per_frame", 0)
+    if frames * per != main and (frames, per) != (1, 1):
+        raise SequenceUnsupported(f"argument {name!r} has {frames} rows of {per} tokens, expected {main} tokens")
 
 
 def _check_tokens(value, dim: int, main: int, tail: int, name: str) -> None:

@@ -39,7 +39,7 @@ import threading
 import torch
 
 from ..tensor_map import is_container
-from .ulysses import ulysses_attention
+from .ulysses import gathered_kv_attention, ulysses_attention
 
 __all__ = ["ATTENTION_OVERRIDE", "SELF_ATTENTION_NAMES", "BlockAttention", "ModuleWatch", "run_rank_block",
            "self_attention_module", "with_attention"]
@@ -99,14 +99,15 @@ class ModuleWatch:
         self._handles, self._stack = [], []
 
 
-def attention_modules(block: torch.nn.Module | None) -> list:
+def attention_modules(block: torch.nn.Module | None, gather_kv: tuple[str, ...] = ()) -> list:
     """The modules of ``block`` whose attention calls are told apart: its self-attention
-    (``self_attention_module``) and every submodule carrying a preferred attention (``comfy_attention``)."""
+    (``self_attention_module``), its ``gather_kv`` submodules (``TokenSpec.gather_kv``) and every
+    submodule carrying a preferred attention (``comfy_attention``)."""
     if block is None:
         return []
-    found = [self_attention_module(block)]
+    found = [self_attention_module(block)] + [getattr(block, n, None) for n in gather_kv]
     found += [m for m in block.modules() if getattr(m, "comfy_attention", None) is not None]
-    return [m for m in found if m is not None]
+    return [m for m in found if isinstance(m, torch.nn.Module)]
 
 
 def _taken(args: tuple) -> tuple:
@@ -121,13 +122,16 @@ def _taken(args: tuple) -> tuple:
 
 
 class BlockAttention:
-    """The attention override of one rank: Ulysses for the block's self-attention, local otherwise.
+    """The attention override of one rank: Ulysses for the block's self-attention, the group's
+    keys/values of every token, split by heads, for its ``gather_kv`` submodules; local otherwise.
 
     ``prev``: an override another pack installed before ours (called with ``func`` first, as
     ComfyUI calls an override); None: none."""
 
-    def __init__(self, exchange, rs, main: int, text_first: bool, prev=None):
+    def __init__(self, exchange, rs, main: int, text_first: bool, prev=None, gather_kv: tuple[str, ...] = ()):
         self.exchange, self.rs, self.main, self.text_first, self.prev = exchange, rs, main, text_first, prev
+        self.gather_kv = tuple(gather_kv)
+        self._gather_modules: tuple = ()
         self.calls = 0
         self._self_module: torch.nn.Module | None = None
         self._by_module = False
@@ -138,6 +142,7 @@ class BlockAttention:
         """A new block (``block``: the module the rank runs, a streamed copy or the owner's own)."""
         self.calls = 0
         self._self_module = self_attention_module(block)
+        self._gather_modules = tuple(getattr(block, n, None) for n in self.gather_kv) if block is not None else ()
         self._by_module = self._self_module is not None and watch is not None
         self.watch = watch
 
@@ -149,7 +154,11 @@ class BlockAttention:
         is_self = self._is_self_attention(caller)
         self.calls += 1
         attend = self._attend(func, caller)
-        if not is_self or len(self.rs.group.ranks) == 1:
+        if len(self.rs.group.ranks) == 1:
+            return attend(*args, **kwargs)
+        if caller is not None and any(caller is m for m in self._gather_modules):
+            return gathered_kv_attention(self.exchange, self.rs, self.main, attend, args, kwargs)
+        if not is_self:
             return attend(*args, **kwargs)
         return ulysses_attention(self.exchange, self.rs, self.main, attend, args, kwargs, self.text_first)
 
@@ -173,7 +182,8 @@ def with_attention(options: dict, attention: BlockAttention) -> dict:
 
 def run_rank_block(module: torch.nn.Module, args, kwargs: dict, attentions, stream_names, index: int) -> dict:
     """Call ``module`` (block ``index``) on one rank's arguments; its outputs by stream name."""
-    with ModuleWatch(attention_modules(module) if attentions else ()) as watch:
+    gather = tuple(n for a in attentions for n in a.gather_kv)
+    with ModuleWatch(attention_modules(module, gather) if attentions else ()) as watch:
         for attention in attentions:
             attention.begin_block(module, watch)
         out = module(*args, **kwargs)

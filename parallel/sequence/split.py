@@ -31,7 +31,7 @@ import torch
 
 from ..tensor_map import map_tensors
 
-__all__ = ["Group", "TokenSpec", "cut_row_table", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
+__all__ = ["Group", "TokenSpec", "cut_row_table", "split_items", "stream_parts", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,18 @@ class TokenSpec:
     ``mod_segments``: which modulation row applies to which tokens; ``row`` an index, or one per
     token): each rank gets the ranges that meet its tokens, renumbered from its first row
     (``cut_row_table``)."""
+    whole_parts: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Stream arguments that are a tuple of hidden states (LTX-2's ``x = (video, audio)``) -> the
+    items every rank of a group keeps whole (the audio: a few tokens, attended by all of them); the
+    other items are split on the argument's token dim. A block returns the tuple, item by item."""
+    frame_tables: tuple[str, ...] = ()
+    """Arguments holding one row per frame of ``patches_per_frame`` tokens (LTX-2's
+    ``CompressedTimestep``: ``data`` [B, frames, C], expanded per token inside the block), or a
+    plain per-token tensor: each rank gets its token range's rows (``frames.cut_frame_rows``)."""
+    gather_kv: tuple[str, ...] = ()
+    """Block submodules whose attention takes whole queries and keys/values from the split tokens
+    (LTX-2's ``video_to_audio_attn``: audio queries, video keys/values): split by heads over the
+    group, each rank attending the keys/values of every token for its heads (``ulysses.gathered_kv_attention``)."""
 
 
 def share_ranges(total: int, parts: int, shares=None) -> list[tuple[int, int]]:
@@ -213,3 +225,23 @@ def split_arg(obj, token_dim: int | None, rs: RankSlice, batch: int, main: int, 
                              text_first)
         return t
     return map_tensors(cut, obj, dicts=False)
+
+
+def stream_parts(streams: dict) -> dict:
+    """Stream name -> value, with a tuple-valued stream (LTX-2's ``x = (video, audio)``) given as
+    one entry per item, named ``<name>.<i>`` (each item has its own rows on every rank)."""
+    out = {}
+    for name, value in streams.items():
+        if isinstance(value, (tuple, list)):
+            out.update({f"{name}.{i}": item for i, item in enumerate(value)})
+        else:
+            out[name] = value
+    return out
+
+
+def split_items(spec: TokenSpec, name: str, value) -> list:
+    """The items of argument ``name`` that carry split tokens: a tuple stream's items but the
+    ``whole_parts`` ones, else the value itself."""
+    if name in spec.whole_parts and isinstance(value, (tuple, list)):
+        return [v for i, v in enumerate(value) if i not in spec.whole_parts[name]]
+    return [value]

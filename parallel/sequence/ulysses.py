@@ -17,7 +17,7 @@ import torch
 
 from .split import RankSlice, share_ranges
 
-__all__ = ["ulysses_attention"]
+__all__ = ["gathered_kv_attention", "ulysses_attention"]
 
 
 def _head_slice(x: torch.Tensor, h0: int, h1: int, head_dim: int, heads_first: bool) -> torch.Tensor:
@@ -103,3 +103,37 @@ def _attend_heads(attend, qkv, n_heads: int, heads: int, head_dim: int, extra, k
         raise NotImplementedError("[ShardDiT] sequence mode: a per-head self-attention mask is not supported; "
                                   "use parallel=blocks for this model")
     return attend(q, k, v, n_heads, *extra, **kwargs)
+
+
+def gathered_kv_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, kwargs: dict):
+    """``attend(q, k, v, heads, ...)`` with whole queries (the same on every rank) and keys/values
+    split by tokens (each rank holds its own rows: LTX-2's video->audio attention, audio queries
+    and video keys/values). Split by heads instead, as Ulysses does: one all-to-all gives each rank
+    the keys/values of *all* tokens for its share of the heads, it attends its heads' queries
+    (per head exactly the unsharded maths), and a second all-to-all gives every rank every head's
+    output (the queries' rows: few). Bytes received per rank: ``2 x L x width x (g-1) / g^2``."""
+    kwargs = dict(kwargs)
+    q, k, v = args[:3]
+    heads = args[3] if len(args) > 3 else kwargs.pop("heads")
+    heads_first = bool(kwargs.get("skip_reshape", False))
+    tok = 2 if heads_first else 1
+    head_dim = q.shape[-1] if heads_first else q.shape[-1] // heads
+    n, pos = len(rs.group.ranks), rs.position
+    shares = getattr(rs.group, "shares", None)
+    head_ranges, token_ranges = share_ranges(heads, n, shares), share_ranges(main, n, shares)
+    mine = token_ranges[pos][1] - token_ranges[pos][0]
+    if k.shape[tok] != mine or v.shape[tok] != mine:
+        raise RuntimeError(f"[ShardDiT] sequence mode: split keys/values have {k.shape[tok]} and {v.shape[tok]} "
+                           f"tokens, expected this rank's {mine}")
+    parts = [tuple(_head_slice(x, h0, h1, head_dim, heads_first) for x in (k, v)) for h0, h1 in head_ranges]
+    expect = [[_resized(t, tok, b - a) for t in parts[pos]] for a, b in token_ranges]
+    recv = exchange.all_to_all(pos, parts, expect)
+    full = [torch.cat([recv[j][i] for j in range(n)], dim=tok) for i in (0, 1)]
+    h0, h1 = head_ranges[pos]
+    out = _attend_heads(attend, [_head_slice(q, h0, h1, head_dim, heads_first), *full], h1 - h0, heads, head_dim,
+                        args[4:], kwargs)
+    heads_out = bool(kwargs.get("skip_output_reshape", False))
+    hdim, width = (1, 1) if heads_out else (-1, head_dim)
+    expect = [[_resized(out, hdim, (b - a) * width)] for a, b in head_ranges]
+    recv = exchange.all_to_all(pos, [(out,)] * n, expect)
+    return torch.cat([recv[j][0] for j in range(n)], dim=hdim)
