@@ -22,6 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 _ORDER = "tests/test_dist_order.py::test_every_process_posts_its_collectives_in_one_common_order"
 _SYNCS = "tests/test_dist_exchange.py::test_the_gloo_path_waits_on_the_host_once_per_exchange_call"
+_TE = "tests/test_text_encoder_split_comfy.py::"
+_LTX = "tests/test_ltx2_sequence_comfy.py::test_ltx2_sequence_matches_core"
+_AV_TOY = "tests/test_sequence_families.py::test_video_split_audio_whole_like_the_whole_pair"
 # (file, exact text, its mutation, test node id, needs ComfyUI)
 MUTATIONS = [
     ("parallel/sequence/ops.py", "if torch.cuda.is_available() and nbytes:", "if False:",
@@ -133,6 +136,50 @@ MUTATIONS = [
     ("parallel/sequence/local.py", "        rank.stream.done_with(module, index)\n",
      "        rank.stream.done_with(module, index)\n        torch.zeros(1).item()\n",
      "tests/test_dist_exchange.py::test_the_local_path_has_no_host_sync", False),
+    # issue 33 item 3: text encoders over several devices
+    ("parallel/blocks/layer_devices.py", "return map_tensors(lambda t: t.to(source), output)", "return None",
+     "tests/test_text_encoder_split.py::test_layers_on_fake_gpus_run_there_and_hand_back_to_home", False),
+    ("parallel/placement/layer_split.py", 'return fit + ["cpu"]', 'return ["cpu"]',
+     "tests/test_text_encoder_split.py::test_auto_fills_the_gpus_before_the_cpu", False),
+    ("loaders/comfy/text_encoder_split.py", 'for word in ("vision", "visual")', 'for word in ("nothing",)',
+     _TE + "test_split_over_cpus_encodes_as_core", True),
+    ("loaders/comfy/component_loading.py",
+     'split = chosen == "cpu" and str(device).strip().lower() == "auto" and bool(inventory.gpus)', "split = False",
+     _TE + "test_auto_splits_by_free_memory_gpu_before_cpu", True),
+    ("loaders/comfy/text_encoder_split.py", "g.available_bytes - reserve - loads", "g.available_bytes - loads",
+     _TE + "test_auto_splits_by_free_memory_gpu_before_cpu", True),
+    ("loaders/simulator/text_encoders.py", 'return None if split.devices == ("cpu",) else split', "return None",
+     _TE + "test_plan_shows_h3s_encoder_over_the_gpus_and_its_time", True),
+    ("loaders/comfy/text_encoder_split.py",
+     "clip.patcher.add_callback_with_key(comfy.patcher_extension.CallbacksMP.ON_LOAD, CALLBACK_KEY, place)", "pass",
+     _TE + "test_the_split_is_put_back_after_each_comfyui_load", True),
+    ("loaders/comfy/text_encoder_split.py", "run_tokens_on(model, torch.device(split.home))", "pass",
+     _TE + "test_tokens_are_embedded_on_the_first_device_not_the_load_device", True),
+    # issue 33 item 2: LTX-2.3 in sequence
+    ("parallel/families.py", 'gather_kv=("video_to_audio_attn",), must_be_none', 'gather_kv=(), must_be_none', _LTX, True),
+    ("parallel/families.py", '(("x",),), token_specs=_LTXAV_TOKENS,', '(("x",),), token_specs=None,', _LTX, True),
+    ("parallel/sequence/ulysses.py", "    return torch.cat([recv[j][0] for j in range(n)], dim=hdim)",
+     "    return torch.cat([recv[j][0] for j in reversed(range(n))], dim=hdim)", _LTX, True),
+    ("parallel/sequence/ulysses.py", "full = [torch.cat([recv[j][i] for j in range(n)], dim=tok) for i in (0, 1)]",
+     "full = [torch.cat([recv[j][i] for j in (range(n) if i else reversed(range(n)))], dim=tok) for i in (0, 1)]",
+     _AV_TOY, False),
+    ("parallel/sequence/engine.py",
+     '| {f"{n}.{i}" for s in self.token_specs for n, items in s.whole_parts.items() for i in items})', "| set())",
+     _AV_TOY, False),
+    ("parallel/sequence/engine.py", "if spec.gather_kv and not isinstance(self.runner, LocalRanks):", "if False:",
+     "tests/test_sequence_families.py::test_cross_modal_heads_over_worker_processes_run_whole", False),
+    ("parallel/sequence/frames.py", "cut.offset, cut.length = t0 - f0 * per, t1 - t0", "cut.offset, cut.length = 0, t1 - t0",
+     _AV_TOY, False),
+    ("parallel/sequence/frames.py", "new.data, new.num_frames = data[:, f0:f1], f1 - f0",
+     "new.data, new.num_frames = data[:, :f1 - f0], f1 - f0", _AV_TOY, False),
+    ("parallel/sequence/frames.py", "return tuple(t.narrow(1, self.offset, self.length).contiguous()",
+     "return tuple(t.narrow(1, 0, self.length).contiguous()",
+     "tests/test_ltx2_sequence_comfy.py::test_per_frame_timesteps_cut_like_the_whole", True),
+    ("parallel/cost/memory.py", '"ltxav": ActivationFactors(block=14.75,', '"ltxav": ActivationFactors(block=13.0,',
+     "tests/test_memory_plan_fake_gpu.py::test_sequence_peak_within_ten_percent_of_plan[ltx-2.3-480p-2-cfg6]", True),
+    ("parallel/sequence/rank_block.py", "self._by_module = self._self_module is not None and watch is not None",
+     "self._by_module = False", "tests/test_ltx2_sequence_comfy.py::test_ltx2_with_cores_stg_in_sequence_matches_core",
+     True),
 ]
 
 
