@@ -139,7 +139,7 @@ def workload_from_latent(shape: ModelShape, latent_shape, weight_bytes: float = 
 
 def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape, ranks, owned,
                            gpu_names, link_gbps=None, weight_bytes: float = 2.0, core=None,
-                           lean: bool = False) -> ModeDecision:
+                           lean: bool = False, resident=None) -> ModeDecision:
     """``auto`` for one latent: the memory rule's ``blocks`` stands; its ``sequence`` stands only
     when the cost model predicts it faster than ``blocks`` on ``ranks`` (``owned`` blocks each).
 
@@ -148,6 +148,8 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     from the latent), or None (then a ``blocks`` memory decision comes back as is).
     ``lean``: `sequence` would run lean (``sequence/lean``: cond and uncond together do not fit), so
     it is priced as such (``estimate_sequence_lean``).
+    ``resident``: per rank, the blocks it keeps this run (``cost/resident.resident_per_rank`` of the
+    engine's budgets): `sequence` is priced with the bytes it still streams, as ``plan`` prices it.
     """
     gpus = list(dict.fromkeys(d for d in ranks if d.startswith("cuda")))
     if len(ranks) < 2 or (memory.mode != "sequence" and (core is None or len(gpus) < 2)):
@@ -155,9 +157,9 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     names = [table_gpu_name(gpu_names.get(d, "")) or DEFAULT_GPU for d in ranks]
     hw = hardware_from_options(names, link_gbps=link_gbps)
     work = workload_from_latent(shape, latent_shape, weight_bytes)
-    costs = estimate_costs(work, hw, owned)
+    costs = estimate_costs(work, hw, owned, resident=resident)
     if lean:
-        costs["sequence"] = estimate_sequence_lean(work, hw, owned)
+        costs["sequence"] = estimate_sequence_lean(work, hw, owned, resident=resident)
     decision = memory
     if memory.mode == "sequence":
         best, why = choose_strategy({k: costs[k] for k in ("blocks", "sequence")}, {"blocks": True, "sequence": True})
