@@ -31,6 +31,7 @@ from .model import (
     hardware_from_options,
 )
 from .report import choose_strategy
+from .resident import describe_resident
 
 __all__ = [
     "DEFAULT_PARALLEL",
@@ -164,6 +165,9 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     if memory.mode == "sequence":
         best, why = choose_strategy({k: costs[k] for k in ("blocks", "sequence")}, {"blocks": True, "sequence": True})
         how = "; sequence lean: cond and uncond together do not fit, they run in turn" if lean else ""
+        kept = describe_resident([r for r, c in zip(ranks, owned) for _ in range(c)], ranks, resident) \
+            if resident is not None and best == "sequence" else ""
+        why = f"{why}; {kept}" if kept else why
         decision = ModeDecision(best, f"{why} ({hw.note}; memory: {memory.reason}{how})")
     if core is None or len(gpus) < 2:
         return decision
