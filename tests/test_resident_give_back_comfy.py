@@ -77,3 +77,32 @@ def test_a_larger_load_takes_the_copies_first_then_weights(env, resident_engine)
     finally:
         env.mm.unload_all_models()
     assert engine.streams[1].resident_bytes() > 0  # cuda:1's shard was never asked
+
+
+def test_the_runs_budgets_make_each_loaded_shard_give_back_first(env):
+    """``apply_resident_budgets`` (what the PREPARE_SAMPLING wrapper calls once the models are
+    loaded) hands each loaded shard its rank's copies to give back first."""
+    from sharddit.loaders.comfy.resident import apply_resident_budgets
+    from sharddit.parallel.cost.memory import RankMemory
+    from sharddit.parallel.placement.inventory import DeviceInfo, Inventory
+
+    gib = 1 << 30
+    model = _model()
+    _, handle, engine = _engine(model, RecordingOps())
+    rows = [RankMemory("cuda:0", gib, 0, 0), RankMemory("cuda:1", gib, 0, 0)]
+    inventory = Inventory((DeviceInfo("cuda:0", "RTX 4090", 24 * gib, 8 * gib),
+                           DeviceInfo("cuda:1", "RTX 4090", 24 * gib, gib // 2)), "nvml")
+    shards = [_loaded_shard(env), _loaded_shard(env)]
+    try:
+        budgets = apply_resident_budgets(engine, rows, inventory, gib // 4, [s for s, _ in shards])
+        assert budgets[0] > 0 and budgets[1] == gib // 4
+        with torch.no_grad(), handle.router.forward_scope(sequence=True):
+            model(*_inputs())
+        kept = engine.streams[0].resident_bytes()
+        assert kept > 0
+        assert shards[0][1].model_unload(kept) is False and engine.streams[0].resident_bytes() == 0
+        assert "partially_unload" in vars(shards[1][0]) and engine.streams[1].resident_bytes() > 0
+    finally:
+        engine.close()
+        handle.detach()
+        env.mm.unload_all_models()
