@@ -45,7 +45,10 @@ def _gpus(rows, room_blocks: float, block: int):
 @pytest.mark.parametrize("room,kept", [(0.5, 0), (2.5, 2), (4.2, 4)], ids=["tight", "half", "full"])
 def test_resident_counts_follow_free_memory_and_the_peak_stays_within(wan8, room, kept):
     from sharddit.loaders.comfy.resident import resident_budgets
-    from sharddit.loaders.simulator.simulator_sequence import plan_sequence_peaks, run_fake_sequence_forward
+    from sharddit.loaders.simulator.simulator_sequence import (
+        plan_sequence_peaks,
+        run_fake_sequence_forward,
+    )
     from sharddit.parallel.cost.resident import resident_per_rank
 
     ctx = replace(wan8, size=SIZE)

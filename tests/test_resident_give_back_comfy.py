@@ -9,9 +9,8 @@ recorded as cuda:0 and cuda:1 (test_stream_order), each keeping every block it s
 """
 import pytest
 import torch
-from test_stream_order import _engine, _inputs, _model
-
 from sharddit.parallel.sequence.record import RecordingOps
+from test_stream_order import _engine, _inputs, _model
 
 pytestmark = pytest.mark.comfy
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["kept_blocks", "resident_per_rank", "describe_resident"]
+__all__ = ["describe_resident", "kept_blocks", "resident_per_rank"]
 
 
 def kept_blocks(block_bytes: Sequence[int], block_devices: Sequence[str], device: str, budget: int) -> tuple[int, ...]:
