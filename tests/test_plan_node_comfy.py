@@ -33,7 +33,8 @@ def test_execute_shows_plan_text(env):
     out = node.execute(devices="cuda:0=8GiB,cuda:1=8GiB", model="wan2.1-t2v-1.3b", width=256, height=256,
                        frames=5, batch="auto", dtype="bf16", reserve_vram_gb=1.0)
     text = out.result[0]
-    assert isinstance(text, str) and "FITS: cond+uncond together (batch 2)." in text
+    # the whole 1.3B model fits beside each GPU's share: every block resident, sequence pays (issue 34)
+    assert isinstance(text, str) and "FITS: sequence over 2 GPUs (cond+uncond split first, then tokens)." in text
     assert "cuda:0 | home + blocks 0-29" in text
     assert out.ui["text"] == (text,)
     # the picture: one PNG in ComfyUI's temp folder, shown by the frontend's image preview

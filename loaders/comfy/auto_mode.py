@@ -3,7 +3,9 @@ shape by the cost model (``parallel/cost/mode.decide_auto_for_latent``).
 
 The DiT wrapper calls ``AutoMode`` with the forward's arguments; the first call for a latent shape
 decides (GPU names from the inventory, the default PCIe 4.0 link) and logs why, later calls reuse
-it. Models the cost model has no shape for keep the memory rule's choice.
+it. `sequence` is priced with the blocks each rank keeps resident this run (the engine's budgets,
+set per sampling run from the free memory then: ``resident``), so a prompt whose free memory
+changed the budgets decides again. Models the cost model has no shape for keep the memory rule's choice.
 
 With two or more GPUs the log line also names core's own options on the same GPUs (one GPU with
 dynamic VRAM, core's MultiGPU CFG Split, where this ComfyUI has them: ``core_features``) when they
@@ -18,6 +20,7 @@ import logging
 from ...parallel.cost.baselines import CoreSetup
 from ...parallel.families import shape_of_unet
 from ...parallel.cost.mode import ModeDecision, decide_auto_for_latent
+from ...parallel.cost.resident import resident_per_rank
 from .core_features import (
     core_cfg_split_available,
     dynamic_vram_available,
@@ -49,21 +52,35 @@ class AutoMode:
         # memory_report: cond and uncond together do not fit this latent, so sequence runs lean
         lean = getattr(getattr(self.state, "runtime", None), "lean_pass_batch", None)
         lean = bool(lean and shape and shape[0] > lean)
-        key = (*shape, lean)
+        budgets = self.resident_budgets()
+        key = (*shape, lean, budgets)  # budgets: set per sampling run from its free memory (resident.py)
         decision = self.decisions.get(key)
         if decision is None:
-            decision = self.decide(shape, lean)
+            decision = self.decide(shape, lean, budgets)
             self.decisions[key] = decision
             log.info("[ShardDiT] parallel auto for latent %s -> %s", "x".join(map(str, shape)), decision.reason)
         return decision.mode
 
-    def decide(self, latent_shape, lean: bool = False) -> ModeDecision:
+    def resident_budgets(self) -> tuple:
+        """The engine's resident budget per rank for this sampling run (``resident.apply_resident_budgets``)."""
+        engine = getattr(getattr(self.state, "router", None), "engine", None)
+        return tuple(int(s.resident_budget) for s in getattr(engine, "streams", ()))
+
+    def decide(self, latent_shape, lean: bool = False, budgets: tuple = ()) -> ModeDecision:
         if self.shape is None or len(latent_shape) != 5:
             return self.memory
         inventory = current_inventory()
         names = {g.device: g.name for g in inventory.gpus}
         return decide_auto_for_latent(self.memory, self.shape, latent_shape, self.ranks, self.owned, names,
-                                      weight_bytes=self.weight_bytes, core=self._core_setup(inventory), lean=lean)
+                                      weight_bytes=self.weight_bytes, core=self._core_setup(inventory), lean=lean,
+                                      resident=self._kept(budgets))
+
+    def _kept(self, budgets: tuple):
+        """Per rank, the blocks it keeps with ``budgets`` (the rule ``plan`` prices, ``cost/resident``)."""
+        footprint = getattr(self.state, "footprint", None)
+        if not any(budgets) or footprint is None or len(budgets) != len(self.ranks):
+            return None
+        return resident_per_rank(footprint.block_bytes, self.state.plan.block_devices(), self.ranks, budgets)
 
     def _core_setup(self, inventory):
         """Core's options on the plan's GPUs (None without the DiT's size: nothing to compare)."""

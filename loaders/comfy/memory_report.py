@@ -77,7 +77,8 @@ def sequence_memory_wrapper(executor, model, noise_shape, *args, **kwargs):
     out = executor(model, noise_shape, *args, **kwargs)
     engine = getattr(state.router, "engine", None) if rows is not None else None
     if engine is not None:  # the models are loaded now: the free memory left decides the resident blocks
-        apply_resident_budgets(engine, rows, current_inventory(), int(state.request_key[1] * GiB))
+        apply_resident_budgets(engine, rows, current_inventory(), int(state.request_key[1] * GiB),
+                               get_shard_patchers(model))
     return out
 
 

@@ -9,15 +9,23 @@ after the plan's activations and ring buffers for this latent and the reserve
 The copies are a cache, not a claim: they are dropped when the sampling run ends
 (``OUTER_SAMPLE``), before the VAE or another model needs the memory, and decided again from the
 free memory of the next run. ``SHARDDIT_RESIDENT=0`` turns it off.
+
+Mid-run, another model's load asks ComfyUI's manager for room (``free_memory``: per device, each
+loaded model's ``LoadedModel.model_unload(memory_to_free)``, which calls the patcher's
+``partially_unload`` or ``detach``; the same in 0.3.64 and 0.33). The seam is our own shard
+patchers, never ``comfy.model_management``: each loaded shard whose rank keeps copies gives them
+back first (``give_back_first``: its ``partially_unload`` and ``detach``, on that instance), and
+when they free enough its weights stay loaded. The rank then streams for the rest of the run.
 """
 from __future__ import annotations
 
 import logging
 import os
+import weakref
 
 from ...parallel.units import GiB
 
-__all__ = ["RESIDENT_ENV", "apply_resident_budgets", "drop_resident_wrapper", "resident_budgets"]
+__all__ = ["RESIDENT_ENV", "apply_resident_budgets", "drop_resident_wrapper", "give_back_first", "resident_budgets"]
 
 log = logging.getLogger("sharddit")
 RESIDENT_ENV = "SHARDDIT_RESIDENT"
@@ -40,13 +48,18 @@ def resident_budgets(rows, inventory, reserve_bytes: int, held_ring: dict) -> li
     return out
 
 
-def apply_resident_budgets(engine, rows, inventory, reserve_bytes: int) -> list[int] | None:
-    """Set the engine's budgets for this sampling run (None when turned off); logged once per run."""
+def apply_resident_budgets(engine, rows, inventory, reserve_bytes: int, shards=()) -> list[int] | None:
+    """Set the engine's budgets for this sampling run (None when turned off); logged once per run.
+    ``shards``: the loaded shard patchers, one per row: each gives its rank's copies back first
+    when ComfyUI asks it for room (``give_back_first``)."""
     if os.environ.get(RESIDENT_ENV, "").strip() == "0":
         return None
     held = {str(s.device): s.held()["device"] for s in engine.streams}
     budgets = resident_budgets(rows, inventory, reserve_bytes, held)
     engine.keep_resident(budgets)
+    for shard, r, b in zip(shards, rows, budgets):
+        if b:
+            give_back_first(shard, engine, r.device)
     if any(budgets):
         log.info("[ShardDiT] resident blocks this run: %s (the rest streams; %s=0 turns this off)",
                  ", ".join(f"{r.device} up to {b / GiB:.1f} GiB" for r, b in zip(rows, budgets, strict=True) if b),
@@ -62,3 +75,38 @@ def drop_resident_wrapper(engine_of, executor, *args, **kwargs):
         engine = engine_of()
         if engine is not None:
             engine.drop_resident()
+
+
+_GIVES_BACK = "_sharddit_gives_back_first"
+
+
+def give_back_first(shard, engine, device: str) -> None:
+    """``shard`` (a loaded ModelPatcher) gives back the resident copies of the ranks on ``device``
+    before any of its weights when ComfyUI asks it for room; idempotent. Weak references only: the
+    patcher and the engine are not kept alive by it."""
+    if shard.__dict__.get(_GIVES_BACK) is not None:
+        shard.__dict__[_GIVES_BACK] = weakref.ref(engine)
+        return
+    me, cls = weakref.ref(shard), type(shard)
+
+    def give_back() -> int:
+        engine_ref = me().__dict__.get(_GIVES_BACK)
+        alive = engine_ref() if engine_ref is not None else None
+        freed = alive.drop_resident(device) if alive is not None else 0
+        if freed:
+            log.info("[ShardDiT] %s: %.2f GiB of resident blocks given back to ComfyUI (another model needs "
+                     "room); the rest of this run streams them", device, freed / GiB)
+        return freed
+
+    def partially_unload(device_to, memory_to_free=0, *args, **kwargs):
+        freed = give_back()
+        if freed >= memory_to_free:
+            return freed
+        return freed + cls.partially_unload(me(), device_to, memory_to_free - freed, *args, **kwargs)
+
+    def detach(*args, **kwargs):
+        give_back()
+        return cls.detach(me(), *args, **kwargs)
+
+    shard.__dict__[_GIVES_BACK] = weakref.ref(engine)
+    shard.partially_unload, shard.detach = partially_unload, detach

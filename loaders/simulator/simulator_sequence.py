@@ -37,16 +37,19 @@ class SequencePeak:
     weights: int
     activations: int
     prefetch: int
+    resident: int = 0
+    """Resident copies of streamed blocks the rank held at the end (``resident`` budgets given)."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.activations + self.prefetch
+        return self.weights + self.activations + self.prefetch + self.resident
 
 
 def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str,
-                              speeds=None) -> list[SequencePeak]:
+                              speeds=None, resident=None) -> list[SequencePeak]:
     """Peaks per rank (in rank order) of one `sequence` forward at ``batch`` (1, or 2 = cond+uncond);
-    ``speeds``: the ranks' relative speeds, as the engine splits by them (None: even shares)."""
+    ``speeds``: the ranks' relative speeds, as the engine splits by them (None: even shares);
+    ``resident``: bytes per rank it may keep of the blocks it streams (``SequenceEngine.keep_resident``)."""
     from ..comfy.specs import find_arch_spec
 
     dit, layout = ctx.dit, ctx.layout
@@ -71,11 +74,14 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
             engine = attach_sequence_engine(handle.router, proxies, token_specs, ranks, timeout_s=600,
                                             worker_context=worker_context, serialize=True)
             engine.set_speeds(speeds)
+            if resident is not None:
+                engine.keep_resident(resident)
             try:
                 with tracker, handle.router.forward_scope(sequence=True):
                     out = call_dit(ctx, dit, batch, torch.device(home))
                     del out
                 prefetch = [_buffer_bytes(s) for s in engine.streams]
+                kept = [s.resident_bytes() for s in engine.streams]
             finally:
                 engine.close()
                 handle.detach()
@@ -86,7 +92,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     for rank, dev in enumerate(ranks):
         m = measured.get(dev)
         weights, peak = (m.weights, m.peak_activations) if m else (0, 0)
-        out.append(SequencePeak(dev, weights, max(0, peak - prefetch[rank]), prefetch[rank]))
+        out.append(SequencePeak(dev, weights, max(0, peak - prefetch[rank] - kept[rank]), prefetch[rank], kept[rank]))
     return out
 
 

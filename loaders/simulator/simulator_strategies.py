@@ -33,6 +33,7 @@ from ...parallel.cost.model import (
     estimate_sequence_lean,
     hardware_from_options,
 )
+from ...parallel.cost.resident import describe_resident, resident_per_rank
 from ...parallel.cost.report import DevicePeak, choose_strategy, format_strategy_rows
 from ...parallel.cost.mode import check_parallel, prefetch_bytes
 from .simulator_baselines import absent_note, baseline_rows
@@ -138,6 +139,7 @@ class StrategyReport:
                                                 "streamed_blocks": self.resident.get(p.device, (0, 0))[1]}
                                      for p in self.sequence_devices},
                 "strategies": {name: {"devices": self.devices.get(name, []), "seconds_per_step": c.seconds_per_step, "speedup": c.speedup,
+                                      "streamed_bytes_per_step": c.streamed_bytes,
                                       "fits": self.fits.get(name, False),
                                       "peak": vars(self.peaks[name]) if name in self.peaks else None}
                                for name, c in self.costs.items()}}
@@ -179,7 +181,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
     fits["blocks"] = report.blocks_fit
 
-    seq, seq_reports, lean_note, speed_note, resident = [], [], "", "", {}
+    seq, seq_reports, lean_note, speed_note, resident, resident_note = [], [], "", "", {}, ""
     arch = find_arch_spec(type(ctx.dit).__name__)
     seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
     if seq_specs is None and arch.token_specs is not None:
@@ -198,10 +200,15 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             mixed = len(set(hw.flops)) > 1  # the engine weights the shares by speed (loaders/comfy/sequence_shares)
             speeds = hw.flops if mixed else None
             seq = run_fake_sequence_forward(ctx, 1 if apart else work.batch, block_devices, home, speeds)
+            for p in seq:
+                usable.setdefault(p.device, _usable_of(inventory, p.device, ctx.request.reserve_bytes))
+            # priced with the blocks each rank keeps in the room beside its plan (as the nodes' `auto`)
+            kept = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
             estimate = estimate_sequence_lean if apart else estimate_sequence
             counts = [block_devices.count(r) for r in ranks]
-            costs["sequence"] = estimate(work, hw, counts, weighted=mixed)
-            gain = estimate(work, hw, counts).seconds_per_step / costs["sequence"].seconds_per_step if mixed else 1.0
+            costs["sequence"] = estimate(work, hw, counts, weighted=mixed, resident=kept)
+            gain = (estimate(work, hw, counts, resident=kept).seconds_per_step / costs["sequence"].seconds_per_step
+                    if mixed else 1.0)
             if gain > 1.005:  # a group of several ranks of different speeds (cfg > 1 on 2: one rank per group)
                 share = ", ".join(f"{r} {100 * f / sum(hw.flops):.0f}%" for r, f in zip(ranks, hw.flops, strict=True))
                 speed_note = f"shares by speed: {share} of the tokens and heads, predicted {gain:.2f}x an even split"
@@ -209,8 +216,6 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
                 lean_note = (f"{get_family(ctx.spec.family).title}: ComfyUI runs cond and uncond one after the other, so "
                              "each runs over every GPU (weights streamed twice per step)")
             costs["one_gpu"] = estimate_one_gpu(work, hw)
-            for p in seq:
-                usable.setdefault(p.device, _usable_of(inventory, p.device, ctx.request.reserve_bytes))
             seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             fits["sequence"] = _all_fit(seq, usable)
             if not fits["sequence"] and work.batch > 1 and not apart:
@@ -221,14 +226,16 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
                                  f"{format_gib(worst.total)} of {format_gib(usable[worst.device])} GiB), so they run "
                                  "one after the other, each over every GPU (weights streamed twice per step)")
                     seq = lean
-                    costs["sequence"] = estimate_sequence_lean(work, hw, counts, weighted=mixed)
+                    kept = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
+                    costs["sequence"] = estimate_sequence_lean(work, hw, counts, weighted=mixed, resident=kept)
                     fits["sequence"] = True
                     seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             top = max(seq, key=lambda p: p.total)
             peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
-            # shown, not yet priced: `auto` at prompt time prices streaming as the ring alone, and the
-            # plan's choice must stay the one the nodes make
-            resident = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
+            resident = {p.device: (len(k), sum(1 for d in block_devices if d != p.device))
+                        for p, k in zip(seq, kept, strict=True)}
+            said = describe_resident(block_devices, [p.device for p in seq], kept)
+            resident_note = said if said.startswith("with every block") else ""
     devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
     core = baseline_rows(ctx, report, work, names, link_gbps,
                          lambda d: _usable_of(inventory, d, ctx.request.reserve_bytes))
@@ -240,6 +247,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         reason = f"{reason}; {lean_note}"
     if speed_note and chosen == "sequence":
         reason = f"{reason}; {speed_note}"
+    if resident_note and chosen == "sequence":
+        reason = f"{reason}; {resident_note}"
     if chosen in costs:
         rebased = {k: replace(r, cost=costs[k]) for k, r in core.items()}
         said = compare_with_core(_label(chosen), costs[chosen], rebased)
@@ -256,21 +265,12 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     return out
 
 
-def _resident_blocks(seq, usable: dict, block_bytes, block_devices) -> dict:
-    """Per device: (blocks kept resident, blocks streamed without them): the blocks it streams, in
-    execution order, kept while the room beside its planned total allows (as ``resident_budgets``)."""
-    out = {}
-    for p in seq:
-        room = (usable.get(p.device) or 0) - p.total
-        streamed = [int(b) for b, d in zip(block_bytes, block_devices, strict=True) if d != p.device]
-        kept = 0
-        for b in streamed:
-            if b > room:
-                break
-            room -= b
-            kept += 1
-        out[p.device] = (kept, len(streamed))
-    return out
+def _resident_blocks(seq, usable: dict, block_bytes, block_devices) -> tuple:
+    """Per rank: the blocks it keeps resident in the room beside its planned total (``usable`` less
+    the simulated peak, as ``loaders/comfy/resident.resident_budgets`` at sampling time), by the
+    rule the engine and the cost model share (``cost/resident.kept_blocks``)."""
+    budgets = [max(0, (usable.get(p.device) or 0) - p.total) for p in seq]
+    return resident_per_rank(block_bytes, block_devices, [p.device for p in seq], budgets)
 
 
 def _rebase(costs: dict) -> dict:

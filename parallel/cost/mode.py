@@ -31,6 +31,7 @@ from .model import (
     hardware_from_options,
 )
 from .report import choose_strategy
+from .resident import describe_resident
 
 __all__ = [
     "DEFAULT_PARALLEL",
@@ -139,7 +140,7 @@ def workload_from_latent(shape: ModelShape, latent_shape, weight_bytes: float = 
 
 def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape, ranks, owned,
                            gpu_names, link_gbps=None, weight_bytes: float = 2.0, core=None,
-                           lean: bool = False) -> ModeDecision:
+                           lean: bool = False, resident=None) -> ModeDecision:
     """``auto`` for one latent: the memory rule's ``blocks`` stands; its ``sequence`` stands only
     when the cost model predicts it faster than ``blocks`` on ``ranks`` (``owned`` blocks each).
 
@@ -148,6 +149,8 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     from the latent), or None (then a ``blocks`` memory decision comes back as is).
     ``lean``: `sequence` would run lean (``sequence/lean``: cond and uncond together do not fit), so
     it is priced as such (``estimate_sequence_lean``).
+    ``resident``: per rank, the blocks it keeps this run (``cost/resident.resident_per_rank`` of the
+    engine's budgets): `sequence` is priced with the bytes it still streams, as ``plan`` prices it.
     """
     gpus = list(dict.fromkeys(d for d in ranks if d.startswith("cuda")))
     if len(ranks) < 2 or (memory.mode != "sequence" and (core is None or len(gpus) < 2)):
@@ -155,13 +158,16 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     names = [table_gpu_name(gpu_names.get(d, "")) or DEFAULT_GPU for d in ranks]
     hw = hardware_from_options(names, link_gbps=link_gbps)
     work = workload_from_latent(shape, latent_shape, weight_bytes)
-    costs = estimate_costs(work, hw, owned)
+    costs = estimate_costs(work, hw, owned, resident=resident)
     if lean:
-        costs["sequence"] = estimate_sequence_lean(work, hw, owned)
+        costs["sequence"] = estimate_sequence_lean(work, hw, owned, resident=resident)
     decision = memory
     if memory.mode == "sequence":
         best, why = choose_strategy({k: costs[k] for k in ("blocks", "sequence")}, {"blocks": True, "sequence": True})
         how = "; sequence lean: cond and uncond together do not fit, they run in turn" if lean else ""
+        kept = describe_resident([r for r, c in zip(ranks, owned) for _ in range(c)], ranks, resident) \
+            if resident is not None and best == "sequence" else ""
+        why = f"{why}; {kept}" if kept else why
         decision = ModeDecision(best, f"{why} ({hw.note}; memory: {memory.reason}{how})")
     if core is None or len(gpus) < 2:
         return decision

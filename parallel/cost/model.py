@@ -11,8 +11,10 @@ Per block, on one device:
               (cross-attention to text, Wan / LTXV)
 - exchange = Ulysses all-to-all of q, k, v and output inside a group of g devices:
   4 × (g-1)/g × tokens/g × width × activation bytes, / link, + 2 × ``TRANSFER_LATENCY_S``
-- stream   = block weight bytes / link, for a block the device does not own (prefetched a block
-  ahead, so it hides behind compute: block time = max(compute, stream) + exchange)
+- stream   = block weight bytes / link, for a block the device does not own and does not keep
+  resident (``cost/resident``; prefetched a block ahead, so it hides behind compute: block time =
+  max(compute, stream) + exchange). Resident blocks are priced after the first step, which copies
+  them once: a device with every block resident streams 0 bytes per step.
 Per step (one sampler iteration: batch 1 at cfg 1, cond + uncond = 2 at cfg > 1):
 - ``one_gpu``: every block on the first device, whole batch. Also the speed-up baseline: a
   hypothetical single GPU of the first device's kind even where the model does not fit on it.
@@ -141,6 +143,9 @@ class StrategyCost:
     bytes_per_device: int
     """Most bytes any device receives per step (weights streamed + exchanges + hops)."""
     note: str = ""
+    streamed_bytes: int = 0
+    """Most block weight bytes any device streams per step (sequence; 0 where every block is
+    resident, ``cost/resident``)."""
 
 
 def hardware_from_options(gpus: str | Sequence[str], n_devices: int = 1, measured_tflops=None,
@@ -218,10 +223,11 @@ def _groups(n_devices: int, batch: int) -> list[list[int]]:
 
 
 def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, owners, replicas: bool,
-                weighted: bool = False):
-    """(compute, exposed stream, exchange, bytes received per device) for one device group;
+                weighted: bool = False, resident=None):
+    """(compute, exposed stream, exchange, bytes received, weight bytes streamed) per device group;
     ``weighted``: token and head shares proportional to the devices' throughputs (as the engine's
-    ``set_speeds``), else even (the largest share decides)."""
+    ``set_speeds``), else even (the largest share decides); ``resident``: per device, the indices
+    of the blocks it keeps (``cost/resident``: not streamed)."""
     s, n, g = work.shape, work.tokens, len(group)
     if weighted and g > 1:
         shares = [hw.flops[d] for d in group]
@@ -232,54 +238,67 @@ def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, 
     x_bytes = {d: samples * 4 * (g - 1) / g * tok[d] * s.width * work.activation_bytes for d in group}
     x_s = {d: x_bytes[d] / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if g > 1 else 0.0 for d in group}
     total = [0.0, 0.0, 0.0]
-    received = dict.fromkeys(group, 0.0)
-    for b, owner in zip(block_shapes(s), owners):
+    received, streamed = dict.fromkeys(group, 0.0), dict.fromkeys(group, 0.0)
+    kept = [frozenset(k) for k in resident] if resident is not None else [frozenset()] * len(hw.flops)
+    for i, (b, owner) in enumerate(zip(block_shapes(s), owners)):
         w_bytes = b.weight_params * work.weight_bytes
         worst = (-1.0, 0.0, 0.0, 0.0)
         for d in group:
             compute = samples * block_flops(b, s, tok[d], n, hds[d]) / hw.flops[d]
-            streams = not replicas and d != owner
+            streams = not replicas and d != owner and i not in kept[d]
             stream = w_bytes / hw.link_bytes_per_s + TRANSFER_LATENCY_S if streams else 0.0
             received[d] += x_bytes[d] + (w_bytes if streams else 0)
+            streamed[d] += w_bytes if streams else 0
             exposed = max(0.0, stream - compute)
             if compute + exposed + x_s[d] > worst[0]:
                 worst = (compute + exposed + x_s[d], compute, exposed, x_s[d])
         total = [total[0] + worst[1], total[1] + worst[2], total[2] + worst[3]]
-    return total[0], total[1], total[2], max(received.values())
+    return total[0], total[1], total[2], max(received.values()), max(streamed.values())
 
 
 def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
-                      weighted: bool = False) -> StrategyCost:
+                      weighted: bool = False, resident=None) -> StrategyCost:
     """Batch split into groups, tokens split inside a group; ``replicas``: every device holds
     the whole model and streams nothing (core's CFG split is this with groups of one);
-    ``weighted``: shares by each device's throughput (``_group_step``)."""
+    ``weighted``: shares by each device's throughput (``_group_step``); ``resident``: per device
+    (in ``hw`` order) the block indices it keeps beside its own (``cost/resident.resident_per_rank``),
+    priced after the first step (nothing of them streamed)."""
     s, n_dev = work.shape, len(hw.flops)
     owners = _owners(s.block_count, n_dev, owned)
+    if resident is not None and len(resident) != n_dev:
+        raise ValueError(f"resident blocks for {len(resident)} devices, the hardware has {n_dev}: one set per rank")
     groups = _groups(n_dev, work.batch)
     samples = work.batch / len(groups)
-    parts = [_group_step(work, hw, grp, samples, owners, replicas, weighted) for grp in groups]
-    compute, stream, exchange, _ = max(parts, key=lambda p: p[0] + p[1] + p[2])
+    parts = [_group_step(work, hw, grp, samples, owners, replicas, weighted, resident) for grp in groups]
+    compute, stream, exchange, _, _ = max(parts, key=lambda p: p[0] + p[1] + p[2])
     scatter = (n_dev - 1) / n_dev * work.batch * work.tokens * s.width * work.activation_bytes
     hop_s = 2 * scatter / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if n_dev > 1 else 0.0
     t = compute + stream + exchange + hop_s
     base = estimate_one_gpu(work, hw).seconds_per_step
     note = _bound_note(compute, stream, exchange, t)
+    streamed = int(max(p[4] for p in parts))
+    if resident is not None and any(resident) and not replicas:
+        kept = "every block resident, nothing streamed" if not streamed else \
+            f"blocks kept resident, {streamed / 2 ** 30:.1f} GiB still streamed per step on the busiest GPU"
+        note = f"{kept} after the first step; {note}"
     return StrategyCost("sequence", t, base / t, compute, exchange, stream, hop_s,
-                        int(max(p[3] for p in parts) + scatter), note)
+                        int(max(p[3] for p in parts) + scatter), note, streamed)
 
 
-def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None, weighted: bool = False) -> StrategyCost:
+def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None, weighted: bool = False,
+                           resident=None) -> StrategyCost:
     """Lean `sequence` (``sequence/lean``): the batch's samples one after the other, each a whole
     `sequence` forward with its tokens over every device, so the weights stream once per pass
     (twice per step at cfg > 1) and each pass exchanges over all devices. Priced as ``batch``
     cfg-1 forwards; the speed-up stays against the one-GPU step of the whole batch."""
     one = replace(work, cfg=1.0)
-    p = estimate_sequence(one, hw, owned, weighted=weighted)
+    p = estimate_sequence(one, hw, owned, weighted=weighted, resident=resident)
     n = work.batch
     base = estimate_one_gpu(work, hw).seconds_per_step
     t = n * p.seconds_per_step
     return StrategyCost("sequence", t, base / t, n * p.compute_s, n * p.exchange_s, n * p.stream_s, n * p.hop_s,
-                        n * p.bytes_per_device, f"lean: {n} passes per step, weights streamed {n}x; {p.note}")
+                        n * p.bytes_per_device, f"lean: {n} passes per step, weights streamed {n}x; {p.note}",
+                        n * p.streamed_bytes)
 
 
 def _bound_note(compute: float, stream: float, exchange: float, total: float) -> str:
@@ -291,10 +310,11 @@ def _bound_note(compute: float, stream: float, exchange: float, total: float) ->
     return parts
 
 
-def estimate_costs(work: Workload, hw: Hardware, owned=None, replicas: bool = False) -> dict[str, StrategyCost]:
+def estimate_costs(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
+                   resident=None) -> dict[str, StrategyCost]:
     """Every strategy for these devices (one GPU as the hypothetical baseline, always present)."""
     out = {"one_gpu": estimate_one_gpu(work, hw)}
     if len(hw.flops) > 1:
         out["blocks"] = estimate_blocks(work, hw, owned)
-        out["sequence"] = estimate_sequence(work, hw, owned, replicas)
+        out["sequence"] = estimate_sequence(work, hw, owned, replicas, resident=resident)
     return out

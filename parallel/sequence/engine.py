@@ -154,10 +154,19 @@ class SequenceEngine:
         for stream, budget in zip(self.streams, budgets, strict=True):
             stream.keep_resident(budget)
 
-    def drop_resident(self) -> None:
-        """Give the resident copies' memory back (the next forward streams, and keeps again)."""
+    def drop_resident(self, device=None) -> int:
+        """Give the resident copies' memory back; bytes freed. All of them (the run ended: the next
+        forward streams, and keeps again), or those of the ranks on ``device`` (ComfyUI needs room
+        there: the copies are a cache), whose budget then stays 0 until the next run sets it."""
+        freed = 0
         for stream in self.streams:
-            stream.drop_resident()
+            if device is None:
+                freed += stream.resident_bytes()
+                stream.drop_resident()
+            elif str(stream.place) == str(device):
+                freed += stream.resident_bytes()
+                stream.keep_resident(0)
+        return freed
 
     def set_speeds(self, speeds) -> None:
         """Token and head shares per rank proportional to ``speeds`` (None or all equal: even).
