@@ -25,6 +25,8 @@ _SYNCS = "tests/test_dist_exchange.py::test_the_gloo_path_waits_on_the_host_once
 _TE = "tests/test_text_encoder_split_comfy.py::"
 _LTX = "tests/test_ltx2_sequence_comfy.py::test_ltx2_sequence_matches_core"
 _AV_TOY = "tests/test_sequence_families.py::test_video_split_audio_whole_like_the_whole_pair"
+_RESIDENT_PEAK = "tests/test_resident_fake_gpu.py::test_resident_counts_follow_free_memory_and_the_peak_stays_within"
+_GIVE_BACK = "tests/test_resident_give_back_comfy.py::"
 # (file, exact text, its mutation, test node id, needs ComfyUI)
 MUTATIONS = [
     ("parallel/sequence/ops.py", "if torch.cuda.is_available() and nbytes:", "if False:",
@@ -180,6 +182,31 @@ MUTATIONS = [
     ("parallel/sequence/rank_block.py", "self._by_module = self._self_module is not None and watch is not None",
      "self._by_module = False", "tests/test_ltx2_sequence_comfy.py::test_ltx2_with_cores_stg_in_sequence_matches_core",
      True),
+    # issue 34: resident blocks priced, given back first, re-decided per prompt
+    ("parallel/cost/model.py", "and d != owner and i not in kept[d]", "and d != owner",
+     "tests/test_resident_cost.py::test_every_block_resident_streams_nothing_and_is_priced_so", False),
+    ("parallel/cost/resident.py", "if owner != device and int(nbytes) <= left:", "if int(nbytes) <= left:",
+     "tests/test_resident_cost.py::test_the_rule_keeps_what_the_ring_keeps", False),
+    ("parallel/cost/mode.py", "costs = estimate_costs(work, hw, owned, resident=resident)",
+     "costs = estimate_costs(work, hw, owned)", "tests/test_resident_cost.py::test_auto_prices_the_blocks_each_rank_keeps",
+     False),
+    ("loaders/simulator/simulator_strategies.py",
+     'costs["sequence"] = estimate(work, hw, counts, weighted=mixed, resident=kept)',
+     'costs["sequence"] = estimate(work, hw, counts, weighted=mixed)',
+     "tests/test_resident_plan_comfy.py::test_fp8_every_block_resident_streams_nothing", True),
+    ("loaders/comfy/resident.py", "info.free_bytes + info.releasable_bytes - r.activations - ring_to_come",
+     "info.free_bytes + info.releasable_bytes - ring_to_come", _RESIDENT_PEAK, True),
+    ("parallel/sequence/stream.py", "_nbytes(_block_tensors(block)) > self.resident_budget:",
+     "_nbytes(_block_tensors(block)) > 2 * self.resident_budget:", _RESIDENT_PEAK, True),
+    ("loaders/comfy/auto_mode.py", "key = (*shape, lean, budgets)", "key = (*shape, lean)",
+     "tests/test_resident_auto_comfy.py::test_each_prompt_decides_again_from_its_free_memory", True),
+    ("loaders/comfy/resident.py", "if freed >= memory_to_free:", "if freed > memory_to_free + (1 << 40):",
+     _GIVE_BACK + "test_a_load_that_needs_less_than_the_copies_takes_only_them", True),
+    ("parallel/sequence/engine.py", "                stream.keep_resident(0)", "                stream.drop_resident()",
+     _GIVE_BACK + "test_a_load_that_needs_less_than_the_copies_takes_only_them", True),
+    ("loaders/comfy/resident.py", "            give_back_first(shard, engine, r.device)", "            pass",
+     _GIVE_BACK + "test_the_runs_budgets_make_each_loaded_shard_give_back_first", True),
+
 ]
 
 
