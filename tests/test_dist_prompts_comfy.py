@@ -1,5 +1,5 @@
 """Distributed `sequence` mode over many prompts in one host session (issue 19, "fails every
-second prompt"): a ComfyUI server with one worker (``cpu,w1/cpu``) runs prompts in a row that
+second prompt"): a ComfyUI server with one Ray member (``cpu,w1/cpu``) runs prompts in a row that
 change seed, shape, cfg and LoRA strength, and come back to the first; each equals core's
 KSampler on the same inputs, and the prompt that repeats the first gives the first's latent.
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 from harness.dist_server import Worker, dist_server_scope, run_latent, wan_graph
 
-pytestmark = pytest.mark.comfy
+pytestmark = [pytest.mark.comfy, pytest.mark.cluster]
 
 FIRST = {"seed": 5, "width": 80, "height": 80, "cfg": 4.5, "lora": 1.0}
 PROMPTS = [

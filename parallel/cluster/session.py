@@ -1,9 +1,8 @@
 """A sampling session on Ray: what ``distributed.ranks.DistRanks`` needs of a session, with the
 host's commands carried by Ray calls to the members' rank actors.
 
-The same interface as the lobby's ``distributed.host.HostSession`` (``send`` / ``receive`` /
-``request``, ``broadcast`` / ``wait`` on the weight groups, ``groups`` for the exchanges, the
-per-member ``versions`` and ``skeletons``), so the engine's remote ranks run unchanged. A command
+``send`` / ``receive`` / ``request``, ``broadcast`` / ``wait`` on the weight groups, ``groups`` for
+the exchanges, the per-member ``versions`` and ``skeletons``: what the engine's remote ranks use. A command
 is one ``protocol`` payload per Ray call (``rank_server.RankServer.command``); ``send`` posts it
 and ``receive`` waits for its reply within ``SHARDDIT_DIST_TIMEOUT``. The reply's tensors are
 checked against the caller's limit before any is made. Ray orders the calls of one caller to one
