@@ -89,10 +89,8 @@ class LocalRayCluster:
                 "--temp-dir", self.ray_tmp, "--disable-usage-stats", "--block"]
         self.procs["head"] = start_group(head, self.node_env, open(self.tmp / "head.log", "w"))
         wait_for("the Ray head's port", lambda: listening("127.0.0.1", self.port), 60)
-        for name in names:
-            self.add_node(name, wait=False)
-        for name in names:
-            self.wait_node(name)
+        for name in names:  # one at a time: two raylets starting at once on two busy cores time out
+            self.add_node(name)
         if not self.driver:
             return self
         from sharddit.parallel.cluster.driver import connect
@@ -115,8 +113,15 @@ class LocalRayCluster:
 
     def wait_node(self, name: str, timeout_s: float = 180):
         """Until ``ray start --block`` says the node runs (then Ray lists it within a second)."""
-        log = self.tmp / f"{name}.log"
-        wait_for(f"the Ray node {name}", lambda: "Ray runtime started" in log.read_text(errors="replace"), timeout_s)
+        log, proc = self.tmp / f"{name}.log", self.procs[name]
+
+        def started():
+            text = log.read_text(errors="replace")
+            if proc.poll() is not None:
+                pytest.fail(f"the Ray node {name} exited with {proc.returncode}:\n{text[-3000:]}")
+            return "Ray runtime started" in text
+
+        wait_for(f"the Ray node {name}", started, timeout_s)
         if self.ray is not None:
             from sharddit.parallel.cluster.driver import list_members
 
