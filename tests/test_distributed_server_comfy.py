@@ -109,7 +109,7 @@ def test_worker_rank_matches_core_and_local(dist_server, tiny_models, core_laten
     core = core_latents[cfg]
     local = _run(server, _graph(names, "ours", "cpu,cpu", cfg, 2, f"dist/local_{cfg}"))
     worker = _live(server)[0]
-    before = len(worker.text())
+    before = len(worker.settled())
     dist = _run(server, _graph(names, "ours", "cpu,w1/cpu", cfg, 2, f"dist/dist_{cfg}"))
     assert torch.equal(dist, local), f"max diff {(dist - local).abs().max()}"  # same split, same shapes
     assert_split_close(dist, core, COMFY_SPLIT_BOUND, f"cpu,w1/cpu vs core, cfg {cfg}")
@@ -117,7 +117,7 @@ def test_worker_rank_matches_core_and_local(dist_server, tiny_models, core_laten
     first, last = map(int, re.findall(r"w1/cpu owns blocks (\d+)-(\d+)", server.log_text())[-1])
     n_blocks = int(re.findall(r"(\d+) blocks sharded over 'cpu'", server.log_text())[-1])
     assert (first, last) == (n_blocks // 2, n_blocks - 1), (first, last, n_blocks)
-    got = [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.text()[before:]) for i in b.split(",")]
+    got = [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.settled()[before:]) for i in b.split(",")]
     assert sorted(got) == list(range(first, last + 1)), worker.text()  # each once, in two steps
     held = re.findall(r"holds blocks \[([\d, ]+)\]", worker.text())[-1]
     assert [int(i) for i in held.split(",")] == list(range(first, last + 1)), held
@@ -160,13 +160,13 @@ def test_lora_change_resends_only_the_changed_blocks(dist_server, tiny_models):
     worker = (_live(server) or [_worker(server)])[0]
 
     def received(since):
-        return [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.text()[since:]) for i in b.split(",")]
+        return [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.settled()[since:]) for i in b.split(",")]
 
     _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 1, "dist/lora_a", lora=1.0))
     dists = {}
     for strength, lora_name, resent in ((0.5, "wan21_lora_all", [2, 3]), (0.5, "wan21_lora_all", []),
                                         (0.7, "wan21_lora", [2, 3]), (0.9, "wan21_lora", [])):  # 2-3 unpatched, then kept
-        before = len(worker.text())
+        before = len(worker.settled())
         dists[strength, lora_name] = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 1, "dist/lora_b", strength,
                                                          lora_name))
         assert sorted(received(before)) == resent, (strength, lora_name, worker.text()[before:])

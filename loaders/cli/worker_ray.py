@@ -112,6 +112,20 @@ def run_ray_node(args) -> int:
         return child.wait()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        child.wait()
+        _stop(child)
         print(f"[ShardDiT] worker {args.name!r}: stopped (left the Ray cluster)", flush=True)
         return 0
+
+
+def _stop(child, wait_s: float = 30.0) -> None:
+    """Stop ``ray start --block`` as Ctrl+C in a terminal would (a signal sent to this process
+    alone does not reach it): SIGINT, then SIGTERM, then SIGKILL, ``wait_s`` each."""
+    for stop in (lambda: child.send_signal(signal.SIGINT), child.terminate, child.kill):
+        if child.poll() is not None:
+            return
+        stop()
+        try:
+            child.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
