@@ -29,8 +29,10 @@ class Worker:
         self.log = server.cluster.tmp / f"{name}.log"
 
     def text(self) -> str:
-        """What this member's rank actors said (in the server's log, as Ray forwards it)."""
-        return "\n".join(x for x in self.server.log_text().splitlines() if f"'{self.member}'" in x)
+        """What this member's rank actors said (in the server's log, as Ray forwards it; Ray
+        sometimes forwards a line twice in a row: kept once)."""
+        lines = [x for x in self.server.log_text().splitlines() if f"'{self.member}'" in x]
+        return "\n".join(x for i, x in enumerate(lines) if i == 0 or x != lines[i - 1])
 
     def settled(self, quiet_s: float = 2.0, timeout: float = 60.0) -> str:
         """``text()`` once it has not grown for ``quiet_s``: Ray forwards an actor's output to the
