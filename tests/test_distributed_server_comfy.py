@@ -69,6 +69,14 @@ def _worker(server, name="w1"):
     return w.wait_joined()
 
 
+def _sent(server, since: int, member: str = "w1/cpu") -> list[int]:
+    """The blocks whose own weights the host sent ``member`` since log offset ``since`` (the host
+    logs it when the forward ends; the member's own lines reach the log later, through Ray)."""
+    found = re.findall(rf"member {member} \(rank \d+, cpu, on Ray\): sent the weights of its blocks \[([\d, ]+)\]",
+                       server.log_text()[since:])
+    return sorted(int(i) for b in found for i in b.split(","))
+
+
 def _live(server, name="w1"):
     return [w for w in server.workers if w.proc.poll() is None and w.name == name]
 
@@ -108,8 +116,7 @@ def test_worker_rank_matches_core_and_local(dist_server, tiny_models, core_laten
         _worker(server)
     core = core_latents[cfg]
     local = _run(server, _graph(names, "ours", "cpu,cpu", cfg, 2, f"dist/local_{cfg}"))
-    worker = _live(server)[0]
-    before = len(worker.settled())
+    before = len(server.log_text())
     dist = _run(server, _graph(names, "ours", "cpu,w1/cpu", cfg, 2, f"dist/dist_{cfg}"))
     assert torch.equal(dist, local), f"max diff {(dist - local).abs().max()}"  # same split, same shapes
     assert_split_close(dist, core, COMFY_SPLIT_BOUND, f"cpu,w1/cpu vs core, cfg {cfg}")
@@ -117,9 +124,8 @@ def test_worker_rank_matches_core_and_local(dist_server, tiny_models, core_laten
     first, last = map(int, re.findall(r"w1/cpu owns blocks (\d+)-(\d+)", server.log_text())[-1])
     n_blocks = int(re.findall(r"(\d+) blocks sharded over 'cpu'", server.log_text())[-1])
     assert (first, last) == (n_blocks // 2, n_blocks - 1), (first, last, n_blocks)
-    got = [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.settled()[before:]) for i in b.split(",")]
-    assert sorted(got) == list(range(first, last + 1)), worker.text()  # each once, in two steps
-    held = re.findall(r"holds blocks \[([\d, ]+)\]", worker.text())[-1]
+    assert _sent(server, before) == list(range(first, last + 1)), server.log_tail()  # each once, in two steps
+    held = re.findall(r"holds blocks \[([\d, ]+)\]", _live(server)[0].settled())[-1]  # the member's own word
     assert [int(i) for i in held.split(",")] == list(range(first, last + 1)), held
 
 
@@ -159,18 +165,15 @@ def test_lora_change_resends_only_the_changed_blocks(dist_server, tiny_models):
     server, names = dist_server, tiny_models.names
     worker = (_live(server) or [_worker(server)])[0]
 
-    def received(since):
-        return [int(i) for b in re.findall(r"received blocks \[([\d, ]+)\]", worker.settled()[since:]) for i in b.split(",")]
-
     _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 1, "dist/lora_a", lora=1.0))
     dists = {}
     for strength, lora_name, resent in ((0.5, "wan21_lora_all", [2, 3]), (0.5, "wan21_lora_all", []),
                                         (0.7, "wan21_lora", [2, 3]), (0.9, "wan21_lora", [])):  # 2-3 unpatched, then kept
-        before = len(worker.settled())
+        before = len(server.log_text())
         dists[strength, lora_name] = _run(server, _graph(names, "ours", "cpu,w1/cpu", 1.0, 1, "dist/lora_b", strength,
                                                          lora_name))
-        assert sorted(received(before)) == resent, (strength, lora_name, worker.text()[before:])
-    held = re.findall(r"\(([\d.]+) MiB owned in all\)", worker.text())
+        assert _sent(server, before) == resent, (strength, lora_name, server.log_text()[before:])
+    held = re.findall(r"\(([\d.]+) MiB owned in all\)", worker.settled())
     assert max(map(float, held)) == float(held[1]), held  # one share (blocks 2-3), not one per shard state made
     for (strength, lora_name), dist in dists.items():  # local runs last: a new device list regroups the blocks
         local = _run(server, _graph(names, "ours", "cpu,cpu", 1.0, 1, "dist/lora_local", strength, lora_name))

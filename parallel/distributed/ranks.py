@@ -142,6 +142,8 @@ class DistRanks:
         self.order: CollectiveOrder | None = None
         """The order of this forward's collectives (``order``)."""
         self._exchangers: set[int] = set()
+        self._owned_sent: dict[str, list[int]] = {}
+        """Per worker, this forward: the blocks whose own weights it was sent (logged at the end)."""
         """Local ranks whose batch group has workers: they post exchanges."""
 
     def _groups(self, n):
@@ -182,6 +184,7 @@ class DistRanks:
         self._host_works = []
         self.order = CollectiveOrder(self.session.timeout_s, self.engine.pool)
         self._exchangers = set()
+        self._owned_sent = {n: [] for n in self.names}
 
     def end_forward(self, ok: bool) -> None:
         s = self.session
@@ -193,6 +196,10 @@ class DistRanks:
             raise
         finally:
             self._host_works = []
+            for name, sent in self._owned_sent.items():
+                if sent and s is not None:
+                    log.info("[ShardDiT] %s: sent the weights of its blocks %s (new or changed)", s.label(name),
+                             sorted(sent))
             if s is not None and (not ok or s.broken):
                 s.broken = True  # a failed forward leaves the ranks out of step: no 'leave', just close
                 self.source.close_session()
@@ -255,6 +262,7 @@ class DistRanks:
                     owned[idx] = pack_block(blk, self.layout(idx, blk))
                     self.weight_bytes[name] += owned[idx].numel()
                     updated.append((key, version))
+                    self._owned_sent[name].append(idx)
             elif plan[idx] is not None:
                 nbytes = self.layout(idx, blk).nbytes
                 self.weight_bytes[name] += nbytes
