@@ -3,8 +3,9 @@
 NAME --devices cpu``, here one more, ``box2``); the test process is the host's Ray driver.
 
 - box2 is listed as the member ``box2/cpu``;
-- its rank actor joins a gloo group (and a subgroup) with the host driver through a one-session
-  store that is closed once they are formed, and a tensor ``all_to_all`` round-trips bit-exact on each;
+- its rank actor joins a session's groups with the host driver through a one-session store that
+  is closed once they are formed, and answers commands over Ray; the same actor serves the next
+  session; a stranger at the store (1100 connections, a slow byte, junk keys) stalls nothing;
 - a member that never joins is named within the timeout (the store's and gloo's waits bounded);
 - a client with a wrong token can neither connect nor add a node;
 - a killed node is reported, naming the member, within the timeout.
@@ -21,7 +22,6 @@ import time
 from datetime import timedelta
 
 import pytest
-import torch
 from harness import dist_procs
 from harness.ray_cluster import listening, wait_for
 from harness.server import REPO
@@ -80,57 +80,52 @@ def test_the_second_node_is_listed_as_its_member(cluster):
     assert node["Alive"] and node["Labels"]["sharddit/name"] == "box2", node
 
 
-def test_a_rank_on_the_second_node_round_trips_an_all_to_all_bit_exact(cluster):
+def _open(host):
+    """A sampling session of the host and box2/cpu (one exchange group of both)."""
+    return host.session_for(("box2/cpu",), ((0, 1),), "gloo", {"box2/cpu": "cpu"})
+
+
+def _check(session):
+    """The member answers a command over Ray, from inside the session's groups."""
+    _, answer = session.request("box2/cpu", {"op": "held"}, "a test")
+    assert answer == {"op": "holding", "owned": 0, "ring": 0, "blocks": []}, answer
+
+
+def test_a_rank_on_the_second_node_joins_a_session_through_a_store_closed_once_formed(cluster):
+    """(The data plane itself: bit-identical forwards over members, test_cluster_sequence.py.)"""
     import torch.distributed as dist
 
-    from sharddit.parallel.cluster.driver import list_members, start_rank
-    from sharddit.parallel.cluster.group import form_group
+    from sharddit.parallel.cluster.driver import list_members
+    from sharddit.parallel.cluster.host import ClusterHost
 
-    ray = cluster["ray"]
+    ray, host = cluster["ray"], ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
     member = list_members(ray)["box2/cpu"]
-    actor = start_rank(ray, member, TIMEOUT_S)
-    where = ray.get(actor.where.remote(), timeout=TIMEOUT_S)
+    where = ray.get(host.rank("box2/cpu").where.remote(), timeout=TIMEOUT_S)
     assert where["node_id"] == member.node_id and where["pid"] != os.getpid() and where["device"] == "cpu", where
     assert where["cuda_visible_devices"] == "7", where  # Ray did not renumber the node's GPUs
-    group = form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S, subgroups=[(0, 1)])
+    session = _open(host)
     try:
-        assert group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2 and list(group.subgroups) == [(0, 1)]
-        assert not listening(group.store_host, group.store_port), "the rendezvous store is still open"
-        gen = torch.Generator().manual_seed(32)
-        for sub in (None, (0, 1)):  # the session's group, then a subgroup made before the store closed
-            _round_trip(ray, actor, group, sub, gen)
+        assert session.group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2
+        assert list(session.groups) == [(0, 1)] and list(session.weight_groups) == ["all"]
+        assert not listening(session.group.store_host, session.group.store_port), "the rendezvous store is still open"
+        _check(session)
     finally:
-        group.close()
+        host.close_session()
+        ray.kill(host.ranks["box2/cpu"])
     assert not dist.is_initialized()
-
-
-def _round_trip(ray, actor, group, sub, gen):
-    """The host and the actor all_to_all two random tensors (NaN, inf, -0.0 included) over the
-    session's group (``sub`` None) or its subgroup ``sub``; each gets the other's rows bit-exact."""
-    import torch.distributed as dist
-
-    mine, theirs = (torch.randn(6, 5, generator=gen, dtype=torch.float32) for _ in range(2))
-    mine[0, :3] = torch.tensor([float("nan"), float("inf"), -0.0])  # bytes, not values, must survive
-    reply = actor.all_to_all.remote(theirs, sub)
-    out = torch.empty_like(mine)
-    dist.all_to_all_single(out, mine, group=group.subgroups[sub] if sub else None)
-    got_theirs = ray.get(reply, timeout=TIMEOUT_S)
-    bits = lambda t: t.view(torch.int32)  # noqa: E731
-    assert torch.equal(bits(out), bits(torch.cat([mine[:3], theirs[:3]]))), sub
-    assert torch.equal(bits(got_theirs), bits(torch.cat([mine[3:], theirs[3:]]))), sub
 
 
 def test_a_stranger_at_the_rendezvous_store_neither_stalls_nor_redirects_the_group(cluster, monkeypatch):
     """Whoever finds the one-session store's port (here: told it) holds 1100 idle connections (from
     another process, this one at ``ulimit -n 1024``) and one that sent a single byte, and writes
     the keys gloo would use without the random prefix; the group still forms within the timeout
-    and its exchange is bit-exact."""
+    and the member answers in it."""
     import resource
 
     import torch.distributed as dist
 
     from sharddit.parallel.cluster import group as group_mod
-    from sharddit.parallel.cluster.driver import list_members, start_rank
+    from sharddit.parallel.cluster.host import ClusterHost
 
     ray, held, strangers, ready = cluster["ray"], [], [], []
     real_open = group_mod.open_store
@@ -153,22 +148,24 @@ def test_a_stranger_at_the_rendezvous_store_neither_stalls_nor_redirects_the_gro
         return server, prefix
 
     monkeypatch.setattr(group_mod, "open_store", open_with_stranger)
-    actor = start_rank(ray, list_members(ray)["box2/cpu"], TIMEOUT_S)
+    host = ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
     try:
-        group = group_mod.form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), TIMEOUT_S)
+        session = _open(host)
         formed = time.monotonic() - ready[0]  # from the moment the stranger holds its connections
         print(f"formed {formed:.1f} s after the stranger took hold")
         try:
             assert formed < TIMEOUT_S and len(held) == 2, formed
-            _round_trip(ray, actor, group, None, torch.Generator().manual_seed(11))
+            _check(session)
         finally:
-            group.close()
+            host.close_session()
     finally:
         for proc in strangers:
             proc.kill()
             proc.wait(10)
-        held[0].close()
-        ray.kill(actor)
+        if held:
+            held[0].close()
+        for actor in host.ranks.values():
+            ray.kill(actor)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
@@ -189,15 +186,17 @@ def test_the_host_keeps_a_members_rank_across_sessions_and_names_an_unknown_memb
     ray, host = cluster["ray"], ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
     with pytest.raises(ClusterError, match=r"no member 'box3/cpu' in the Ray cluster at 127\.0\.0\.1:\d+ \(members: "
                                            r"box2/cpu, w1/cpu, w2/cpu\); start `python <pack-dir> worker --ray"):
-        host.open_session(["box3/cpu"])
-    gen, pids = torch.Generator().manual_seed(7), []
-    for _ in range(2):
-        group = host.open_session(["box2/cpu"])
-        try:
+        host.session_for(("box3/cpu",), ((0, 1),), "gloo", {"box3/cpu": "cpu"})
+    pids = []
+    try:
+        for _ in range(2):
+            session = _open(host)
             pids.append(ray.get(host.ranks["box2/cpu"].where.remote(), timeout=TIMEOUT_S)["pid"])
-            _round_trip(ray, host.ranks["box2/cpu"], group, None, gen)
-        finally:
-            group.close()
+            _check(session)
+            host.close_session()
+    finally:
+        host.close_session()
+        ray.kill(host.ranks["box2/cpu"])
     assert pids[0] == pids[1], pids  # one rank actor for both sessions: what it received stays
 
 
@@ -213,7 +212,7 @@ def test_a_member_that_never_joins_is_named_within_the_timeout(cluster):
     ray.kill(actor)  # its join never runs: the host's store wait (and gloo's) must end on the timeout
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"did not form \(member box2/cpu: (ActorDiedError|RayActorError)"):
-        form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), 4.0)
+        form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), 4.0, "gloo", [(0, 1)])
     assert time.monotonic() - t0 < 4.0 + 6.0
     assert not dist.is_initialized()
 
@@ -257,6 +256,6 @@ def test_a_killed_node_is_reported_naming_the_member_within_the_timeout(cluster)
     host.ranks["box2/cpu"] = actor  # the host's next session with the lost member: named, then dropped
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"lost member box2/cpu \("):
-        host.open_session(["box2/cpu"])
+        _open(host)
     assert time.monotonic() - t0 < TIMEOUT_S + 6 and "box2/cpu" not in host.ranks
     wait_for("box2 leaving the member list", lambda: "box2/cpu" not in list_members(ray), TIMEOUT_S)

@@ -18,7 +18,7 @@ from ..distributed.config import dist_timeout
 from ..distributed.members import local_versions
 from ..units import format_gib
 from .driver import Member, check_alive, connect, list_members, start_rank
-from .group import SessionGroup, failed_calls, form_group
+from .group import failed_calls
 from .session import RaySession
 from .settings import ClusterError, ray_address
 
@@ -54,19 +54,6 @@ class ClusterHost:
                                    "...` on that machine, or remove it from devices")
             self.ranks[key] = start_rank(self.ray, members[key], self.timeout_s)
         return self.ranks[key]
-
-    def open_session(self, keys: list[str], backend: str = "gloo", subgroups: tuple = ()) -> SessionGroup:
-        """The session group of the host (rank 0) and members ``keys`` (ranks 1.. in that order).
-        ClusterError naming the members lost (dead node or actor, or silent); they are dropped, so
-        the next session starts them again if they came back, or runs without them."""
-        actors = {key: self.rank(key) for key in keys}
-        try:
-            check_alive(self.ray, actors, self.timeout_s)
-            return form_group(self.ray, actors, self.ray.util.get_node_ip_address(), self.timeout_s, backend,
-                              subgroups)
-        except ClusterError:
-            self._drop_silent(actors)
-            raise
 
     # ---- the sampling engine's session source (``distributed.ranks.DistRanks``) -----------------------
     def check_names(self, members) -> dict[str, dict]:

@@ -42,7 +42,7 @@ class RaySession:
         """Per member: (model key, block index) of the block skeletons it holds."""
         self._pending: dict[str, object] = {}
         t0 = time.monotonic()
-        self.group = form_group(ray, actors, host, timeout_s, backend, session_keys=self.group_keys)
+        self.group = form_group(ray, actors, host, timeout_s, backend, self.group_keys)
         self.groups, self.weight_groups = self.group.subgroups, self.group.weight_groups
         log.info("[ShardDiT] session %d open on Ray with %s in %.1f s", sid, ", ".join(self.names),
                  time.monotonic() - t0)

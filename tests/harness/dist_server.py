@@ -34,19 +34,6 @@ class Worker:
         lines = [x for x in self.server.log_text().splitlines() if f"'{self.member}'" in x]
         return "\n".join(x for i, x in enumerate(lines) if i == 0 or x != lines[i - 1])
 
-    def settled(self, quiet_s: float = 2.0, timeout: float = 60.0) -> str:
-        """``text()`` once it has not grown for ``quiet_s``: Ray forwards an actor's output to the
-        host a moment after the prompt that caused it has finished."""
-        deadline, last, since = time.monotonic() + timeout, None, time.monotonic()
-        while time.monotonic() < deadline:
-            text = self.text()
-            if text != last:
-                last, since = text, time.monotonic()
-            elif time.monotonic() - since >= quiet_s:
-                return text
-            time.sleep(0.2)
-        return last
-
     def wait_joined(self, timeout: float = 180.0) -> "Worker":
         """Until the cluster lists the member (``ray status`` shows its resource)."""
         self.server.cluster.wait_node(self.name, timeout)
