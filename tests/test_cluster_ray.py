@@ -135,15 +135,15 @@ def test_a_stranger_at_the_rendezvous_store_neither_stalls_nor_redirects_the_gro
     def open_with_stranger(host, timeout_s):
         server, prefix = real_open(host, timeout_s)
         assert host == "127.0.0.1" or not listening("127.0.0.1", server.port), "the store listens on every interface"
+        junk = dist.TCPStore(host, server.port, None, False, timedelta(seconds=20), use_libuv=True)
+        for key in ["0//cpu//0/0", "0//cpu//0/1", "/0//cpu//0/0", "/0//cpu//0/1"]:  # gloo's rank addresses (torch
+            junk.set(key, "[" * 3000)                                          # 2.13) with no or an empty prefix
+        held.append(socket.create_connection((host, server.port), timeout=5))
+        held[0].sendall(b"\x01")  # the start of a request, never finished
+        held.append(junk)
         strangers.append(subprocess.Popen([sys.executable, "-c", _HOLD, host, str(server.port), "1100"],
                                           stdout=subprocess.PIPE, text=True))
         assert strangers[0].stdout.readline().strip() == "held 1100"
-        held.append(socket.create_connection((host, server.port), timeout=5))
-        held[0].sendall(b"\x01")  # the start of a request, never finished
-        junk = dist.TCPStore(host, server.port, None, False, timedelta(seconds=5), use_libuv=True)
-        for key in ["0//cpu//0/0", "0//cpu//0/1", "/0//cpu//0/0", "/0//cpu//0/1"]:  # gloo's rank addresses (torch
-            junk.set(key, "[" * 3000)                                          # 2.13) with no or an empty prefix
-        held.append(junk)
         ready.append(time.monotonic())
         return server, prefix
 

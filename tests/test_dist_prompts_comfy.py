@@ -41,7 +41,7 @@ def test_prompts_in_a_row_each_equal_core(server, tiny_models):
     dist = [run_latent(server, wan_graph(names, "ours", f"prompts/dist_{i}", "cpu,w1/cpu", shard_loader=True,
                                          shift=8.0, **p))
             for i, p in enumerate(PROMPTS)]
-    assert server.workers[0].proc.poll() is None, server.workers[0].text()
+    assert server.workers[0].proc.poll() is None, server.workers[0].log.read_text(errors="replace")
     assert torch.equal(dist[-1], dist[0]), f"max diff {(dist[-1] - dist[0]).abs().max()}"
     for i, p in enumerate(PROMPTS[:-1]):
         core = run_latent(server, wan_graph(names, "core", f"prompts/core_{i}", shift=8.0, **p))

@@ -22,7 +22,6 @@ import pytest
 import torch
 from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
 from harness.dist_server import Worker, dist_server_scope
-from harness.ray_cluster import wait_for
 
 pytestmark = [pytest.mark.comfy, pytest.mark.cluster]
 TIMEOUT_S = 10
@@ -126,10 +125,7 @@ def test_worker_rank_matches_core_and_local(dist_server, tiny_models, core_laten
     n_blocks = int(re.findall(r"(\d+) blocks sharded over 'cpu'", server.log_text())[-1])
     assert (first, last) == (n_blocks // 2, n_blocks - 1), (first, last, n_blocks)
     assert _sent(server, before) == list(range(first, last + 1)), server.log_tail()  # each once, in two steps
-    member = _live(server)[0]  # the member's own word, forwarded by Ray a while after the prompt ended
-    wait_for("the member's report", lambda: re.findall(r"holds blocks \[([\d, ]+)\]", member.text()), 60)
-    held = re.findall(r"holds blocks \[([\d, ]+)\]", member.text())[-1]
-    assert [int(i) for i in held.split(",")] == list(range(first, last + 1)), held
+    # (what the member holds, exactly: test_cluster_sequence.py; its own lines reach this log late, through Ray)
 
 
 def test_two_host_ranks_and_a_worker_in_one_group(dist_server, tiny_models, core_latents):

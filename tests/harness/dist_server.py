@@ -3,8 +3,7 @@
 ``dist_server_scope(tiny_models, workdir, timeout_s, weights)``: a Ray head (token auth on) and a
 ComfyUI server started with ``SHARDDIT_RAY_ADDRESS`` pointing at it; ``Worker(server, name)``: a Ray
 node started by the real ``python <pack-dir> worker --join ... --name NAME --devices cpu``, its rank
-actors building ComfyUI's blocks (``COMFYUI_PATH``) and printing what they receive into the
-server's log (Ray forwards them, ``(RankWorker pid=...)``); ``wan_graph(...)``: a tiny Wan 2.1
+actors building ComfyUI's blocks (``COMFYUI_PATH``); ``wan_graph(...)``: a tiny Wan 2.1
 text-to-video graph with a LoRA, sampled by core's KSampler or ShardDiT's.
 """
 from __future__ import annotations
@@ -27,12 +26,6 @@ class Worker:
         server.cluster.add_node(name, wait=False, env={"COMFYUI_PATH": str(comfy_path())})
         self.proc = server.cluster.procs[name]
         self.log = server.cluster.tmp / f"{name}.log"
-
-    def text(self) -> str:
-        """What this member's rank actors said (in the server's log, as Ray forwards it; Ray
-        sometimes forwards a line twice in a row: kept once)."""
-        lines = [x for x in self.server.log_text().splitlines() if f"'{self.member}'" in x]
-        return "\n".join(x for i, x in enumerate(lines) if i == 0 or x != lines[i - 1])
 
     def wait_joined(self, timeout: float = 180.0) -> "Worker":
         """Until the cluster lists the member (``ray status`` shows its resource)."""
