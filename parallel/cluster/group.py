@@ -20,17 +20,12 @@ from ..distributed.host import reset_after_failed_init
 from .rank_server import session_subgroups
 from .settings import ClusterError
 
-__all__ = ["SessionGroup", "failed_calls", "form_group", "open_store", "raise_open_files"]
+__all__ = ["SessionGroup", "failed_calls", "form_group", "open_store"]
 
 
 def open_store(host: str, timeout_s: float):
     """A fresh libuv TCPStore server listening on ``host`` only (TCPStore alone listens on every
-    interface), on a port the OS picks, and a random key prefix. The store accepts every
-    connection while it listens, each one a file descriptor of this process (ComfyUI's): this
-    process's soft limit is raised to its hard one first (``raise_open_files``), so a stranger
-    holding a thousand connections for the second the store listens cannot starve the members'
-    own connections (at ``ulimit -n 1024`` they did)."""
-    raise_open_files()
+    interface), on a port the OS picks, and a random key prefix."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.bind((host, 0))
@@ -42,19 +37,6 @@ def open_store(host: str, timeout_s: float):
     server = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
                            use_libuv=True, master_listen_fd=sock.detach())  # the store owns the socket now
     return server, f"sharddit/{secrets.token_hex(16)}/"
-
-
-def raise_open_files(want: int = 1 << 16) -> None:
-    """This process's soft limit of open files raised to its hard limit (at most ``want``), once;
-    nothing where the platform has no such limit."""
-    try:
-        import resource
-    except ImportError:  # Windows: no RLIMIT_NOFILE
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = want if hard == resource.RLIM_INFINITY else min(hard, want)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
 
 
 class SessionGroup:
