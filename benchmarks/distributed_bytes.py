@@ -1,7 +1,7 @@
 """Bytes each rank sends per sampling step in distributed `sequence` mode, beside the cost model.
 
-The host (this process) and one worker process (``parallel/distributed/worker.py``) on 127.0.0.1 over
-gloo run a Wan-shaped toy DiT (``tests/harness/toy_seq.py``: dim 1024, 16 heads, 4 blocks, fp32,
+The host (this process, a Ray driver) and one member's rank actor on a second local Ray node (token
+auth on; ``tests/harness/ray_cluster.py``), over gloo on 127.0.0.1, run a Wan-shaped toy DiT (``tests/harness/toy_seq.py``: dim 1024, 16 heads, 4 blocks, fp32,
 512 text tokens) as ``cpu,w1/cpu``. After one warm-up forward (which also carries every block's
 weights of the blocks the worker owns -- half of them -- printed apart) each step's bytes are
 counted where they cross the process boundary:
@@ -18,12 +18,11 @@ state) for the same shape, with fp32 activations and weights. The cost model lea
 rotary table), which this prints as the difference. Then the same model's figures for Wan 2.1
 14B (bf16) at 480p and 720p, 81 frames, on two ranks — what a network link must carry per step.
 
-    python benchmarks/distributed_bytes.py [--tokens 2048] [--batch 1] [--steps 3]
+    python benchmarks/distributed_bytes.py [--tokens 2048] [--batch 1] [--steps 3]   # a Python with Ray
 """
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -75,18 +74,22 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args(argv)
     import_pack()
-    from sharddit.parallel.distributed.secret import SECRET_ENV, new_secret
+    import tempfile
 
-    os.environ.setdefault(SECRET_ENV, new_secret())  # this host and its one local worker share it
-    from harness import dist_procs
+    from harness import dist_toys  # noqa: F401  (the toy blocks' describers)
+    from harness.ray_cluster import LocalRayCluster
     from harness.toy_seq import SeqToyDiT
-    from sharddit.parallel.distributed.lobby import Lobby
+    from sharddit.parallel.cluster.host import ClusterHost
     from sharddit.parallel.distributed.ranks import attach_remote_ranks
     from sharddit.parallel.sequence.engine import attach_sequence_engine
     from sharddit.parallel.sequence.split import TokenSpec
     from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 
     dim, heads, n_blocks, text = 1024, 16, 4, 512
+    tmp = tempfile.TemporaryDirectory(prefix="sdb")  # short: Ray's socket paths fit 107 bytes
+    cluster = LocalRayCluster(Path(tmp.name), REPO, 60.0).start(("w1",))
+    host = ClusterHost(cluster.address, 60.0)
+    torch.set_num_threads(cluster.ray.get(host.rank("w1/cpu").where.remote(), timeout=60)["threads"])
     torch.manual_seed(0)
     model = SeqToyDiT(dim=dim, heads=heads, n_blocks=n_blocks, ffn=4 * dim, in_dim=64).eval()
     x = torch.randn(args.batch, args.tokens, 64)
@@ -96,18 +99,15 @@ def main(argv=None) -> int:
     handle = attach_block_sharding(model, BlockLayout(("blocks",), (("x",),)), ["cpu"] * n_blocks, "cpu")
     engine = attach_sequence_engine(handle.router, list(handle.proxies["blocks"]),
                                     (TokenSpec({"x": 1, "e": 1, "freqs": 1}),), ["cpu", "cpu"])
-    lobby = Lobby("127.0.0.1", dist_procs.free_port(), 60.0)
-    proc = dist_procs.start_worker(lobby.port, "w1", 60.0)
     try:
-        dist_procs.wait_joined(lobby, "w1/cpu", proc)
-        ranks = attach_remote_ranks(engine, lobby, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
+        ranks = attach_remote_ranks(engine, host, {1: "w1/cpu"}, {"w1/cpu": "cpu"})
         rows = []
         for step in range(args.steps):
-            before = lobby.session.bytes_received.get("w1/cpu", 0) if lobby.session else 0
+            before = host.session.bytes_received.get("w1/cpu", 0) if host.session else 0
             with torch.inference_mode(), handle.router.forward_scope(sequence=True):
                 out = model(x, t, ctx)
             assert torch.equal(out, ref), "distributed forward differs from the unsharded one"
-            session = lobby.session
+            session = host.session
             replies = session.bytes_received["w1/cpu"] - before
             ex = engine.stats
             to_worker = ranks.bytes_sent["w1/cpu"] + ex.bytes_sent[0]
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         analytic = _analytic(shape, args.tokens, 1, 1, 2.0 if args.batch == 2 else 1.0, 4, 4)
         weights_analytic = sum(b.weight_params for b in shape.blocks for _ in range(b.count)) * 4 / 2
         print(f"toy Wan-shaped DiT dim {dim}, {heads} heads, {n_blocks} blocks, {args.tokens} tokens, batch "
-              f"{args.batch}, fp32, ranks cpu,w1/cpu (gloo on 127.0.0.1); outputs bit-identical to unsharded")
+              f"{args.batch}, fp32, ranks cpu,w1/cpu (a Ray member, gloo on 127.0.0.1); outputs bit-identical to unsharded")
         for step, to_w, from_w, commands, exch, streamed in rows:
             what = " (also carries the worker's own blocks, once)" if step == 0 else ""
             print(f"step {step}{what}: host->worker {to_w / 1e6:.2f} MB (commands {commands / 1e6:.2f} MB, "
@@ -137,9 +137,9 @@ def main(argv=None) -> int:
             print(line)
     finally:
         engine.close()
-        lobby.close()
-        proc.kill()
-        proc.join(10)
+        host.close_session()
+        cluster.stop()
+        tmp.cleanup()
     return 0
 
 

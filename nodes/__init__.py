@@ -10,7 +10,7 @@ class ShardDiTExtension(ComfyExtension):
 
 
 async def comfy_entrypoint() -> ShardDiTExtension:
-    from ..loaders.comfy.distributed import start_lobby_if_configured
+    from ..loaders.comfy.distributed import cluster_settings_note
 
-    start_lobby_if_configured()  # workers may join from now on (only when SHARDDIT_DIST_ADDR is set)
+    cluster_settings_note()  # a refused cluster setting, or the former lobby's settings, said once at start
     return ShardDiTExtension()

@@ -5,7 +5,7 @@
 - ``blocks/``: block sharding (``blocks`` mode): hooks that run each block where its weights are;
 - ``sequence/``: the sequence-parallel engine (``sequence`` mode): token/batch split, block
   streaming, Ulysses attention, one thread per local device;
-- ``distributed/``: the same engine over ``torch.distributed``: lobby, host, worker, wire;
+- ``distributed/``: the same engine over ``torch.distributed`` (the data plane of several machines);
 - ``cluster/``: several machines on Ray (preview): members, rank actors, per-session groups;
 - ``cost/``: what each mode costs (memory, time, bytes) and the ``auto`` decision;
 - ``tiling/``: the batched, multi-device tiled VAE decode.

@@ -12,6 +12,7 @@ status 1 if any mutation survived (its test passed) or could not be applied.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import sys
@@ -20,14 +21,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-_ORDER = "tests/test_dist_order.py::test_every_process_posts_its_collectives_in_one_common_order"
+_ORDER = "tests/test_cluster_order.py::test_every_process_posts_its_collectives_in_one_common_order"
 _SYNCS = "tests/test_dist_exchange.py::test_the_gloo_path_waits_on_the_host_once_per_exchange_call"
 _TE = "tests/test_text_encoder_split_comfy.py::"
 _LTX = "tests/test_ltx2_sequence_comfy.py::test_ltx2_sequence_matches_core"
 _AV_TOY = "tests/test_sequence_families.py::test_video_split_audio_whole_like_the_whole_pair"
 _RESIDENT_PEAK = "tests/test_resident_fake_gpu.py::test_resident_counts_follow_free_memory_and_the_peak_stays_within"
 _GIVE_BACK = "tests/test_resident_give_back_comfy.py::"
-# (file, exact text, its mutation, test node id, needs ComfyUI)
+CLUSTER = "cluster"
+"""Its test starts a local Ray cluster (needs Ray: requirements-cluster.txt)."""
+# (file, exact text, its mutation, test node id, needs ComfyUI: True, False or CLUSTER)
 MUTATIONS = [
     ("parallel/sequence/ops.py", "if torch.cuda.is_available() and nbytes:", "if False:",
      "tests/test_cuda_paths_on_cpu.py::test_bounce_buffers_are_page_locked_and_exactly_the_bytes_held", False),
@@ -48,11 +51,11 @@ MUTATIONS = [
     ("parallel/distributed/weights.py", "slot.copied.synchronize()\n        self._slots.clear()",
      "pass\n        self._slots.clear()",
      "tests/test_cuda_paths_on_cpu.py::test_a_weight_ring_slot_is_refilled_only_after_the_copy_reading_it", False),
-    ("parallel/distributed/secret.py", "hmac.compare_digest(mac, sign(key, *parts))",
-     "mac[:16] == sign(key, *parts)[:16]",
-     "tests/test_dist_secret.py::test_a_signature_is_checked_whole_and_in_constant_time", False),
-    ("parallel/distributed/secret.py", "hmac.compare_digest(mac, sign(key, *parts))", "mac == sign(key, *parts)",
-     "tests/test_dist_secret.py::test_a_signature_is_checked_whole_and_in_constant_time", False),
+    # (8, 9 were the lobby's HMAC checks; the lobby is gone, issue 32: Ray's calls carry the payloads)
+    ("parallel/distributed/protocol.py", "    if nbytes != len(payload) - _LEN - n:\n", "    if False:\n",
+     "tests/test_dist_protocol.py::test_a_payload_round_trips_bit_for_bit_and_refuses_every_malformed_one", False),
+    ("parallel/distributed/protocol.py", "    if nbytes > max_body:\n", "    if False:\n",
+     "tests/test_dist_protocol.py::test_an_oversized_tensor_description_is_refused_before_allocation", False),
     ("parallel/distributed/serving.py", "or flat.dtype != torch.uint8 or flat.numel() != self.layouts[(key, idx)].nbytes:",
      "or flat.dtype != torch.uint8:",
      "tests/test_dist_protocol.py::test_a_worker_refuses_owned_weights_that_do_not_fill_the_layout_exactly", False),
@@ -123,11 +126,11 @@ MUTATIONS = [
      "tests/test_hidden_gpus_comfy.py::test_releasable_memory_adds_torchs_cached_blocks", True),
     # issue 30 fix 5: one order of every process's collectives, one host sync per exchange call
     ("parallel/distributed/order.py", "        if phase == EXCHANGE:\n", "        if False:\n",
-     _ORDER, False),
+     _ORDER, CLUSTER),
     ("parallel/distributed/order.py", "self._wait(lambda: all(f >= step - 1 for f in self._finished.values()),",
-     "self._wait(lambda: True,", _ORDER, False),
+     "self._wait(lambda: True,", _ORDER, CLUSTER),
     ("parallel/distributed/order.py", "        if phase == EXCHANGE:\n",
-     "        self._last = (-1, EXCHANGE)  # the order's own check made blind too\n        if False:\n", _ORDER, False),
+     "        self._last = (-1, EXCHANGE)  # the order's own check made blind too\n        if False:\n", _ORDER, CLUSTER),
     ("parallel/distributed/wire.py", "        offset += raw.numel()\n",
      "        offset += raw.numel()\n        if staged:\n            host_sync(_record(raw.device))\n", _SYNCS, False),
     ("parallel/distributed/wire.py", "data = _host_buffer(sum(sizes), True)", "data = _host_buffer(sum(sizes), False)",
@@ -212,7 +215,9 @@ MUTATIONS = [
 
 def run_one(n: int, path: str, old: str, new: str, test: str, comfy: bool) -> str:
     """'caught', 'SURVIVED', 'not applied' or 'skipped (...)'."""
-    if comfy and not os.environ.get("COMFYUI_PATH"):
+    if comfy == CLUSTER and importlib.util.find_spec("ray") is None:
+        return "skipped (needs Ray: requirements-cluster.txt)"
+    if comfy is True and not os.environ.get("COMFYUI_PATH"):
         return "skipped (needs COMFYUI_PATH)"
     file = REPO / path
     original = file.read_bytes()
@@ -223,7 +228,7 @@ def run_one(n: int, path: str, old: str, new: str, test: str, comfy: bool) -> st
         file.write_text(text.replace(old, new), encoding="utf-8")
         cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", test]
         if comfy:
-            cmd[4:4] = ["-m", "comfy"]
+            cmd[4:4] = ["-m", "cluster" if comfy == CLUSTER else "comfy"]
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
     finally:
         file.write_bytes(original)
@@ -241,7 +246,7 @@ def main() -> int:
     wanted = {int(x) for x in args.only.split(",")} if args.only else None
     bad = 0
     for n, (path, old, new, test, comfy) in enumerate(MUTATIONS, 1):
-        if (wanted and n not in wanted) or (args.pure and comfy):
+        if (wanted and n not in wanted) or (args.pure and comfy is True):
             continue
         t0 = time.monotonic()
         verdict = run_one(n, path, old, new, test, comfy)

@@ -1,6 +1,6 @@
 """Several machines on Ray through ComfyUI's real server (issue 32): a local Ray cluster with
-token auth on (a head, and a second node started by the real ``python <pack-dir> worker --ray
---join ... --name box2 --devices cpu``); the server joins it as a Ray driver
+token auth on (a head, and a second node started by the real ``python <pack-dir> worker --join
+... --name box2 --devices cpu``; ``harness.dist_server``); the server joins it as a Ray driver
 (``SHARDDIT_RAY_ADDRESS``) and samples with ``devices=cpu,box2/cpu``, ``parallel=sequence``.
 
 - six prompts in a row, changing the seed, the shape, cfg and the LoRA strength and back, each
@@ -14,7 +14,6 @@ token auth on (a head, and a second node started by the real ``python <pack-dir>
 """
 import os
 import re
-import secrets
 import sys
 import threading
 import time
@@ -22,57 +21,21 @@ import time
 import pytest
 import requests
 import torch
-from harness import dist_procs
+from harness.dist_server import Worker, dist_server_scope
 from harness.numerics import COMFY_SPLIT_BOUND, assert_split_close
-from harness.ray_cluster import listening, start_group, stop_group, wait_for
-from harness.server import REPO, ComfyServer
+from harness.server import REPO
 from test_distributed_server_comfy import _graph, _run
 
 pytestmark = [pytest.mark.comfy, pytest.mark.cluster]
 TIMEOUT_S = 20
-HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4",
-          "RAY_health_check_initial_delay_ms": "0"}
 
 
 @pytest.fixture(scope="module")
 def ray_server(tiny_models, tmp_path_factory):
-    from harness.comfy_env import comfy_path
-
-    tmp = tmp_path_factory.mktemp("rc")
-    port = dist_procs.free_port()
-    saved = dict(os.environ)
-    os.environ.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32), "HOME": str(tmp),
-                       "RAY_USAGE_STATS_ENABLED": "0", **HEALTH})
-    os.environ.pop("SHARDDIT_CLUSTER_INSECURE", None)
-    procs, server = [], None
-    try:
-        head = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--port", str(port), "--num-cpus", "1",
-                "--num-gpus", "0", "--include-dashboard=false", "--object-store-memory", str(100 << 20),
-                "--temp-dir", str(tmp / "t"), "--disable-usage-stats", "--block"]
-        procs.append(start_group(head, dict(os.environ), open(tmp / "head.log", "w")))
-        wait_for("the Ray head's port", lambda: listening("127.0.0.1", port), 60)
-        worker = [sys.executable, str(REPO), "worker", "--ray", "--join", f"127.0.0.1:{port}", "--name", "box2",
-                  "--devices", "cpu"]
-        env = {**os.environ, "COMFYUI_PATH": str(comfy_path()), "PYTHONUNBUFFERED": "1"}
-        env.pop("PYTHONPATH", None)
-        procs.append(start_group(worker, env, open(tmp / "box2.log", "w")))
-        node_log = tmp / "box2.log"  # `ray start --block` says this once the node has registered with the head
-        wait_for("the box2 node", lambda: "Ray runtime started" in node_log.read_text(errors="replace"), 180)
-        os.environ.update(SHARDDIT_RAY_ADDRESS=f"127.0.0.1:{port}", SHARDDIT_DIST_TIMEOUT=str(TIMEOUT_S),
-                          SHARDDIT_DIST_WEIGHTS="share")
-        server = ComfyServer(comfy_path(), tmp / "comfy", tiny_models.root)
-        server.start()
-        server.worker, server.tmp = procs[1], tmp
-        server.ray_address = f"127.0.0.1:{port}"
-        server.ray_env = {k: os.environ[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "HOME")}
+    with dist_server_scope(tiny_models, tmp_path_factory.mktemp("rc"), TIMEOUT_S, weights="share") as server:
+        server.worker = Worker(server, "box2").wait_joined()
+        server.workers.append(server.worker)
         yield server
-    finally:
-        if server is not None:
-            server.stop()
-        for proc in reversed(procs):
-            stop_group(proc)
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _graph_for(names, sampler, devices, seed, size, cfg, lora, prefix):
@@ -143,11 +106,12 @@ def test_plan_reads_the_members_free_memory_from_the_cluster(ray_server):
     import json
     import subprocess
 
-    port = ray_server.ray_address
+    cluster = ray_server.cluster
     out = subprocess.run([sys.executable, str(REPO), "plan", "--model", "wan2.1-t2v-1.3b", "--devices",
                           "cpu=64GiB,box2/cpu", "--size", "480x320", "--frames", "17", "--parallel", "sequence",
-                          "--workers", f"ray:{port}", "--json"], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, **ray_server.ray_env}, cwd=str(REPO))
+                          "--workers", f"ray:{cluster.address}", "--json"], capture_output=True, text=True,
+                         timeout=300, env={**cluster.node_env, "COMFYUI_PATH": os.environ["COMFYUI_PATH"]},
+                         cwd=str(REPO))
     assert out.returncode in (0, 3), out.stdout + out.stderr
     row = json.loads(out.stdout)["workers"]["devices"]["box2/cpu"]
     assert row["free_bytes"] > 0, row  # the member's own offer, read over Ray
@@ -156,7 +120,7 @@ def test_plan_reads_the_members_free_memory_from_the_cluster(ray_server):
 
 def test_a_killed_worker_node_is_named_and_the_next_prompt_runs_here(ray_server, tiny_models):
     server, names = ray_server, tiny_models.names
-    stop_group(server.worker)  # the worker command, its raylet and its rank actor
+    server.worker.kill()  # the worker command, its raylet and its rank actor
     t0 = time.monotonic()
     pid = server.queue_prompt(_graph_for(names, "ours", "cpu,box2/cpu", 7, (80, 80), 1.0, 1.0, "ray/after_kill"))
     status = server.status(pid, 300)

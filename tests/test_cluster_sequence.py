@@ -110,7 +110,7 @@ def test_two_members_stream_their_blocks_to_each_other(host):
     ranks = attach_remote_ranks(engine, host, {1: "w1/cpu", 2: "w2/cpu"}, CPU, owners={0: 0, 1: 1, 2: 2, 3: 0})
     block = WeightLayout(ref_model.blocks[0]).nbytes
     try:
-        for batch in (1, 2, 1):
+        for batch in (1, 2, 3, 1):  # 3: three batch groups of one rank each, one per process
             x = toy_inputs(batch)
             with torch.no_grad():
                 ref = ref_model(*x)

@@ -108,7 +108,7 @@ def test_the_node_offers_ray_no_gpus_so_ray_leaves_cuda_visible_devices_alone():
 
 
 def _args(**kw):
-    base = {"join": "127.0.0.1:6379", "name": "box2", "devices": "cpu", "ray": True, "new_secret": False}
+    base = {"join": "127.0.0.1:6379", "name": "box2", "devices": "cpu", "ray": False, "wait": 5.0}
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -127,7 +127,7 @@ def test_worker_ray_joins_port_6379_unless_told(join, address):
 
 
 def test_worker_ray_names_what_is_missing(monkeypatch):
-    with pytest.raises(ValueError, match=r"--name is required \(python <pack-dir> worker --ray --join HOST:6379"):
+    with pytest.raises(ValueError, match=r"--name is required \(python <pack-dir> worker --join HOST:6379"):
         worker_command.run(_args(name=None))
     with pytest.raises(ValueError, match=r"--join='box1:x' is not HOST:PORT"):
         worker_command.run(_args(join="box1:x"))

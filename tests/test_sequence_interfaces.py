@@ -69,16 +69,22 @@ def test_the_engine_does_not_ask_what_runs_its_ranks():
         assert probe not in source, f"sequence/engine.py still probes with {probe!r}"
 
 
-def test_the_lobby_offers_what_a_host_session_needs():
-    """``HostSession`` types its lobby by a protocol (the lobby makes sessions, so host.py does not
-    import it): the real ``Lobby`` has every member, with the protocol's parameters."""
-    from sharddit.parallel.distributed.host import SessionLobby
-    from sharddit.parallel.distributed.lobby import Lobby
+def test_the_cluster_host_offers_what_the_remote_ranks_use():
+    """``DistRanks`` takes its sessions from a source it does not import (``ClusterHost``): every
+    attribute it uses of the source and of a session exists on the real classes."""
+    import re
 
-    for name, member in vars(SessionLobby).items():
-        if callable(member) and not name.startswith("_"):
-            want = list(inspect.signature(member).parameters)
-            assert len(inspect.signature(getattr(Lobby, name)).parameters) == len(want), name
-    assert {"key", "timeout_s", "join"} <= set(SessionLobby.__annotations__)
-    init = inspect.getsource(Lobby.__init__)
-    assert all(f"self.{a} =" in init or f"self.{a}," in init for a in ("key", "timeout_s", "join"))
+    from sharddit.parallel.cluster.host import ClusterHost
+    from sharddit.parallel.cluster.session import RaySession
+    from sharddit.parallel.distributed import ranks
+
+    text = inspect.getsource(ranks)
+    used = set(re.findall(r"self\.source\.(\w+)", text)) | set(re.findall(r"\bsource\.(\w+)", text))
+    assert used == {"session_for", "close_session", "session", "timeout_s"}, used
+    for name in used - {"session", "timeout_s"}:
+        assert callable(getattr(ClusterHost, name)), name
+    init = inspect.getsource(ClusterHost.__init__)
+    assert "self.session" in init and "self.timeout_s" in init
+    session_used = set(re.findall(r"\bs(?:elf\.session)?\.(\w+)\(", text)) - {"pop", "append", "get", "wait_host"}
+    for name in {"send", "receive", "request", "broadcast", "wait", "label", "forget"}:
+        assert name in session_used and callable(getattr(RaySession, name)), name

@@ -2,8 +2,8 @@
 
 Exit codes: 0 fits, 3 does not fit (the shortfall per device, worker devices too, is printed), 2 bad
 input or no ComfyUI. Worker devices (``box2/cuda:0=24GiB``): ``loaders/simulator/simulator_workers``.
-Order (``run``): every argument, ComfyUI's import, the model's own checks, the host's lobby
-(``--workers``, ``plan_lobby``), the simulation; so nothing is printed before an error.
+Order (``run``): every argument, ComfyUI's import, the model's own checks, the cluster's members
+(``--workers``, ``plan_workers``), the simulation; so nothing is printed before an error.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ...parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfy.checks import check_device_entries
 from ..comfyui_import import import_comfyui
-from .plan_lobby import read_cluster, read_lobby, workers_address
+from .plan_workers import read_cluster, workers_address
 from ..simulator.presets import preset_names
 from ..simulator.simulator_strategies import DEFAULT_CFG, DEFAULT_GPU, check_cfg
 
@@ -70,10 +70,10 @@ def add_arguments(p) -> None:
                         f"{DEFAULT_NET_GBPS:g}: 10 GbE; InfiniBand-class 100 and up)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--png", metavar="FILE", help="also write the plan as a picture (the one the Plan node shows)")
-    p.add_argument("--workers", metavar="[ray:]HOST:PORT",
-                   help="also list the ShardDiT workers joined to the host at HOST:PORT (its SHARDDIT_DIST_ADDR), or "
-                        "with ray:HOST:PORT the members of that Ray cluster (RAY_AUTH_MODE=token and its token); "
-                        "worker devices in --devices without =SIZE take their free memory from these offers")
+    p.add_argument("--workers", metavar="HOST:PORT",
+                   help="also list the members of the Ray cluster at HOST:PORT (the host's SHARDDIT_RAY_ADDRESS; "
+                        "needs RAY_AUTH_MODE=token and its token); worker devices in --devices without =SIZE take "
+                        "their free memory from them")
 
 
 def _size(text: str) -> tuple[int, int]:
@@ -115,8 +115,8 @@ def _link(text: str) -> float:
 
 def run(args) -> int:
     """Check every argument (exit 2 before ComfyUI's import), then what needs the model (its size
-    grid, a file's header), then read the host's lobby (``--workers``), and only then simulate: a
-    bad argument or an absent host never comes after a printed plan."""
+    grid, a file's header), then read the cluster's members (``--workers``), and only then simulate:
+    a bad argument or an absent cluster never comes after a printed plan."""
     check_plan_args(args)
     import_comfyui()
     from ..simulator.simulator import check_simulation, run_simulation  # ComfyUI's model code: after the import
@@ -126,12 +126,9 @@ def run(args) -> int:
     setup = check_simulation(args.model, devices, *args.size, args.frames, args.batch, args.dtype,
                              args.reserve_vram_gb, None, args.parallel, args.cfg, args.gpu, args.link_gbps,
                              len(workers))
-    lobby = None
-    if args.workers is not None:
-        on_ray, addr = workers_address(args.workers)
-        lobby = read_cluster(addr) if on_ray else read_lobby(addr)
-    if workers and lobby is not None:
-        workers = _with_offers(workers, lobby)
+    members = read_cluster(workers_address(args.workers)) if args.workers is not None else None
+    if workers and members is not None:
+        workers = _with_offers(workers, members)
     report = run_simulation(setup, args.gpu, args.link_gbps, workers, weights, args.net_gbps)
     note = read_hidden_note(devices)  # GPUs the driver has but this process cannot use
     if note:
@@ -142,8 +139,8 @@ def run(args) -> int:
 
         draw_plan_picture(picture_from_report(report)).save(args.png)
         print(f"[ShardDiT] plan picture written to {args.png}")
-    if lobby is not None:  # after the JSON, on stderr, so stdout stays one JSON document
-        print(lobby.text, file=sys.stderr if args.json else sys.stdout)
+    if members is not None:  # after the JSON, on stderr, so stdout stays one JSON document
+        print(members.text, file=sys.stderr if args.json else sys.stdout)
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
 
 
@@ -185,17 +182,17 @@ def _check_png(path: str) -> None:
         raise ValueError(f"[ShardDiT] --png {path!r}: the folder {folder!r} is not writable; give another path")
 
 
-def _with_offers(workers, lobby):
-    """Worker devices without a stated free memory take it from the joined worker's offer (registered
-    as NAME or NAME/DEVICE). A worker that has not joined: ValueError naming the joined ones."""
+def _with_offers(workers, members):
+    """Worker devices without a stated free memory take it from the member's report (``NAME/DEVICE``,
+    or any device of NAME). A member not in the cluster: ValueError naming the members."""
     from ...parallel.distributed.host import offer_free
 
-    offers, host, port = lobby.offers, lobby.host, lobby.port
+    offers, host, port = members.offers, members.host, members.port
     out = []
     for name, dev, free in workers:
         offer = offers.get(f"{name}/{dev}", offers.get(name))
         if offer is None and free is None:
-            raise ValueError(f"[ShardDiT] no worker named {name!r} has joined {host}:{port} (joined: "
+            raise ValueError(f"[ShardDiT] no member {name}/{dev} in the Ray cluster at {host}:{port} (members: "
                              f"{', '.join(sorted(offers)) or 'none yet'}); start it with: python <pack-dir> worker "
                              f"--join {host}:{port} --name {name}, or give its free memory as {name}/{dev}=24GiB")
         stated = offer_free(offer, dev) if offer is not None else None

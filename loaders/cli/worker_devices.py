@@ -1,5 +1,4 @@
-"""The ``--devices`` of ``python <pack-dir> worker``, checked the same way on its lobby path
-(``worker_command``) and its Ray path (``worker_ray``)."""
+"""The ``--devices`` of ``python <pack-dir> worker`` (``worker_ray``), checked before Ray starts."""
 from __future__ import annotations
 
 from ...parallel.placement.devices import parse_device

@@ -1,5 +1,5 @@
-"""``python <pack-dir> worker --ray --join HOST[:PORT] --name NAME [--devices ...]`` (preview,
-issue 32): this machine joins a Ray cluster as a node whose devices become members ``NAME/DEVICE``.
+"""``python <pack-dir> worker --join HOST[:PORT] --name NAME [--devices ...]``: this machine joins a
+Ray cluster as a node whose devices become members ``NAME/DEVICE``.
 
 A thin wrapper over ``ray start --address HOST:PORT --block`` run from this Python (ComfyUI's),
 the node labelled with the name and holding one resource per device (``parallel/cluster/node.py``).
@@ -22,7 +22,7 @@ from ...parallel.cluster.node import ray_start_command
 from ...parallel.cluster.rank_actor import PACK_DIR_ENV, SETUP_ENV
 from ...parallel.cluster.settings import INSTALL_HINT, check_auth
 from ...parallel.distributed.config import parse_addr
-from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
+from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, resolve_host, wait_for_port
 from ...parallel.placement.devices import check_member_name
 from .worker_devices import check_cuda, parse_worker_devices
 
@@ -44,7 +44,7 @@ def setup_rank(device: str) -> str:
     (``COMFYUI_PATH``, or the ComfyUI the pack sits in) and register its block builders, so the
     rank builds the host's blocks with ComfyUI's own classes. Returns ComfyUI's version ('' when
     this node has no ComfyUI: then only the blocks of other registered families can run here)."""
-    from ...parallel.distributed.join import bind_device
+    from ...parallel.distributed.members import bind_device
     from ..comfyui_import import ComfyUINotFound, import_comfyui
 
     if device.startswith("cuda"):
@@ -55,24 +55,31 @@ def setup_rank(device: str) -> str:
         log.warning("%s; this member builds no ComfyUI blocks", e)
         return ""
     from ..comfy.worker_blocks import register_comfy
-    from .worker_command import _comfyui_version
-
     register_comfy()
-    return _comfyui_version()
+    try:
+        import comfyui_version
+
+        return str(comfyui_version.__version__)
+    except (ImportError, AttributeError):
+        return ""
 
 
 def ray_node_command(args) -> list[str]:
-    """``worker --ray``: the checked ``ray start`` command (ValueError: exit 2)."""
+    """``worker``: the checked ``ray start`` command (ValueError: exit 2)."""
     for option, value in (("--join", args.join), ("--name", args.name)):
         if value is None:
-            raise ValueError(f"{option} is required (python <pack-dir> worker --ray --join HOST:{RAY_PORT} "
+            raise ValueError(f"{option} is required (python <pack-dir> worker --join HOST:{RAY_PORT} "
                              "--name NAME)")
     check_member_name(args.name, "--name")
     address = ray_join_address(args.join)
+    try:
+        resolve_host(*parse_addr(address, "--join"))
+    except HostUnresolved as e:
+        raise ValueError(f"--join {args.join!r}: {str(e).removeprefix('[ShardDiT] ')}") from None
+    devices = parse_worker_devices(args.devices) if args.devices is not None else None
     check_auth(f"worker {args.name!r} (a Ray node)")
     if importlib.util.find_spec("ray") is None:
-        raise ValueError(f"[ShardDiT] worker --ray needs Ray in {sys.executable}: {INSTALL_HINT}")
-    devices = parse_worker_devices(args.devices) if args.devices is not None else None
+        raise ValueError(f"[ShardDiT] worker needs Ray in {sys.executable}: {INSTALL_HINT}")
     if devices is None or any(d.startswith("cuda") for d in devices):
         import torch
 
@@ -105,6 +112,20 @@ def run_ray_node(args) -> int:
         return child.wait()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        child.wait()
+        _stop(child)
         print(f"[ShardDiT] worker {args.name!r}: stopped (left the Ray cluster)", flush=True)
         return 0
+
+
+def _stop(child, wait_s: float = 30.0) -> None:
+    """Stop ``ray start --block`` as Ctrl+C in a terminal would (a signal sent to this process
+    alone does not reach it): SIGINT, then SIGTERM, then SIGKILL, ``wait_s`` each."""
+    for stop in (lambda: child.send_signal(signal.SIGINT), child.terminate, child.kill):
+        if child.poll() is not None:
+            return
+        stop()
+        try:
+            child.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,61 +1,47 @@
-"""The ComfyUI host's side of distributed `sequence` mode: its one lobby, and worker ranks for a
+"""The ComfyUI host's side of distributed `sequence` mode: its Ray cluster, and member ranks for a
 shard state (``NAME/DEVICE`` entries of a ``devices`` string).
 
-Member-key contract: each worker process serves one device and joins the lobby as the member
-``NAME/DEVICE`` (``box2/cuda:1``); engine ranks map to member keys, and ``devices=auto`` adds every
-joined member (``resolve_auto_devices``).
-
-The lobby starts with the server when ``SHARDDIT_DIST_ADDR`` is set (``start_lobby_if_configured``
-from the extension entrypoint), so workers can join before the first prompt; without it nothing
-listens and a worker device is a clear error. It opens only with the shared secret
-(``SHARDDIT_DIST_SECRET`` or ``SHARDDIT_DIST_SECRET_FILE``): without one it logs how to make one and
-stays closed, and every node keeps working with this machine's devices.
+Member-key contract: each member is one device of a worker machine (``box2/cuda:1``), a Ray node
+started by ``python <pack-dir> worker --join HEAD:6379 --name box2 --devices ...``; engine ranks map
+to member keys, and ``devices=auto`` adds every member (``resolve_auto_devices``). The host joins
+the cluster at ``SHARDDIT_RAY_ADDRESS`` as a Ray driver on the first prompt that needs it
+(``parallel/cluster/host.cluster_host``), never on ComfyUI's web-server thread.
 """
 from __future__ import annotations
 
 import logging
+import os
 
-from ...parallel.distributed.config import (
-    ADDR_ENV,
-    WEIGHTS_ENV,
-    dist_addr,
-    dist_timeout,
-    dist_weights,
-)
-from ...parallel.distributed.entries import member_key
+from ...parallel.distributed.config import WEIGHTS_ENV, dist_timeout, dist_weights, parse_addr
 from ...parallel.distributed.host import choose_worker_weights
-from ...parallel.distributed.lobby import Lobby
+from ...parallel.distributed.members import choose_backend, gpu_uuid, member_key
 from ...parallel.distributed.ranks import attach_remote_ranks
-from ...parallel.distributed.entries import choose_backend, gpu_uuid
 from ...parallel.cluster.host import cluster_host
-from ...parallel.cluster.settings import ClusterError, check_auth, ray_address
+from ...parallel.cluster.settings import RAY_ADDRESS_ENV, ClusterError, check_auth, ray_address
 
-__all__ = ["PatchVersion", "attach_workers", "auto_members", "check_workers", "decide_worker_weights",
-           "describe_workers", "get_lobby", "patch_versions", "resolve_auto_devices", "start_lobby_if_configured"]
+__all__ = ["LEGACY_ENV", "PatchVersion", "attach_workers", "auto_members", "check_workers", "cluster_settings_note",
+           "decide_worker_weights", "describe_workers", "get_cluster", "patch_versions", "resolve_auto_devices"]
 
 log = logging.getLogger("sharddit")
-_LOBBY: list[Lobby] = []
+LEGACY_ENV = ("SHARDDIT_DIST_ADDR", "SHARDDIT_DIST_SECRET", "SHARDDIT_DIST_SECRET_FILE", "SHARDDIT_DIST_PUBLIC")
+"""Settings of the former lobby, which Ray replaced: named with the way forward when still set."""
+_HOW = (f"set {RAY_ADDRESS_ENV}=HOST:6379 where ComfyUI runs (a Ray cluster whose worker machines ran `python "
+        "<pack-dir> worker --join HOST:6379 --name NAME`; README: Several machines)")
 
 
-def get_lobby(devices: str = ""):
-    """Where sessions with the workers come from: the Ray cluster when ``SHARDDIT_RAY_ADDRESS`` is
-    set (``parallel/cluster/host.ClusterHost``: members, their rank actors, one session), else this
-    host's lobby (``SHARDDIT_DIST_ADDR``). Call from the prompt's thread only: both may wait."""
+def get_cluster(devices: str = ""):
+    """The Ray cluster's host side (``parallel/cluster/host.ClusterHost``: members, their rank
+    actors, one session); ValueError naming the fix when ``SHARDDIT_RAY_ADDRESS`` is unset. Call
+    from the prompt's thread only: joining the cluster waits (bounded by SHARDDIT_DIST_TIMEOUT)."""
     host = cluster_host()
-    if host is not None:
-        return host
-    if not _LOBBY:
-        addr = dist_addr()
-        if addr is None:
-            raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices, but {ADDR_ENV} is not set where "
-                             f"ComfyUI runs: start ComfyUI with {ADDR_ENV}=HOST:PORT (this machine's address on "
-                             "the network the workers share) and start each worker with --join HOST:PORT")
-        _LOBBY.append(Lobby(*addr, dist_timeout(), comfyui=_comfyui_version()))
-    return _LOBBY[0]
+    if host is None:
+        raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices, but {RAY_ADDRESS_ENV} is not set: "
+                         + _HOW)
+    return host
 
 
 def _comfyui_version() -> str:
-    """ComfyUI's version for the lobby entry and offers ('' when unknown)."""
+    """ComfyUI's version, for the notes on members' versions ('' when unknown)."""
     try:
         import comfyui_version
 
@@ -67,75 +53,70 @@ def _comfyui_version() -> str:
 _VERSION_NOTES: set[str] = set()
 
 
-def _note_versions(lobby: Lobby, offers: dict) -> None:
-    """Log once per member whose ShardDiT, torch or ComfyUI version differs from this host's (the
-    protocol is the same, or the lobby would have skipped it): block classes may differ."""
+def _note_versions(host, offers: dict) -> None:
+    """Log once per member whose ShardDiT, torch or ComfyUI version differs from this host's
+    (block classes may differ)."""
+    mine = {**host.versions, "comfyui": _comfyui_version()}
     for member, offer in offers.items():
-        diff = [f"{k} {v!r} (host {lobby.versions[k]!r})" for k, v in offer["versions"].items()
-                if v != lobby.versions.get(k)]
+        diff = [f"{k} {v!r} (host {mine.get(k)!r})" for k, v in offer["versions"].items() if v != mine.get(k)]
         note = f"{member}: " + ", ".join(diff)
         if diff and note not in _VERSION_NOTES:
             _VERSION_NOTES.add(note)
-            log.warning("[ShardDiT] worker %s runs other versions than this host; results may differ", note)
+            log.warning("[ShardDiT] member %s runs other versions than this host; results may differ", note)
 
 
-def start_lobby_if_configured() -> None:
-    """Start listening for workers when ``SHARDDIT_DIST_ADDR`` is set. Called from the extension
-    entrypoint, so it never raises: a bad setting (address, port, timeout) or an address that
-    cannot be bound is one ``[ShardDiT]`` error line, distributed mode stays off, and every node
-    works with this machine's devices (a prompt naming worker devices then gets the same message)."""
+def cluster_settings_note() -> None:
+    """At the server's start: one line when the cluster's settings are refused (no token auth) or
+    when the former lobby's settings are still set. Never raises (it runs from the extension entrypoint)."""
+    legacy = [k for k in LEGACY_ENV if os.environ.get(k, "").strip()]
+    if legacy:
+        log.warning("[ShardDiT] %s: no longer used; several machines now run on Ray: %s", ", ".join(legacy), _HOW)
     try:
-        if ray_address() is not None:  # joined at the first prompt that names a member; said now if refused
-            check_auth("the ComfyUI host (SHARDDIT_RAY_ADDRESS)")
-            if dist_addr() is not None:
-                log.warning("[ShardDiT] both SHARDDIT_RAY_ADDRESS and %s are set: the Ray cluster is used, the "
-                            "lobby is not started", ADDR_ENV)
-            return
-        if dist_addr() is not None:
-            get_lobby()
+        if ray_address() is not None:
+            check_auth(f"the ComfyUI host ({RAY_ADDRESS_ENV})")
+            _check_settings()
     except Exception as e:  # noqa: BLE001 - an exception here would remove every ShardDiT node
         text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        log.error("%s; distributed sequence mode is off (this machine's devices work as usual)", text)
+        log.error("%s; several machines are off (this machine's devices work as usual)", text)
 
 
 def describe_workers() -> str:
-    """The joined workers (or Ray members) for the Plan node ('' when this host accepts none)."""
-    if ray_address() is not None:
-        try:
-            return get_lobby().describe()
-        except (ClusterError, ValueError) as e:
-            return str(e)
-    return _LOBBY[0].describe() if _LOBBY else ""
+    """The cluster's members for the Plan node ('' when no cluster is set)."""
+    if ray_address() is None:
+        return ""
+    try:
+        return get_cluster().describe()
+    except (ClusterError, ValueError) as e:
+        return str(e)
 
 
 def check_workers(devices: str, remote, contact: bool = True) -> None:
-    """Every named member (``NAME/DEVICE``) is listed once and has joined (ValueError naming the
-    missing one, the joined ones and the command that starts it). ``contact=False`` (a node's
-    ``validate_inputs``, on ComfyUI's web-server thread): the listing only, no lobby or cluster
-    is asked (a stranger holding it must not hold the web server)."""
+    """Every named member (``NAME/DEVICE``) is listed once and is in the cluster (ValueError naming
+    the missing one, the members and the command that starts it). ``contact=False`` (a node's
+    ``validate_inputs``, on ComfyUI's web-server thread): the listing and the settings only, the
+    cluster is not asked."""
     if not remote:
         return
     members = [member_key(name, dev) for name, dev in remote]
     for m in dict.fromkeys(members):
         if members.count(m) > 1:
             raise ValueError(f"[ShardDiT] devices {devices!r} lists the worker device {m!r} {members.count(m)} times: "
-                             "a worker process serves one rank; list it once (start the worker with more devices, "
+                             "a member serves one rank; list it once (start the worker with more devices, "
                              "--devices cuda:0,cuda:1, for more ranks on that machine)")
+    _check_settings()
     if contact:
-        get_lobby(devices).check_names(members)
-    else:
-        _check_settings(devices)
+        get_cluster(devices).check_names(members)
+    elif ray_address() is None:
+        get_cluster(devices)  # the error that says what to set
 
 
-def _check_settings(devices: str) -> None:
-    """The settings a worker device needs, read without contacting anyone: ValueError naming the
-    variable and the fix (a bad value, or neither SHARDDIT_RAY_ADDRESS nor SHARDDIT_DIST_ADDR)."""
+def _check_settings() -> None:
+    """The cluster's settings, read without contacting it: ValueError naming the variable, the
+    value and the form (``SHARDDIT_DIST_TIMEOUT``, ``SHARDDIT_RAY_ADDRESS``)."""
     dist_timeout()
-    if ray_address() is None and dist_addr() is None:
-        raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices, but neither SHARDDIT_RAY_ADDRESS nor "
-                         f"{ADDR_ENV} is set where ComfyUI runs: set SHARDDIT_RAY_ADDRESS=HOST:6379 (a Ray cluster "
-                         "whose worker machines ran `python <pack-dir> worker --ray --join HOST:6379 --name NAME`), "
-                         f"or {ADDR_ENV}=HOST:PORT and start each worker with --join HOST:PORT")
+    address = ray_address()
+    if address is not None and address != "auto":
+        parse_addr(address, RAY_ADDRESS_ENV)
 
 
 def attach_workers(engine, devices: str, remote, n_local: int, owners=None, version_of=None,
@@ -143,20 +124,20 @@ def attach_workers(engine, devices: str, remote, n_local: int, owners=None, vers
     """Ranks ``n_local...`` of ``engine`` run in the worker members ``remote`` ((name, device) pairs);
     ``owners``: block index -> engine rank (the plan's ranges); ``describe``: how the workers build
     the blocks (``worker_blocks.describer``)."""
-    lobby = get_lobby(devices)
-    offers = lobby.check_names([member_key(n, d) for n, d in remote])
-    _note_versions(lobby, offers)
+    host = get_cluster(devices)
+    offers = host.check_names([member_key(n, d) for n, d in remote])
+    _note_versions(host, offers)
     local = {str(d): gpu_uuid(str(d)) for d in engine.devices[:n_local]}
     backend, why = choose_backend(local, offers)
     log.info("[ShardDiT] distributed backend %s: %s", backend, why)
-    attach_remote_ranks(engine, lobby, {n_local + i: member_key(n, d) for i, (n, d) in enumerate(remote)},
+    attach_remote_ranks(engine, host, {n_local + i: member_key(n, d) for i, (n, d) in enumerate(remote)},
                         {member_key(n, d): d for n, d in remote}, backend, owners, version_of, keep_all, describe)
 
 
 def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:
     """``distributed/host.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
     members = [(member_key(n, d), d) for n, d in remote]
-    offers = get_lobby(devices).check_names([m for m, _ in members])
+    offers = get_cluster(devices).check_names([m for m, _ in members])
     keep_all, why = choose_worker_weights(dist_weights(), members, plan.block_ranges[n_local:], block_bytes, offers)
     log.info("[ShardDiT] %s: %s", WEIGHTS_ENV, why)
     return keep_all
@@ -206,17 +187,15 @@ def patch_versions(runtime, block_keys: dict[int, str]):
 
 
 def auto_members(devices: str) -> tuple[str, ...]:
-    """The joined members ``devices=auto`` would take now, in key order (() for other devices or
-    when this host has no lobby). Callers that cache per ``devices`` add it to their key."""
-    if not isinstance(devices, str) or devices.strip().lower() != "auto":
+    """The members ``devices=auto`` would take now, in key order (() for other devices or when no
+    cluster is set). Callers that cache per ``devices`` add it to their key."""
+    if not isinstance(devices, str) or devices.strip().lower() != "auto" or ray_address() is None:
         return ()
-    if ray_address() is not None:
-        return tuple(get_lobby().members())
-    return tuple(sorted(_LOBBY[0].workers())) if _LOBBY else ()
+    return tuple(get_cluster().members())
 
 
 def resolve_auto_devices(devices: str, parallel: str, local_auto, blocks_only=lambda: "") -> str:
-    """``devices=auto`` on a host whose lobby has joined members: with ``parallel`` ``sequence`` or
+    """``devices=auto`` on a host whose cluster has members: with ``parallel`` ``sequence`` or
     ``auto``, this machine's auto choice (``local_auto()``: an explicit device list such as
     ``"cuda:0,cuda:1"``) plus every joined member in key order (``"cpu,w1/cpu"``). With ``blocks``,
     or a model that runs in blocks mode only (``blocks_only()``: why, '' if not), the workers are left out

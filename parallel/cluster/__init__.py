@@ -1,4 +1,4 @@
-"""Several machines on Ray (preview): Ray is the control plane, torch.distributed the data plane.
+"""Several machines on Ray: Ray is the control plane, torch.distributed the data plane.
 
 Ray gives membership (each worker machine is a Ray node labelled with its name, its devices are
 resources), authentication (Ray's token: ``RAY_AUTH_MODE=token``), health (a dead node or actor is
@@ -12,9 +12,10 @@ store whose address and key prefix travel over Ray only.
 - ``rank_actor``: the actor a remote rank runs (shipped by value: worker nodes need not import the pack);
 - ``group``: form the per-session process group (rendezvous over Ray, every wait bounded);
 - ``host``: the host's members, their rank actors (kept across sessions) and one session at a time;
+- ``session``: a sampling session (commands as Ray calls, weights and exchanges on its groups);
+- ``rank_server``: the pack's side of a rank actor (joins a session, serves its commands);
 - ``node``: the ``ray start`` command line of ``python <pack-dir> worker --ray --join ...``.
 
 Nothing here imports Ray at module import: ``settings.import_ray()`` does, only when a cluster
-role starts, so local multi-GPU never needs Ray installed. The sampling engine does not use this
-package yet (``parallel/distributed/`` still serves it; ``host`` says where it will plug in).
+role starts, so local multi-GPU never needs Ray installed.
 """

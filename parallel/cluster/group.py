@@ -5,7 +5,7 @@ a port the OS picks, on the address the members reach it by only, puts every key
 Ray only (an authenticated RPC), and closes the store as soon as the group is formed. Every wait
 (the store's, gloo's connect, the actors' replies) is bounded by ``timeout_s``
 (``SHARDDIT_DIST_TIMEOUT``). The group is torch's default group of each process: one session at a
-time, as today's ``parallel/distributed/host.py``.
+time (``session.RaySession``).
 """
 from __future__ import annotations
 
@@ -40,66 +40,47 @@ def open_store(host: str, timeout_s: float):
 
 
 class SessionGroup:
-    """The formed group: ``ranks`` maps each member ``NAME/DEVICE`` to its rank (the host is 0)."""
+    """The formed group: ``ranks`` maps each member ``NAME/DEVICE`` to its rank (the host is 0);
+    ``subgroups`` each exchange group by its rank tuple, ``weight_groups`` each weight group."""
 
-    def __init__(self, ray, actors: dict[str, object], timeout_s: float, backend: str):
-        self.ray, self.actors, self.timeout_s, self.backend = ray, actors, timeout_s, backend
+    def __init__(self, actors: dict[str, object]):
         self.ranks = {key: r + 1 for r, key in enumerate(actors)}
         self.world = len(actors) + 1
         self.subgroups: dict[tuple, object] = {}
         self.weight_groups: dict[str, object] = {}
 
-    def close(self) -> None:
-        """Every member leaves (bounded), then the host; the actors stay for the next session."""
-        try:
-            refs = [a.leave.remote() for a in self.actors.values()]
-            self.ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
 
-
-def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, backend: str = "gloo",
-               subgroups: tuple = (), session_keys=None) -> SessionGroup:
-    """Form the session's group of the host (rank 0) and ``actors`` (``{member: handle}``, ranks 1..n
-    in that order), and its ``subgroups`` (rank tuples; ``new_group`` meets through the same store,
-    so every subgroup a session needs is made here, before the store closes: ``group.subgroups``).
+def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, backend: str,
+               group_keys) -> SessionGroup:
+    """Form a sampling session's group of the host (rank 0) and ``actors`` (``{member: handle}``,
+    ranks 1..n in that order): gloo, each member joining through its rank server
+    (``rank_server.RankServer.join``), then the session's subgroups on ``backend``
+    (``rank_server.session_subgroups``: the exchange groups ``group_keys``, then the weight groups;
+    ``new_group`` meets through the same store, so every one is made here, before it closes).
     ``host`` is this machine's address the members can reach. ClusterError naming the members that
-    did not join within ``timeout_s``; the store is closed either way.
-
-    ``session_keys`` (a sampling session): the members join through their rank servers
-    (``rank_server.RankServer.join``), the group itself is gloo, and the subgroups are the
-    session's (``rank_server.session_subgroups``: these exchange groups, then the weight groups) on
-    ``backend``: ``group.subgroups`` maps each exchange key, ``group.weight_groups`` each weight group."""
+    did not join within ``timeout_s``; the store is closed either way."""
     if dist.is_initialized():
         raise ClusterError("[ShardDiT] a distributed session is already open in this process (torch.distributed's "
                            "default group): close it before forming another")
-    group = SessionGroup(ray, actors, timeout_s, backend)
+    group = SessionGroup(actors)
     timeout = datetime.timedelta(seconds=timeout_s)
     server, prefix = open_store(host, timeout_s)
     group.store_host, group.store_port = host, server.port  # closed once formed (tests connect to check)
     start = time.monotonic()
+    keys = [tuple(g) for g in group_keys]
     try:
-        if session_keys is None:
-            subgroups = [tuple(g) for g in subgroups]
-            refs = {a.join.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend,
-                                  subgroups): k for k, a in actors.items()}
-        else:
-            keys = [tuple(g) for g in session_keys]
-            subgroups = session_subgroups(group.world, keys)
-            refs = {a.join_session.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend,
-                                          keys): k for k, a in actors.items()}
+        refs = {a.join_session.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend,
+                                      keys): k for k, a in actors.items()}
         client = dist.TCPStore(host, server.port, None, False, timeout, use_libuv=True)
         try:
-            dist.init_process_group(backend if session_keys is None else "gloo", store=dist.PrefixStore(prefix, client),
-                                    rank=0, world_size=group.world, timeout=timeout)
-            made = [dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups]
-            group.subgroups = dict(zip(subgroups, made))
-            if session_keys is not None:
-                group.subgroups = dict(zip(keys, made))
-                group.weight_groups = {"all": made[len(keys)]}
-                if group.world > 2:
-                    group.weight_groups["workers"] = made[len(keys) + 1]
+            dist.init_process_group("gloo", store=dist.PrefixStore(prefix, client), rank=0, world_size=group.world,
+                                    timeout=timeout)
+            made = [dist.new_group(list(g), backend=backend, timeout=timeout)
+                    for g in session_subgroups(group.world, keys)]
+            group.subgroups = dict(zip(keys, made))
+            group.weight_groups = {"all": made[len(keys)]}
+            if group.world > 2:
+                group.weight_groups["workers"] = made[len(keys) + 1]
         except Exception as err:  # DistStoreError on timeout, or gloo's own
             # the members had the same timeout and started first: their answers are in, or never come
             _raise_missing(ray, refs, min(timeout_s, 2.0), f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")

@@ -6,8 +6,8 @@ received stay with it); a member found dead is dropped, named in the error, and 
 runs on the members left. Call these from the prompt's thread, never from ComfyUI's web-server
 thread: connecting and forming a group wait (each wait bounded by ``SHARDDIT_DIST_TIMEOUT``).
 
-It is also the sampling engine's session source (``distributed.ranks.DistRanks``), as the lobby
-is without Ray: ``session_for`` keeps one ``session.RaySession`` open across prompts while its
+It is also the sampling engine's session source (``distributed.ranks.DistRanks``):
+``session_for`` keeps one ``session.RaySession`` open across prompts while its
 members and groups stay the same, ``check_names`` / ``workers`` give the members' offers.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from __future__ import annotations
 import threading
 
 from ..distributed.config import dist_timeout
-from ..distributed.entries import local_versions
+from ..distributed.members import local_versions
 from ..units import format_gib
 from .driver import Member, check_alive, connect, list_members, start_rank
-from .group import SessionGroup, failed_calls, form_group
+from .group import failed_calls
 from .session import RaySession
 from .settings import ClusterError, ray_address
 
@@ -55,20 +55,7 @@ class ClusterHost:
             self.ranks[key] = start_rank(self.ray, members[key], self.timeout_s)
         return self.ranks[key]
 
-    def open_session(self, keys: list[str], backend: str = "gloo", subgroups: tuple = ()) -> SessionGroup:
-        """The session group of the host (rank 0) and members ``keys`` (ranks 1.. in that order).
-        ClusterError naming the members lost (dead node or actor, or silent); they are dropped, so
-        the next session starts them again if they came back, or runs without them."""
-        actors = {key: self.rank(key) for key in keys}
-        try:
-            check_alive(self.ray, actors, self.timeout_s)
-            return form_group(self.ray, actors, self.ray.util.get_node_ip_address(), self.timeout_s, backend,
-                              subgroups)
-        except ClusterError:
-            self._drop_silent(actors)
-            raise
-
-    # ---- the sampling engine's session source (as ``distributed.lobby.Lobby``) ---------------------
+    # ---- the sampling engine's session source (``distributed.ranks.DistRanks``) -----------------------
     def check_names(self, members) -> dict[str, dict]:
         """The offers of ``members`` (each started if needed); ClusterError naming a missing or lost one."""
         actors = {m: self.rank(m) for m in members}

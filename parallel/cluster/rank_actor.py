@@ -4,12 +4,12 @@ This module is shipped to the worker nodes by value (``driver.rank_actor_class``
 runs ``ray start`` from ComfyUI's Python, where the pack is a folder, not an importable package.
 So it imports only the standard library, torch and Ray, never the rest of the pack.
 
-The actor joins the session's process group with the address and key prefix the host handed it
-over Ray, then serves collectives on it. Every wait is bounded by the ``timeout_s`` it is given.
+The actor imports the pack from its node (``SHARDDIT_PACK_DIR``) and hands everything to the pack's
+``rank_server.RankServer``: it joins the session's process group with the address and key prefix
+the host handed it over Ray, then serves the host's commands. Every wait is bounded.
 """
 from __future__ import annotations
 
-import datetime
 import importlib
 import importlib.util
 import os
@@ -33,7 +33,6 @@ class RankWorker:
     def __init__(self, member: str, device: str):
         self.member = member
         self.device = device
-        self.groups: dict[tuple, object] = {}
         self.rank = None
         """The pack's ``cluster.rank_server.RankServer``, made on the first session (``_server``)."""
 
@@ -44,26 +43,6 @@ class RankWorker:
         return {"member": self.member, "node_id": ray.get_runtime_context().get_node_id(),
                 "host": socket.gethostname(), "pid": os.getpid(), "device": self.device,
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "threads": _torch_threads()}
-
-    def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float,
-             backend: str = "gloo", subgroups: list = ()) -> int:
-        """Join the session's group as ``rank`` of ``world`` through the host's one-session store
-        (``host:port``, keys under ``prefix``), then make its ``subgroups`` (rank tuples, every rank
-        makes each, in order, as ``new_group`` asks); returns the rank once all are formed."""
-        import torch.distributed as dist
-
-        if dist.is_initialized():  # an earlier session's group this actor did not leave
-            dist.destroy_process_group()
-        if self.device.startswith("cuda"):  # NCCL's communicator binds to the current device
-            import torch
-
-            torch.cuda.set_device(self.device)
-        timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(host, port, None, False, timeout, use_libuv=True)
-        dist.init_process_group(backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
-                                timeout=timeout)
-        self.groups = {tuple(g): dist.new_group(list(g), backend=backend, timeout=timeout) for g in subgroups}
-        return dist.get_rank()
 
     def _server(self):
         """The pack's RankServer, imported from this node's pack folder the first time (the pack
@@ -94,28 +73,9 @@ class RankWorker:
         """One command of the session (``RankServer.command``): payload in, payload out."""
         return self._server().command(payload)
 
-    def all_to_all(self, rows, group: tuple | None = None):
-        """Send equal row blocks of ``rows`` to every rank of ``group`` (the session's whole group
-        when None; block k to its k-th rank) and return the blocks received, in rank order (the
-        Ulysses exchange's collective)."""
-        import torch
-        import torch.distributed as dist
-
-        rows = rows.to(self.device).contiguous()
-        out = torch.empty_like(rows)
-        dist.all_to_all_single(out, rows, group=None if group is None else self.groups[tuple(group)])
-        return out.cpu()
-
     def leave(self) -> bool:
         """Leave the session's group (the actor stays, for the next session)."""
-        import torch.distributed as dist
-
-        self.groups = {}
-        if self.rank is not None:
-            return self.rank.leave()
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        return True
+        return self.rank.leave() if self.rank is not None else True
 
     def ping(self) -> str:
         return self.member

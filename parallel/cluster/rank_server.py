@@ -16,9 +16,8 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from ..distributed.entries import make_offer
 from ..distributed.host import end_process_group, reset_after_failed_init
-from ..distributed.join import bind_device, device_free_bytes
+from ..distributed.members import bind_device, device_free_bytes, make_offer
 from ..distributed.protocol import ProtocolError, from_payload, to_payload
 from ..distributed.serving import BlockServer
 
@@ -45,7 +44,7 @@ class RankServer:
         self.backend = "gloo"
 
     def offer(self) -> dict:
-        """What this member offers: its device, free bytes, GPU and versions (as a lobby offer)."""
+        """What this member offers: its device, free bytes, GPU and versions."""
         return make_offer(self.name, self.device, device_free_bytes(self.device), self.comfyui)
 
     def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float, backend: str,
@@ -70,7 +69,7 @@ class RankServer:
             wgroups["workers"] = made[len(keys) + 1]
         self.backend = backend
         self.server = BlockServer(self.member, self.device, backend, rank, dict(zip(keys, made)), wgroups, timeout_s,
-                                  say=lambda m: log.info("%s", m))
+                                  say=lambda m: print(m, flush=True))  # Ray forwards it to the host's log
         return dist.get_rank()
 
     def command(self, payload: bytes) -> bytes:

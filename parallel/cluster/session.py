@@ -1,9 +1,8 @@
 """A sampling session on Ray: what ``distributed.ranks.DistRanks`` needs of a session, with the
 host's commands carried by Ray calls to the members' rank actors.
 
-The same interface as the lobby's ``distributed.host.HostSession`` (``send`` / ``receive`` /
-``request``, ``broadcast`` / ``wait`` on the weight groups, ``groups`` for the exchanges, the
-per-member ``versions`` and ``skeletons``), so the engine's remote ranks run unchanged. A command
+``send`` / ``receive`` / ``request``, ``broadcast`` / ``wait`` on the weight groups, ``groups`` for
+the exchanges, the per-member ``versions`` and ``skeletons``: what the engine's remote ranks use. A command
 is one ``protocol`` payload per Ray call (``rank_server.RankServer.command``); ``send`` posts it
 and ``receive`` waits for its reply within ``SHARDDIT_DIST_TIMEOUT``. The reply's tensors are
 checked against the caller's limit before any is made. Ray orders the calls of one caller to one
@@ -43,7 +42,7 @@ class RaySession:
         """Per member: (model key, block index) of the block skeletons it holds."""
         self._pending: dict[str, object] = {}
         t0 = time.monotonic()
-        self.group = form_group(ray, actors, host, timeout_s, backend, session_keys=self.group_keys)
+        self.group = form_group(ray, actors, host, timeout_s, backend, self.group_keys)
         self.groups, self.weight_groups = self.group.subgroups, self.group.weight_groups
         log.info("[ShardDiT] session %d open on Ray with %s in %.1f s", sid, ", ".join(self.names),
                  time.monotonic() - t0)

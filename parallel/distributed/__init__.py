@@ -1,5 +1,6 @@
-"""``sequence`` mode over ``torch.distributed``: the shared secret (``secret``), the lobby entries
-(``entries``) and the host's lobby (``lobby``), a worker's join (``join``) and serving loop
-(``worker``), the host's session (``host``) and its remote ranks (``ranks``), the signed control
-channel (``wire``, messages in ``protocol``), block descriptions (``block_specs``), weight
-broadcasts (``weights``), activation exchange (``exchange``), settings (``config``, ``connect``)."""
+"""``sequence`` mode over ``torch.distributed`` (the data plane; the cluster is ``parallel/cluster``):
+the host's remote ranks (``ranks``) and what a member does with its commands (``serving``), the
+commands themselves (``protocol``), members and their offers (``members``), the host's checks and
+errors (``host``), block descriptions (``block_specs``), weight broadcasts (``weights``),
+activation exchange (``exchange``, parts in ``wire``), one order for every collective (``order``),
+settings (``config``, ``connect``)."""

@@ -55,7 +55,7 @@ def insecure_classes() -> bool:
     on = os.environ.get(INSECURE_ENV, "").strip() == "1"
     if on:
         log.warning("[ShardDiT] %s=1: this worker builds block classes the host names outside the allow-list "
-                    "(custom ops, quantized layers); a host with the secret can make it import any module",
+                    "(custom ops, quantized layers); whoever holds the cluster's token can make it import any module",
                     INSECURE_ENV)
     return on
 

@@ -1,49 +1,36 @@
 """The control messages of a distributed session: every message, its fields and their checks (pure).
 
-Nothing a peer sends is unpickled. A control message is a JSON object (``op`` plus the fields
-``MESSAGES`` lists for it) and a table of tensors, each sent as dtype (``DTYPES``, an allow-list),
-shape and raw bytes. On the wire (``frame`` / ``parse_header``):
-
-1. one int64: the header's length, at most ``MAX_HEADER_BYTES`` (checked before it is allocated);
-2. the header: 64 hex digits of HMAC-SHA256, then the JSON text ``{"seq", "msg", "tensors"}``;
-   the MAC covers the protocol version, the channel (which pair, which direction), the sequence
-   number and the JSON text, so a message cannot be replayed, reordered or moved to another pair;
-3. the tensors' raw bytes, one after the other: their count and sizes come only from the verified
-   header and are checked against the receiver's limit before anything is allocated.
+Nothing a peer sends is unpickled by code of ours. A control message is a JSON object (``op`` plus
+the fields ``MESSAGES`` lists for it) and a table of tensors, each sent as dtype (``DTYPES``, an
+allow-list), shape and raw bytes: one bytes object (``to_payload`` / ``from_payload``), carried by
+Ray's token-authenticated calls between the host and a member's rank actor. Its tensors' count and
+sizes come only from the header and are checked against the receiver's limit before anything is
+allocated.
 
 Values inside messages (block arguments, ``transformer_options``) are JSON with tagged forms for
 what JSON lacks (``encode_value``): ``{"T": i}`` tensor ``i`` of the table, ``{"tuple": [...]}``,
 ``{"dict": [[key, value], ...]}``, ``{"dtype": "float16"}``, ``{"float": "nan"}``.
 Tensors always leave as CPU bytes and are rebuilt on the receiver's own device.
-
-The pair first completes a challenge-response (``hello`` / ``answer`` / ``welcome`` or ``refused``,
-signed with the shared secret) that proves both sides hold it; every later message is signed with
-a key derived from the secret and both sides' fresh nonces (``channel_key``).
 """
 from __future__ import annotations
 
 import json
 import math
-import secrets
 
 import torch
 
-from .secret import sign, verify
+__all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "check_message", "decode_message",
+           "decode_value", "dtype_name", "encode_value", "from_payload", "tensor_nbytes", "tensors_from_bytes",
+           "to_payload"]
 
-__all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "SecretMismatch", "channel_key",
-           "check_message", "decode_message", "decode_value", "dtype_name", "encode_value", "frame", "new_nonce",
-           "from_payload", "parse_header", "tensor_nbytes", "tensors_from_bytes", "to_payload"]
-
-PROTOCOL = 2
-"""Version of the distributed protocol: these control messages and the lobby's signed entries
-(``lobby.py``); raised with any change to either. 1 was unsigned entries and pickled messages. A
-mismatch is refused naming both sides."""
+PROTOCOL = 3
+"""Version of the distributed protocol, raised with any change to these messages (2 was the
+lobby's signed messages, 1 pickled ones). A mismatch is refused naming both sides."""
 MAX_HEADER_BYTES = 8 << 20
 """A control header is a few KB (a block command with its per-tensor layout); 8 MiB is ample."""
 MAX_TENSORS = 4096
 MAX_NDIM = 8
 MAX_DEPTH = 12
-MAC_CHARS = 64
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64,
           "int64": torch.int64, "int32": torch.int32, "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8,
@@ -55,19 +42,13 @@ _NAMES = {d: n for n, d in DTYPES.items()}
 _ANY = object()
 _INT, _STR, _BOOL, _LIST, _DICT = int, str, bool, list, dict
 MESSAGES: dict[str, dict[str, object]] = {
-    # challenge-response, signed with the shared secret itself
-    "hello": {"nonce": _STR, "protocol": _INT},        # host -> worker: a fresh challenge
-    "answer": {"nonce": _STR, "proof": _STR},          # worker -> host: its own nonce, the proof
-    "welcome": {"proof": _STR},                        # host -> worker: the host's proof
-    "refused": {"error": _STR},                        # either way: why the session cannot go on
-    # host -> worker commands, signed with the channel key
+    # host -> member commands
     "block": {"fid": _INT, "key": _STR, "index": _INT, "blocks": _LIST, "owned": _LIST, "transfers": _LIST,
               "args": _LIST, "kwargs": _LIST, "streams": _LIST, "slice": _DICT, "main": _INT, "text_first": _BOOL,
               "group": _LIST, "peers": _LIST, "grad": _BOOL, "inference": _BOOL},
     "fetch": {"name": _STR},
     "drop": {"key": _STR},
     "held": {},
-    "leave": {},
     # worker -> host replies
     "ok": {},
     "tensor": {"tensor": _ANY},
@@ -81,11 +62,7 @@ worker keeps), ``transfers`` [[index, [group, source] or None]], ``args`` [value
 
 
 class ProtocolError(ValueError):
-    """A message that is malformed, too large, out of sequence, or not signed by a secret holder."""
-
-
-class SecretMismatch(ProtocolError):
-    """The peer's signature does not verify: it does not hold this side's secret."""
+    """A message that is malformed, too large or of another protocol."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -93,15 +70,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         raise TypeError(f"[ShardDiT] dtype {dtype} cannot cross the wire (allowed: {', '.join(DTYPES)})")
     return name
-
-
-def new_nonce() -> str:
-    return secrets.token_hex(16)
-
-
-def channel_key(secret: bytes, host_nonce: str, worker_nonce: str, rank: int) -> bytes:
-    """The key of one pair's control channel in one session: fresh nonces from both sides."""
-    return sign(secret, "sharddit-channel", PROTOCOL, rank, host_nonce, worker_nonce).encode()
 
 
 # ---- values ---------------------------------------------------------------------------------------
@@ -183,44 +151,8 @@ def tensor_nbytes(spec) -> int:
     return math.prod(shape) * DTYPES[spec[0]].itemsize
 
 
-def frame(msg: dict, key: bytes, channel: str, seq: int) -> tuple[bytes, list[torch.Tensor]]:
-    """(header bytes, CPU tensors whose raw bytes follow it) of a checked, signed message."""
-    check_message(msg)
-    tensors: list = []
-    body = {k: encode_value(v, tensors) for k, v in msg.items()}
-    if len(tensors) > MAX_TENSORS:
-        raise ValueError(f"[ShardDiT] a message carries {len(tensors)} tensors, at most {MAX_TENSORS}")
-    cpu = [t.detach().to("cpu").contiguous() for t in tensors]
-    specs = [[dtype_name(t.dtype), list(t.shape)] for t in cpu]
-    text = json.dumps({"seq": seq, "msg": body, "tensors": specs}, allow_nan=False, separators=(",", ":")).encode()
-    mac = sign(key, "sharddit-ctl", PROTOCOL, channel, seq, text)
-    return mac.encode() + text, cpu
-
-
-def parse_header(header: bytes, key: bytes, channel: str, seq: int, max_body: int = 0) -> tuple[dict, list, int]:
-    """(encoded message, tensor descriptions, body bytes) of a received header, verified: signed with
-    ``key`` for ``channel`` with sequence number ``seq`` (SecretMismatch otherwise), its tensors
-    at most ``max_body`` bytes in all (ProtocolError otherwise, before anything is allocated)."""
-    mac, text = header[:MAC_CHARS], header[MAC_CHARS:]
-    mac = mac.decode("ascii") if mac.isascii() else ""
-    if not verify(key, mac, "sharddit-ctl", PROTOCOL, channel, seq, text):
-        raise SecretMismatch(f"a control message on {channel} (number {seq}) is not signed with this side's secret")
-    try:
-        data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"a control header is not JSON ({e})") from None
-    if not (isinstance(data, dict) and data.get("seq") == seq and isinstance(data.get("msg"), dict)
-            and isinstance(data.get("tensors"), list) and len(data["tensors"]) <= MAX_TENSORS):
-        raise ProtocolError("a control header lacks seq/msg/tensors")
-    nbytes = sum(tensor_nbytes(s) for s in data["tensors"])
-    if nbytes > max_body:
-        raise ProtocolError(f"message {str(data['msg'].get('op'))[:20]!r} announces {nbytes} bytes of tensors, more "
-                            f"than the {max_body} expected here")
-    return data["msg"], data["tensors"], nbytes
-
-
 def tensors_from_bytes(specs: list, body: torch.Tensor, device) -> list[torch.Tensor]:
-    """The tensors of a verified header out of its raw bytes (a uint8 CPU tensor), on ``device``."""
+    """The tensors of a checked header out of its raw bytes (a uint8 CPU tensor), on ``device``."""
     out, offset = [], 0
     for spec in specs:
         n = tensor_nbytes(spec)
@@ -233,7 +165,7 @@ def tensors_from_bytes(specs: list, body: torch.Tensor, device) -> list[torch.Te
 
 
 def decode_message(encoded: dict, tensors: list) -> dict:
-    """The checked message of a verified header, its values rebuilt."""
+    """The checked message of a checked header, its values rebuilt."""
     msg = {k: decode_value(v, tensors) for k, v in encoded.items()}
     return check_message(msg)
 

@@ -1,6 +1,6 @@
 """Engine ranks that live in worker processes (host side of distributed `sequence` mode; pure).
 
-``attach_remote_ranks(engine, lobby, {engine_rank: worker}, devices, owners=...)`` makes those ranks
+``attach_remote_ranks(engine, source, {engine_rank: member}, devices, owners=...)`` makes those ranks
 of a ``SequenceEngine`` remote: ``DistRanks`` becomes the engine's ``RankRunner``
 (``sequence.interfaces``) and runs the other ranks through ``sequence.local.LocalRanks``. A remote
 rank's thread on the host is a proxy: for each block it
@@ -26,8 +26,10 @@ of the host ranks that exchange with workers) is posted through one ``order.Coll
 forward, by step (the forward's block calls): step ``s``'s broadcasts before its exchanges, its
 exchanges before step ``s + 1``'s broadcasts, as every worker posts them (NCCL needs one order).
 
-A worker process serves one rank (one device; ``worker --devices a,b`` starts one process per
-device); the host may hold several ranks of one batch group (its threads share one exchange).
+A member (one device of a worker machine, ``NAME/DEVICE``) serves one rank, in its Ray rank actor;
+``source`` is where sessions come from (``parallel/cluster/host.ClusterHost``: ``session_for``,
+``close_session``, ``session``, ``timeout_s``). The host may hold several ranks of one batch group
+(its threads share one exchange).
 """
 from __future__ import annotations
 
@@ -42,7 +44,6 @@ from .weights import WeightLayout, pack_block, same_version, weights_version
 from .exchange import DistExchange
 from .order import CollectiveOrder
 from .host import DistWorkerError
-from .lobby import Lobby
 from .block_specs import describe_block
 from ..sequence.local import LocalRanks
 from ..sequence.rank_block import ATTENTION_OVERRIDE
@@ -56,7 +57,7 @@ _NOT_SENT = ("patches", "patches_replace", "wrappers", "callbacks", ATTENTION_OV
 _FORWARDS = itertools.count(1)
 """Forward ids, unique in this process: two models (Wan 2.2's two experts) share one session."""
 FETCH_LIMIT = 1 << 36
-"""Largest hidden-state share a worker may return (64 GiB; the reply is signed, this stops a runaway)."""
+"""Largest hidden-state share a member may return (64 GiB; checked before anything is allocated)."""
 _IN_FLIGHT = 3
 """Host broadcasts in flight at most (the current block, the next one, one finishing)."""
 
@@ -92,9 +93,9 @@ class DistRanks:
     """The remote ranks of one engine and the session they run in: the engine's ``RankRunner``
     (its other ranks run through ``self.local``)."""
 
-    def __init__(self, engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str], backend: str = "gloo",
+    def __init__(self, engine, source, remote: dict[int, str], devices: dict[str, str], backend: str = "gloo",
                  owners: dict[int, int] | None = None, version_of=None, keep_all: bool = False, describe=None):
-        self.engine, self.lobby, self.remote = engine, lobby, dict(remote)
+        self.engine, self.source, self.remote = engine, source, dict(remote)
         self.local = LocalRanks(engine.devices)
         """Runs the engine's ranks that are threads of this process."""
         self.devices, self.backend = devices, backend
@@ -141,6 +142,8 @@ class DistRanks:
         self.order: CollectiveOrder | None = None
         """The order of this forward's collectives (``order``)."""
         self._exchangers: set[int] = set()
+        self._owned_sent: dict[str, list[int]] = {}
+        """Per worker, this forward: the blocks whose own weights it was sent (logged at the end)."""
         """Local ranks whose batch group has workers: they post exchanges."""
 
     def _groups(self, n):
@@ -170,7 +173,7 @@ class DistRanks:
 
     # ---- main thread ---------------------------------------------------------------------------
     def begin_forward(self, groups) -> None:
-        self.session = self.lobby.session_for(self.names, self.group_keys, self.backend, self.devices)
+        self.session = self.source.session_for(self.names, self.group_keys, self.backend, self.devices)
         self._fid = next(_FORWARDS)
         self._sent = {n: {} for n in self.names}
         self.bytes_sent = {n: 0 for n in self.names}
@@ -181,6 +184,7 @@ class DistRanks:
         self._host_works = []
         self.order = CollectiveOrder(self.session.timeout_s, self.engine.pool)
         self._exchangers = set()
+        self._owned_sent = {n: [] for n in self.names}
 
     def end_forward(self, ok: bool) -> None:
         s = self.session
@@ -192,9 +196,13 @@ class DistRanks:
             raise
         finally:
             self._host_works = []
+            for name, sent in self._owned_sent.items():
+                if sent and s is not None:
+                    log.info("[ShardDiT] %s: sent the weights of its blocks %s (new or changed)", s.label(name),
+                             sorted(sent))
             if s is not None and (not ok or s.broken):
                 s.broken = True  # a failed forward leaves the ranks out of step: no 'leave', just close
-                self.lobby.close_session()
+                self.source.close_session()
             self.session = None
 
     def exchange(self, group, pool=None):
@@ -254,6 +262,7 @@ class DistRanks:
                     owned[idx] = pack_block(blk, self.layout(idx, blk))
                     self.weight_bytes[name] += owned[idx].numel()
                     updated.append((key, version))
+                    self._owned_sent[name].append(idx)
             elif plan[idx] is not None:
                 nbytes = self.layout(idx, blk).nbytes
                 self.weight_bytes[name] += nbytes
@@ -341,7 +350,7 @@ class DistRanks:
         sample the same sharded model again (the shipped workflows do, whenever a new prompt
         switches clones): its blocks are then sent again. Without forgetting, every second prompt
         failed with "block 0: its weights were not sent to this worker" (issue 19)."""
-        s = self.lobby.session
+        s = self.source.session
         if s is None or s.broken or self.session is not None:
             return
         for name in self.names:
@@ -351,13 +360,13 @@ class DistRanks:
                     s.request(name, {"op": "drop", "key": self.key}, "dropping a released model's blocks")
                 except DistWorkerError as e:
                     log.warning("%s", e)
-                    self.lobby.close_session()
+                    self.source.close_session()
                     return
 
     def held_bytes(self, rank: int) -> dict:
         """What the worker of ``rank`` holds now (between forwards, in the open session): bytes of
         the blocks it owns and of its receive ring."""
-        _, answer = (self.session or self.lobby.session).request(self.remote[rank], {"op": "held"}, "reporting its memory")
+        _, answer = (self.session or self.source.session).request(self.remote[rank], {"op": "held"}, "reporting its memory")
         return {k: v for k, v in answer.items() if k != "op"}
 
     def _encode(self, name: str, value):
@@ -410,12 +419,12 @@ def _plain(v, depth: int = 2) -> bool:
     return False
 
 
-def attach_remote_ranks(engine, lobby: Lobby, remote: dict[int, str], devices: dict[str, str],
+def attach_remote_ranks(engine, source, remote: dict[int, str], devices: dict[str, str],
                         backend: str = "gloo", owners: dict[int, int] | None = None, version_of=None,
                         keep_all: bool = False, describe=None) -> DistRanks:
     """Make ``remote`` (engine rank -> worker name) ranks of ``engine`` run in those workers;
     ``owners``: block index -> the engine rank that owns it (default: equal contiguous shares);
     ``keep_all``: every worker keeps every block instead of its share; ``describe``: see ``DistRanks``."""
-    engine.runner = DistRanks(engine, lobby, remote, devices, backend, owners, version_of, keep_all, describe)
-    engine.timeout_s = max(engine.timeout_s, lobby.timeout_s * 2 + 30)  # the worker's own timeout fires first
+    engine.runner = DistRanks(engine, source, remote, devices, backend, owners, version_of, keep_all, describe)
+    engine.timeout_s = max(engine.timeout_s, source.timeout_s * 2 + 30)  # the session's own timeout fires first
     return engine.runner

@@ -2,10 +2,9 @@
 
 ``BlockServer`` holds one session's state on a worker (the block skeletons it built, the weights
 of the blocks it owns, its receive ring, the current forward) and answers one checked command at a
-time (``distributed.protocol`` messages): ``block``, ``fetch``, ``drop``, ``held``. The lobby's
-worker (``worker.py``) reads them from its command channel; a Ray rank actor
-(``parallel/cluster/rank_server.py``) from Ray calls. Either way the weight broadcasts and the
-Ulysses exchanges go over the session's torch.distributed groups, in the one order of
+time (``distributed.protocol`` messages): ``block``, ``fetch``, ``drop``, ``held``, which a Ray
+rank actor (``parallel/cluster/rank_server.py``) receives in Ray calls. The weight broadcasts and
+the Ulysses exchanges go over the session's torch.distributed groups, in the one order of
 ``order.CollectiveOrder``.
 """
 from __future__ import annotations

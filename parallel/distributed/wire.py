@@ -1,7 +1,6 @@
 """Byte-exact tensor and message transport over a torch.distributed process group (pure PyTorch).
 
-Two things cross processes in distributed `sequence` mode, both through torch.distributed only
-(no home-made sockets):
+The Ulysses exchanges cross processes through torch.distributed only (no home-made sockets):
 
 - **parts**: what one rank sends each other rank in an all-to-all (a tuple of tensors, ``None``
   allowed). ``pack_parts`` writes a fixed-size int64 header per destination (item count, dtype
@@ -16,46 +15,24 @@ Two things cross processes in distributed `sequence` mode, both through torch.di
   buffer and on to each destination's device without blocking. So an all-to-all costs a process
   with one GPU position one host sync under gloo, and none in the copies under NCCL (its parts
   stay on the GPU). In-process exchanges (``sequence.threads``) have none.
-- **messages**: control commands between the host (rank 0) and one worker (``Channel``): the
-  schema-checked, signed messages of ``distributed.protocol`` (JSON, tensors as raw bytes; never
-  pickle), sent as a length word, the header, then the tensors' bytes, with ``send``/``recv`` on
-  the pair's own gloo group.
+(The host's commands to a member travel as ``distributed.protocol`` payloads in Ray calls, not here.)
 
 Every size a peer chooses (a length word, a header row, a tensor count) is checked against a
 limit before anything is allocated.
 """
 from __future__ import annotations
 
-import datetime
-import logging
 import math
 
 import torch
-import torch.distributed as dist
 
-from .protocol import (
-    MAX_HEADER_BYTES,
-    ProtocolError,
-    SecretMismatch,
-    channel_key,
-    decode_message,
-    frame,
-    new_nonce,
-    parse_header,
-    tensors_from_bytes,
-)
-from .protocol import (
-    PROTOCOL as PROTOCOL_VERSION,
-)
-from .secret import HOW_TO_MAKE, sign, verify
+from .protocol import ProtocolError
 from ..sequence.ops import pinned_memory_allowed, real_cuda
 
 __all__ = [
     "HEADER",
     "MAX_PART_BYTES",
-    "Channel",
     "expect_sizes",
-    "host_handshake",
     "host_sync",
     "pack_parts",
     "part_items",
@@ -63,13 +40,11 @@ __all__ = [
     "receive_buffer",
     "unpack_expected",
     "unpack_parts",
-    "worker_handshake",
 ]
 
 HEADER = 96
 """int64 words of one part's header: item count, then per item dtype code (-1: None), ndim,
 shape. 96 words hold 8 items of up to 9 dims."""
-log = logging.getLogger("sharddit")
 MAX_ITEMS, MAX_NDIM = 8, 9
 MAX_PART_BYTES = 1 << 36
 """Largest part a header may announce (64 GiB: a 720p Wan 14B Ulysses part is about 1 GB)."""
@@ -235,117 +210,3 @@ def unpack_expected(expect: list, data: torch.Tensor, device) -> list[tuple]:
 
 
 # ---- control messages --------------------------------------------------------------------------------
-class Channel:
-    """The control channel between the host (rank 0) and the worker of global rank ``rank`` over
-    their own gloo ``group``: signed, numbered messages (``distributed.protocol``). Until the
-    challenge-response (``host_handshake`` / ``worker_handshake``) it signs with the shared
-    secret, after it with the pair's fresh channel key."""
-
-    def __init__(self, group, rank: int, is_host: bool, secret: bytes | None, timeout_s: float | None = None):
-        self.group, self.rank, self.is_host, self.timeout_s = group, rank, is_host, timeout_s
-        self.secret = secret or b""
-        self.key = self.secret
-        self.peer = rank if is_host else 0
-        self.out_label, self.in_label = (f"h2w/{rank}", f"w2h/{rank}") if is_host else (f"w2h/{rank}", f"h2w/{rank}")
-        self.sent = self.received = 0
-
-    def send(self, msg: dict, timeout_s: float | None = None) -> int:
-        """Send one message; the bytes sent. Waits up to ``timeout_s`` (default: the channel's)."""
-        header, tensors = frame(msg, self.key, self.out_label, self.sent)
-        self.sent += 1
-        timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        head = torch.frombuffer(bytearray(header), dtype=torch.uint8)
-        works = [dist.isend(torch.tensor([head.numel()], dtype=torch.int64), self.peer, group=self.group),
-                 dist.isend(head, self.peer, group=self.group)]
-        body = [t.reshape(-1).view(torch.uint8) for t in tensors if t.numel()]
-        if body:
-            flat = torch.cat(body) if len(body) > 1 else body[0]
-            works.append(dist.isend(flat, self.peer, group=self.group))
-        for w in works:
-            _wait(w, timeout_s)
-        return 8 + head.numel() + sum(b.numel() for b in body)
-
-    def recv(self, max_body: int, device="cpu", timeout_s: float | None = None) -> tuple[dict, int]:
-        """(message, bytes) of the next message: its length word, header and tensor bytes checked
-        (at most ``MAX_HEADER_BYTES`` and ``max_body``) before their buffers are allocated, its
-        signature and sequence number verified; tensors rebuilt on ``device``."""
-        timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        size = torch.zeros(1, dtype=torch.int64)
-        _wait(dist.irecv(size, self.peer, group=self.group), timeout_s)
-        n = int(size.item())
-        if not 64 < n <= MAX_HEADER_BYTES:
-            raise ProtocolError(f"a control header of {n} bytes announced (limit {MAX_HEADER_BYTES})")
-        head = torch.empty(n, dtype=torch.uint8)
-        _wait(dist.irecv(head, self.peer, group=self.group), timeout_s)
-        encoded, specs, nbytes = parse_header(head.numpy().tobytes(), self.key, self.in_label, self.received,
-                                              max_body)
-        self.received += 1
-        body = torch.empty(nbytes, dtype=torch.uint8)
-        if nbytes:
-            _wait(dist.irecv(body, self.peer, group=self.group), timeout_s)
-        msg = decode_message(encoded, tensors_from_bytes(specs, body, device))
-        return msg, 8 + n + nbytes
-
-
-def host_handshake(ch: Channel, label: str) -> None:
-    """The host's half of the challenge-response. A worker that does not prove the host's secret
-    (SecretMismatch) or breaks the protocol (ProtocolError: an unsigned, oversized or malformed
-    answer, which is never decoded further) is told it is refused; the error names ``label``."""
-    nonce = new_nonce()
-    ch.send({"op": "hello", "nonce": nonce, "protocol": PROTOCOL_VERSION})
-    try:
-        answer, _ = ch.recv(0)
-        if answer["op"] != "answer" or not verify(ch.secret, answer["proof"], "sharddit-answer", ch.rank, nonce,
-                                                   answer["nonce"]):
-            raise SecretMismatch("wrong proof")
-    except ProtocolError as e:
-        secret = isinstance(e, SecretMismatch)
-        why = (f"{label} does not hold this host's secret: its SHARDDIT_DIST_SECRET (or _FILE) differs from the "
-               "host's; give every worker the host's value" if secret else
-               f"{label} broke the protocol in the secret handshake ({e})")
-        try:
-            ch.send({"op": "refused", "error": "[ShardDiT] the host refused this worker: " + (
-                "its secret differs from the host's; set the host's SHARDDIT_DIST_SECRET here" if secret else
-                "its answer to the handshake was not valid")}, timeout_s=5.0)
-        except Exception as e2:  # noqa: BLE001 - best effort: the worker knows already
-            log.debug("[ShardDiT] %s was not told it is refused: %s", label, e2)
-        raise type(e)(f"[ShardDiT] {why}") from None
-    ch.send({"op": "welcome", "proof": sign(ch.secret, "sharddit-welcome", ch.rank, answer["nonce"], nonce)})
-    ch.key = channel_key(ch.secret, nonce, answer["nonce"], ch.rank)
-
-
-def worker_handshake(ch: Channel) -> None:
-    """The worker's half; SecretMismatch saying so when the host does not prove the same secret."""
-    refused = SecretMismatch("[ShardDiT] refused: this worker's secret differs from the host's (SHARDDIT_DIST_SECRET "
-                             "or SHARDDIT_DIST_SECRET_FILE must hold the host's value" + ("" if ch.secret else
-                             "; none is set here: " + HOW_TO_MAKE) + ")")
-    mine = new_nonce()
-    try:
-        hello, _ = ch.recv(0)
-        if hello["op"] != "hello":
-            raise ProtocolError(f"the host began with {hello['op']!r}, not 'hello'")
-        if hello["protocol"] != PROTOCOL_VERSION:
-            raise ProtocolError(f"the host speaks protocol {hello['protocol']}, this worker {PROTOCOL_VERSION}: "
-                                "install the same ShardDiT version on both")
-        theirs = hello["nonce"]
-    except SecretMismatch:
-        theirs = ""
-    ch.send({"op": "answer", "nonce": mine, "proof": sign(ch.secret, "sharddit-answer", ch.rank, theirs, mine)})
-    if not theirs:
-        raise refused
-    try:
-        welcome, _ = ch.recv(0)
-    except SecretMismatch:
-        raise refused from None
-    if welcome["op"] == "refused":
-        raise SecretMismatch(welcome["error"])
-    if welcome["op"] != "welcome" or not verify(ch.secret, welcome["proof"], "sharddit-welcome", ch.rank, mine, theirs):
-        raise refused
-    ch.key = channel_key(ch.secret, theirs, mine, ch.rank)
-
-
-def _wait(work, timeout_s: float | None) -> None:
-    if timeout_s is None:
-        work.wait()
-    else:
-        work.wait(datetime.timedelta(seconds=timeout_s))

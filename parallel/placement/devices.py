@@ -166,7 +166,7 @@ line could misread, no leading ``-`` or ``.``."""
 def check_member_name(name, what: str = "worker name") -> str:
     """A worker's ``NAME`` (the part before ``/`` in ``NAME/DEVICE``): ``name`` if it matches
     ``MEMBER_NAME_FORM``, else ValueError naming ``what``, the value and the form. The one rule for
-    every place a name enters: ``worker --name``, the host's lobby, the nodes' ``devices``."""
+    every place a name enters: ``worker --name``, the cluster's members, the nodes' ``devices``."""
     if not isinstance(name, str) or not MEMBER_NAME_RE.fullmatch(name):
         raise ValueError(f"{what} {name!r} is not {MEMBER_NAME_FORM}")
     return name

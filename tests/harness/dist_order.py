@@ -2,10 +2,10 @@
 
 ``record_collectives(path, delay)`` wraps ``torch.distributed.broadcast`` and
 ``all_to_all_single`` in this process (the pack calls them as ``dist.<name>``): each post is
-appended, in posting order, to a list (and as a JSON line to ``path``, for a worker process),
-as ``{"op", "group", "ranks", "bytes"}``; ``delay(op, group_ranks, count)`` (seconds) holds a post
-back first, so a test can make one thread slow. ``run_worker_recording`` is a worker process that
-records into a file.
+appended, in posting order, to a list (and as a JSON line to ``path``, for a member's rank actor:
+``dist_toys`` starts it there when the node's ``SHARDDIT_TEST_RECORD_DIR`` is set), as ``{"op",
+"group", "ranks", "bytes"}``; ``delay(op, group_ranks, count)`` (seconds) holds a post back first,
+so a test can make one thread slow.
 
 ``order_faults(logs)``: what NCCL would not promise to run. The ``n``-th post on a process group
 is one collective for every member (that is how communicators match); it must be the same
@@ -19,8 +19,6 @@ import threading
 import time
 
 import torch.distributed as dist
-
-from harness import dist_procs
 
 
 def record_collectives(path=None, delay=None) -> list:
@@ -68,19 +66,6 @@ def read_log(path) -> list:
             return [json.loads(line) for line in f if line.strip()]
     except FileNotFoundError:
         return []
-
-
-def run_worker_recording(port, name, timeout_s, path):
-    record_collectives(path)
-    dist_procs.run_worker(port, name, timeout_s)
-
-
-def start_recording_worker(port, name, timeout_s, path):
-    import multiprocessing as mp
-    proc = mp.get_context("spawn").Process(target=run_worker_recording, args=(port, name, timeout_s, str(path)),
-                                           daemon=True)
-    proc.start()
-    return proc
 
 
 def order_faults(logs: dict) -> list[str]:

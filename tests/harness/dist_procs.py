@@ -80,33 +80,6 @@ def ulysses_rank(rank, world, port, tokens, heads, head_dim, out_path):
         dist.destroy_process_group()
 
 
-def run_worker(port, name, timeout_s):
-    """A worker process serving the lobby at 127.0.0.1:port as member ``name/cpu`` (until killed)."""
-    from sharddit.parallel.distributed.worker import serve
-    serve("127.0.0.1", port, name, "cpu", timeout_s)
-
-
-def start_worker(port, name, timeout_s=10.0):
-    import multiprocessing as mp
-    proc = mp.get_context("spawn").Process(target=run_worker, args=(port, name, timeout_s), daemon=True)
-    proc.start()
-    return proc
-
-
-def wait_joined(lobby, member, proc, timeout_s=60.0):
-    """Wait until the member ``NAME/DEVICE`` registered a fresh offer (its process ``proc``)."""
-    import time
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.exitcode is not None:
-            raise RuntimeError(f"worker {member} exited with {proc.exitcode}")
-        offer = lobby.workers().get(member)
-        if offer is not None and offer.get("pid") == proc.pid:
-            return offer
-        time.sleep(0.2)
-    raise TimeoutError(f"worker {member} did not join within {timeout_s} s")
-
-
 def ulysses_threads(world, tokens, heads, head_dim):
     """The same Ulysses attention in one process over ``ThreadExchange`` (the reference the
     cross-process runs must equal): outputs per rank and bytes each rank received."""
@@ -123,30 +96,3 @@ def ulysses_threads(world, tokens, heads, head_dim):
     outs = [pool.wait(t, r) for r, t in enumerate(tasks)]
     pool.close()
     return outs, ex.bytes_received
-
-
-def lobby_with_workers(timeout_s: float, names=()):
-    """A lobby on 127.0.0.1 with worker processes ``names`` joined (as ``NAME/cpu``); more can be
-    added to ``lobby.procs``. Every worker is killed and the lobby closed afterwards."""
-    import contextlib
-
-    from sharddit.parallel.distributed.lobby import Lobby
-
-    @contextlib.contextmanager
-    def scope():
-        lob = Lobby("127.0.0.1", free_port(), timeout_s)
-        lob.procs = []
-        try:
-            for name in names:
-                lob.procs.append(start_worker(lob.port, name, timeout_s))
-            for name, proc in zip(names, lob.procs, strict=True):
-                wait_joined(lob, f"{name}/cpu", proc)
-            yield lob
-        finally:
-            lob.close()
-            for p in lob.procs:
-                if p.is_alive():
-                    p.kill()
-                p.join(10)
-
-    return scope()

@@ -1,77 +1,77 @@
-"""A ComfyUI server that accepts ShardDiT workers, and worker processes joining it (127.0.0.1).
+"""A ComfyUI server on a local Ray cluster, and worker machines joining it (127.0.0.1).
 
-``dist_server_scope(tiny_models, workdir, timeout_s, weights)``: the server started with
-``SHARDDIT_DIST_ADDR`` on a free port; ``Worker(server, name)``: ``python <pack-dir> worker --join``
-as a subprocess with its output in a log file; ``wan_graph(...)``: a tiny Wan 2.1 text-to-video
-graph with a LoRA, sampled by core's KSampler or ShardDiT's.
+``dist_server_scope(tiny_models, workdir, timeout_s, weights)``: a Ray head (token auth on) and a
+ComfyUI server started with ``SHARDDIT_RAY_ADDRESS`` pointing at it; ``Worker(server, name)``: a Ray
+node started by the real ``python <pack-dir> worker --join ... --name NAME --devices cpu``, its rank
+actors building ComfyUI's blocks (``COMFYUI_PATH``); ``wan_graph(...)``: a tiny Wan 2.1
+text-to-video graph with a LoRA, sampled by core's KSampler or ShardDiT's.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
-import sys
 import time
 
-from harness.server import REPO, ComfyServer, free_port
+from harness.ray_cluster import LocalRayCluster
+from harness.server import REPO, ComfyServer
 
 
 class Worker:
-    """``python <pack-dir> worker --join 127.0.0.1:PORT --name NAME --devices cpu`` (output in ``log``)."""
+    """A worker machine: a Ray node serving ``NAME/cpu`` (its ``worker`` command's output in ``log``)."""
 
-    def __init__(self, server, name: str = "w1", timeout_s: float = 10.0):
+    def __init__(self, server, name: str = "w1"):
         from harness.comfy_env import comfy_path
-        self.log = server.workdir / f"worker_{name}_{time.monotonic_ns()}.log"
-        env = {**os.environ, "COMFYUI_PATH": str(comfy_path()), "SHARDDIT_DIST_TIMEOUT": str(timeout_s),
-               "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-        env.pop("PYTHONPATH", None)
-        with open(self.log, "wb") as out:
-            cmd = [sys.executable, str(REPO), "worker", "--join", f"127.0.0.1:{server.dist_port}", "--name", name,
-                   "--devices", "cpu"]
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
+        self.server, self.name, self.member = server, name, f"{name}/cpu"
+        server.cluster.add_node(name, wait=False, env={"COMFYUI_PATH": str(comfy_path())})
+        self.proc = server.cluster.procs[name]
+        self.log = server.cluster.tmp / f"{name}.log"
 
-    def wait_joined(self, timeout: float = 120.0) -> "Worker":
-        deadline = time.monotonic() + timeout
-        while "joined" not in self.text():
-            assert self.proc.poll() is None, self.text()
-            assert time.monotonic() < deadline, self.text()
-            time.sleep(0.2)
+    def wait_joined(self, timeout: float = 180.0) -> "Worker":
+        """Until the cluster lists the member (``ray status`` shows its resource)."""
+        self.server.cluster.wait_node(self.name, timeout)
+        deadline = time.monotonic() + 60
+        while f"sharddit/{self.member}" not in self.server.cluster.status():
+            assert self.proc.poll() is None, self.log.read_text(errors="replace")
+            assert time.monotonic() < deadline, self.server.cluster.status()
+            time.sleep(1)
         return self
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(15)
+        """The node, its raylet and its rank actors, at once (a machine that went away)."""
+        self.server.cluster.kill_node(self.name)
 
 
 @contextlib.contextmanager
 def dist_server_scope(tiny_models, workdir, timeout_s: float = 10.0, weights: str | None = None):
-    """A started ComfyUI server listening for workers (``server.dist_port``); ``server.workers``:
-    the ``Worker``s a test started, killed at the end with the server."""
+    """A started ComfyUI server joined to a fresh local Ray cluster (``server.cluster``);
+    ``server.workers``: the ``Worker``s a test started, stopped at the end with the server."""
     from harness.comfy_env import comfy_path
-    port = free_port()
-    keys = ("SHARDDIT_DIST_ADDR", "SHARDDIT_DIST_TIMEOUT", "SHARDDIT_DIST_WEIGHTS")
+
+    cluster = LocalRayCluster(workdir / "r", REPO, timeout_s, driver=False)
+    keys = ("SHARDDIT_RAY_ADDRESS", "SHARDDIT_DIST_TIMEOUT", "SHARDDIT_DIST_WEIGHTS", "RAY_AUTH_MODE",
+            "RAY_AUTH_TOKEN")
     old = {k: os.environ.get(k) for k in keys}
-    os.environ.update(SHARDDIT_DIST_ADDR=f"127.0.0.1:{port}", SHARDDIT_DIST_TIMEOUT=str(timeout_s))
-    os.environ.pop("SHARDDIT_DIST_WEIGHTS", None)
-    if weights:
-        os.environ["SHARDDIT_DIST_WEIGHTS"] = weights
-    server = ComfyServer(comfy_path(), workdir, tiny_models.root)
+    server = None
     try:
-        server.start()
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
-    server.dist_port, server.workers = port, []
-    try:
+        cluster.start()
+        os.environ.update(SHARDDIT_RAY_ADDRESS=cluster.address, SHARDDIT_DIST_TIMEOUT=str(timeout_s),
+                          RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=cluster.token)
+        os.environ.pop("SHARDDIT_DIST_WEIGHTS", None)
+        if weights:
+            os.environ["SHARDDIT_DIST_WEIGHTS"] = weights
+        server = ComfyServer(comfy_path(), workdir / "c", tiny_models.root)
+        try:
+            server.start()
+        finally:
+            for k, v in old.items():
+                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+        server.cluster, server.workers = cluster, []
         yield server
     finally:
-        for w in server.workers:
-            w.kill()
-        server.stop()
+        if server is not None:
+            server.stop()
+        cluster.stop()
 
 
 def wan_graph(names, sampler: str, prefix: str, devices: str = "", cfg: float = 1.0, steps: int = 2, seed: int = 5,

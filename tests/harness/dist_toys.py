@@ -1,7 +1,12 @@
 """The test toys' blocks as worker families (``parallel.distributed.block_specs``): the host
-describes a toy block by its constructor arguments, the worker builds it with the same class.
-Imported by ``dist_procs`` (host side, and the worker processes it starts)."""
+describes a toy block by its constructor arguments, the member builds it with the same class.
+Imported by the tests (host side) and by every rank actor of the tests' Ray nodes
+(``SHARDDIT_WORKER_IMPORTS``); there, with ``SHARDDIT_TEST_RECORD_DIR`` set, the rank also records
+every collective it posts to ``<dir>/<pid>.jsonl`` (``dist_order``)."""
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from harness import toy_dit, toy_seq
 from harness.pack import import_pack
@@ -33,3 +38,8 @@ def _describer(name: str, args):
 
 for _name, (_cls, _args) in _CLASSES.items():
     register("toy", _build, (_cls,), _describer(_name, _args))
+
+if os.environ.get("SHARDDIT_TEST_RECORD_DIR"):
+    from harness import dist_order
+
+    dist_order.record_collectives(Path(os.environ["SHARDDIT_TEST_RECORD_DIR"]) / f"{os.getpid()}.jsonl")

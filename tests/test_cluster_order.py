@@ -1,45 +1,38 @@
-"""Issue 30, fix 5: every process posts its collectives in one common order (pure torch, gloo on 127.0.0.1).
+"""Issue 30, fix 5, on Ray members: every process posts its collectives in one common order.
 
 NCCL promises progress only when the processes post the collectives of their communicators (the
 weight broadcasts on ``all`` / ``workers``, each batch group's attention all-to-alls) in orders that
 fit one global order (``parallel/distributed/order.py``). Gloo does not need it, so the forward
-itself passes either way: the test records every post of every process (``harness.dist_order``)
-and checks the orders. Two slow host threads are forced: the host's first weight broadcast is held
-back (its exchanges of that block must still come after it), and the host's first exchange in the
-second batch group (the next block's broadcast must still wait for it). Before the fix the host
-posted in thread-timing order and both formed a cycle with the workers' orders."""
+itself passes either way: every post of the host and of each member's rank actor is recorded
+(``harness.dist_order``; the actors write theirs to ``<pid>.jsonl``) and the orders are checked.
+Two slow host threads are forced: the host's first weight broadcast is held back (its exchanges of
+that block must still come after it), and the host's first exchange in the second batch group
+(the next block's broadcast must still wait for it)."""
 import time
 
 import pytest
 import torch
-from harness import dist_order, dist_procs
+from harness import dist_order, dist_toys  # noqa: F401  (dist_toys: the toy blocks' describers)
 from harness.numerics import assert_split_close
+from harness.seq_models import engine_for, run_sequence, toy_copies, toy_inputs
 from sharddit.parallel.distributed.exchange import DistExchange
 from sharddit.parallel.distributed.ranks import DistRanks, attach_remote_ranks
 
-from harness.seq_models import engine_for as _engine, run_sequence as _run, toy_copies as _copies, toy_inputs as _inputs
-
+pytestmark = pytest.mark.cluster
 TIMEOUT_S = 10.0
 
 
-@pytest.fixture
-def lobby():
-    with dist_procs.lobby_with_workers(TIMEOUT_S) as lob:
-        yield lob
+def test_every_process_posts_its_collectives_in_one_common_order(ray_members, monkeypatch):
+    """cpu,w1/cpu,cpu,w2/cpu at batch 2: two batch groups, each the host and one member; blocks owned
+    by the host (sent on ``all``) and by each member (sent on ``workers``)."""
+    from sharddit.parallel.cluster.host import ClusterHost
 
-
-def test_every_process_posts_its_collectives_in_one_common_order(lobby, tmp_path, monkeypatch):
-    """cpu,w1/cpu,cpu,w2/cpu at batch 2: two batch groups, each the host and one worker; blocks owned
-    by the host (sent on ``all``) and by each worker (sent on ``workers``)."""
-    model, ref_model = _copies(2)
-    paths = {name: tmp_path / f"{name}.jsonl" for name in ("w1", "w2")}
-    for name, path in paths.items():
-        proc = dist_order.start_recording_worker(lobby.port, name, TIMEOUT_S, path)
-        lobby.procs.append(proc)
-        dist_procs.wait_joined(lobby, f"{name}/cpu", proc)
-    handle, engine = _engine(model, ["cpu"] * 4)
-    attach_remote_ranks(engine, lobby, {1: "w1/cpu", 3: "w2/cpu"}, {"w1/cpu": "cpu", "w2/cpu": "cpu"})
-
+    host = ClusterHost(ray_members.address, TIMEOUT_S)
+    pids = {n: ray_members.ray.get(host.rank(f"{n}/cpu").where.remote(), timeout=TIMEOUT_S)["pid"]
+            for n in ("w1", "w2")}
+    model, ref_model = toy_copies(2)
+    handle, engine = engine_for(model, ["cpu"] * 4)
+    attach_remote_ranks(engine, host, {1: "w1/cpu", 3: "w2/cpu"}, {"w1/cpu": "cpu", "w2/cpu": "cpu"})
     slow = {"weights": 1.0, "exchange": 2.0}  # seconds, each once
 
     def slow_weights(self, blocks, _orig=DistRanks._host_broadcasts):
@@ -53,19 +46,23 @@ def test_every_process_posts_its_collectives_in_one_common_order(lobby, tmp_path
 
     monkeypatch.setattr(DistRanks, "_host_broadcasts", slow_weights)
     monkeypatch.setattr(DistExchange, "all_to_all", slow_exchange)
-    host = dist_order.record_collectives()
+    recorded = dist_order.record_collectives()
     try:
-        x = _inputs(2)
+        x = toy_inputs(2)
         with torch.no_grad():
             ref = ref_model(*x)
-        assert_split_close(_run(handle, model, *x), ref, what="cpu,w1/cpu,cpu,w2/cpu batch 2")
+        assert_split_close(run_sequence(handle, model, *x), ref, what="cpu,w1/cpu,cpu,w2/cpu batch 2")
         assert engine.stats.groups == [((0, 1), (0, 1)), ((1, 2), (2, 3))], engine.stats.groups
     finally:
-        host.restore()
+        recorded.restore()
         engine.close()
-    logs = {"host": list(host), **{n: dist_order.read_log(p) for n, p in paths.items()}}
+        host.close_session()
+        for actor in host.ranks.values():
+            ray_members.ray.kill(actor)
+    logs = {"host": list(recorded),
+            **{n: dist_order.read_log(ray_members.record_dir / f"{pid}.jsonl") for n, pid in pids.items()}}
     ops = {n: [(e["op"], tuple(e["ranks"])) for e in log] for n, log in logs.items()}
-    # what each process posts: blocks 0 and 2 from the host, 1 and 3 from their worker owners, and
+    # what each process posts: blocks 0 and 2 from the host, 1 and 3 from their member owners, and
     # two all-to-alls (q/k/v out, attention back) per block in each process's batch group
     assert sum(op == ("broadcast", (0, 1, 2)) for op in ops["host"]) == 2, ops["host"]
     assert sum(op[0] == "all_to_all_single" for op in ops["host"]) == 16, ops["host"]

@@ -1,0 +1,58 @@
+"""``plan --workers [ray:]HOST:PORT``: the members of the Ray cluster at HOST:PORT (its head's GCS
+port) and their free memory, read before anything is simulated (so an absent cluster never
+follows a printed plan). This process joins the cluster as a Ray driver (the cluster's token
+needed, as the host's) and asks each member's node with one small task (no rank actor: a running
+host's actors hold the members), all within ``CONNECT_TIMEOUT_S``.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from ...parallel.distributed.config import parse_addr
+
+__all__ = ["CONNECT_TIMEOUT_S", "RAY_PREFIX", "WorkersView", "read_cluster", "workers_address"]
+
+CONNECT_TIMEOUT_S = 10.0
+"""How long ``plan`` waits for the cluster in all (its port, Ray's answer, the members' reports)."""
+RAY_PREFIX = "ray:"
+"""Accepted before ``HOST:PORT`` (``ray:192.168.1.10:6379``); the address is a Ray head's either way."""
+
+
+@dataclass(frozen=True)
+class WorkersView:
+    host: str
+    port: int
+    offers: dict
+    """Member ``NAME/DEVICE`` -> ``{"device", "free"}``."""
+    text: str
+    """The members as the Plan node lists them."""
+
+
+def workers_address(text: str) -> str:
+    """``--workers`` -> ``HOST:PORT``, checked (ValueError naming the value and the fix)."""
+    addr = text[len(RAY_PREFIX):] if text.startswith(RAY_PREFIX) else text
+    host, port = parse_addr(addr, "--workers")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def read_cluster(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> WorkersView:
+    """The members' free memory and their description from the Ray cluster at ``addr``;
+    ValueError naming the address and why otherwise."""
+    from ...parallel.cluster.driver import connect, list_members, probe_free
+    from ...parallel.cluster.host import describe_members
+    from ...parallel.cluster.settings import ClusterError, ClusterInsecure
+    from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
+
+    host, port = parse_addr(addr, "--workers")
+    try:  # a plain socket first: said within seconds, and without Ray or its token
+        wait_for_port(host, port, timeout_s, say=lambda m: print(m, file=sys.stderr, flush=True),
+                      hint=f"is `ray start --head --port {port}` running there?")
+    except (HostUnreachable, HostUnresolved) as e:
+        raise ValueError(f"[ShardDiT] --workers {addr}: {str(e).removeprefix('[ShardDiT] ')}") from None
+    try:
+        ray = connect(addr, timeout_s)
+        offers = probe_free(ray, list_members(ray), timeout_s)
+        return WorkersView(host, port, offers, describe_members(addr, offers))
+    except (ClusterError, ClusterInsecure) as e:
+        raise ValueError(f"[ShardDiT] --workers {addr}: {str(e).removeprefix('[ShardDiT] ')}") from None
