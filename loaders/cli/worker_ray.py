@@ -77,14 +77,14 @@ def ray_node_command(args) -> list[str]:
     except HostUnresolved as e:
         raise ValueError(f"--join {args.join!r}: {str(e).removeprefix('[ShardDiT] ')}") from None
     devices = parse_worker_devices(args.devices) if args.devices is not None else None
-    check_auth(f"worker {args.name!r} (a Ray node)")
-    if importlib.util.find_spec("ray") is None:
-        raise ValueError(f"[ShardDiT] worker needs Ray in {sys.executable}: {INSTALL_HINT}")
     if devices is None or any(d.startswith("cuda") for d in devices):
         import torch
 
         devices = devices or ["cuda:0" if torch.cuda.is_available() else "cpu"]
         check_cuda(devices, torch)
+    check_auth(f"worker {args.name!r} (a Ray node)")
+    if importlib.util.find_spec("ray") is None:
+        raise ValueError(f"[ShardDiT] worker needs Ray in {sys.executable}: {INSTALL_HINT}")
     return ray_start_command(address, args.name, devices)
 
 
