@@ -23,10 +23,6 @@ _unexpected_skips: list[str] = []
 # run) fails the session on such a skip, so a missing Ray cannot pass there as "skipped".
 RAY_MISSING = "ray is not installed"
 REQUIRE_CLUSTER = os.environ.get("SHARDDIT_REQUIRE_CLUSTER") == "1"
-# Distributed tests: the host and its workers (threads and child processes inherit the environment)
-# share this secret (parallel/distributed/secret.py); tests of a missing or wrong secret override it.
-TEST_DIST_SECRET = "sharddit-test-secret-" + "5" * 43
-os.environ.setdefault("SHARDDIT_DIST_SECRET", TEST_DIST_SECRET)
 
 
 # Shared helpers live in tests/harness (imported as `harness`). tests/ holds no package named
