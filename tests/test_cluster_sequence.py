@@ -43,6 +43,18 @@ def host(ray_members):
         torch.set_num_threads(threads)
 
 
+def _against_local_and_unsharded(run, local, ref_model, batch, what):
+    """One forward of ``run`` (handle, model) at ``batch``: bit-identical to ``local``'s (the same
+    split) and within the split bound of the unsharded ``ref_model``."""
+    x = toy_inputs(batch)
+    with torch.no_grad():
+        ref = ref_model(*x)
+    out = run_sequence(*run, *x)
+    assert_same_shapes_equal(out, run_sequence(*local, *x), what=f"{what}, batch {batch}: member vs thread ranks")
+    assert_split_close(out, ref, what=f"{what} batch {batch}")
+    return out
+
+
 def _pid(host, member):
     return host.ray.get(host.rank(member).where.remote(), timeout=TIMEOUT_S)["pid"]
 
@@ -58,12 +70,7 @@ def test_a_member_rank_matches_and_owns_only_its_share(host):
     block = WeightLayout(ref_model.blocks[0]).nbytes
     try:
         for batch in (1, 2):  # cfg = 1: tokens split, Ulysses across processes; cfg > 1: batch split
-            x = toy_inputs(batch)
-            with torch.no_grad():
-                ref = ref_model(*x)
-            out = run_sequence(handle, model, *x)
-            assert_same_shapes_equal(out, run_sequence(lhandle, local_model, *x), what=f"Ray rank, batch {batch}")
-            assert_split_close(out, ref, what=f"cpu,w1/cpu batch {batch}")
+            _against_local_and_unsharded((handle, model), (lhandle, local_model), ref_model, batch, "cpu,w1/cpu")
             assert engine.stats.blocks_run == [4, 4]
             if batch == 1:
                 assert engine.stats.bytes_exchanged[0] == lengine.stats.bytes_exchanged[0]
@@ -134,12 +141,8 @@ def test_two_host_ranks_and_two_members_in_one_batch_group(host):
     lhandle, lengine = engine_for(local_model, ["cpu"] * 4)
     try:
         for batch in (1, 2, 3):
-            x = toy_inputs(batch)
-            with torch.no_grad():
-                ref = ref_model(*x)
-            out = run_sequence(handle, model, *x)
-            assert_same_shapes_equal(out, run_sequence(lhandle, local_model, *x), what=f"4 ranks, batch {batch}")
-            assert_split_close(out, ref, what=f"cpu,cpu,w1/cpu,w2/cpu batch {batch}")
+            _against_local_and_unsharded((handle, model), (lhandle, local_model), ref_model, batch,
+                                         "cpu,cpu,w1/cpu,w2/cpu")
             if batch == 1:
                 assert engine.stats.groups == [((0, 1), (0, 1, 2, 3))]
     finally:
