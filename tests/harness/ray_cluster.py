@@ -74,6 +74,7 @@ class LocalRayCluster:
         self.node_env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "HOME": str(tmp),
                          "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **HEALTH}
         self.node_env.pop("SHARDDIT_CLUSTER_INSECURE", None)
+        self.node_env.pop("COMFYUI_PATH", None)  # toys only, unless a node is given it (add_node's env)
         self.procs: dict[str, subprocess.Popen] = {}
         self.ray = None
         import tempfile
