@@ -106,16 +106,9 @@ class ClusterHost:
 
     def _drop_silent(self, actors: dict[str, object]) -> None:
         """Forget (and kill) each actor that does not answer a ping now."""
-        refs = {actor.ping.remote(): key for key, actor in actors.items()}
-        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=min(self.timeout_s, 5.0))
-        alive = set()
-        for ref in ready:
-            try:
-                self.ray.get(ref, timeout=0)
-                alive.add(refs[ref])
-            except Exception:  # the actor or its node is gone: nothing to keep
-                pass
-        for key in set(actors) - alive:
+        lost = failed_calls(self.ray, {actor.ping.remote(): key for key, actor in actors.items()},
+                            min(self.timeout_s, 5.0))
+        for key in lost:
             try:
                 self.ray.kill(self.ranks.pop(key, actors[key]))
             except Exception:  # already gone with its node
