@@ -331,7 +331,7 @@ def test_choose_strategy_takes_the_fastest_that_fits():
     assert choose_strategy(costs, ALL_FIT)[0] == "sequence"
     assert choose_strategy(costs, {"one_gpu": True, "blocks": True})[0] == "one_gpu"
     assert choose_strategy(costs, {"blocks": True})[0] == "blocks"
-    with pytest.raises(ValueError, match="no strategy fits"):
+    with pytest.raises(ValueError, match="no ShardDiT mode fits"):
         choose_strategy(costs, {})
 
 

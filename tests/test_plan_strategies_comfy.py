@@ -208,3 +208,25 @@ def test_core_options_beside_sharddits_modes(sim):
     if not _core_has_cfg_split() and not _core_has_dynamic_vram():
         assert "core's own options: neither in this ComfyUI (one GPU with dynamic VRAM needs core 0.16+, " \
                "core's MultiGPU CFG Split 0.23+)" in text
+
+
+@pytest.mark.comfy
+def test_a_plan_only_core_can_run_says_so_in_its_verdict(sim):
+    """Wan 2.1 14B bf16 at 1280×720×81 on one 24 GiB GPU: no ShardDiT mode fits (one device, 26 GiB of
+    weights), but core's dynamic VRAM streams what does not fit from host RAM, and its row says `yes`.
+    The verdict and `auto`'s line agree with that row (issue 35: a plan that said "DOES NOT FIT … buy
+    larger GPUs" under its own fitting `dynamic_vram` row); the exit code stays 3 (ShardDiT does not fit).
+    Where a ComfyUI has no dynamic VRAM (0.3.64), nothing fits and the verdict says only that."""
+    report = sim.simulate("wan2.1-t2v-14b", "cuda:0=24GiB", 1280, 720, 81, parallel="auto", cfg=6, gpu="RTX 4090")
+    st, text = report.strategies, report.to_text()
+    assert not report.fits and not st.ok
+    verdict = text[text.index("DOES NOT FIT"):]
+    if _core_has_dynamic_vram():
+        assert st.fits["dynamic_vram"], st.fits
+        assert re.search(r"^dynamic_vram +\| .* \| yes$", text, re.MULTILINE), text
+        assert verdict.startswith("DOES NOT FIT with ShardDiT: cuda:0 short by"), verdict
+        assert "But core's own dynamic_vram fits these GPUs (" in verdict and "on cuda:0, predicted 1.00×" in verdict
+        assert "core's own dynamic_vram fits (its row)" in st.decision_line()
+    else:
+        assert verdict.startswith("DOES NOT FIT: cuda:0 short by") and "But core's own" not in text
+    assert "no ShardDiT mode fits" in st.decision_line()

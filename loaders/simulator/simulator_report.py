@@ -199,7 +199,10 @@ class SimulationReport:
         if self.blocks_fit:
             return f"FITS: {self.batch_mode}."
         parts = [f"{dev} short by {format_gib(n)} GiB" for dev, n in self.shortfalls().items()]
-        text = "DOES NOT FIT: " + ("; ".join(parts) or "no placement") + "."
+        core = st.core_fits() if st is not None else ""
+        text = ("DOES NOT FIT with ShardDiT: " if core else "DOES NOT FIT: ") + ("; ".join(parts) or "no placement") + "."
+        if core:
+            text += f"\nBut {core}."
         if self.plan_error:
             text += f"\nPlanner: {self.plan_error}"
         return text + ("\nFix: fewer frames or a smaller size, fp8 weights, more or larger GPUs, "

@@ -25,6 +25,7 @@ from ...parallel.cost.inputs import (
 )
 from ...parallel.families import get_family, shape_from_spec
 from ...parallel.cost.model import (
+    BASELINES,
     STRATEGIES,
     Workload,
     estimate_blocks,
@@ -98,6 +99,19 @@ class StrategyReport:
     @property
     def ok(self) -> bool:
         return self.chosen is not None and self.fits.get(self.chosen, False)
+
+    def core_fits(self) -> str:
+        """When no ShardDiT mode fits but one of core's own options does (``BASELINES``): a sentence
+        naming it, its devices and its predicted speed, so the verdict agrees with its row; else ''."""
+        if self.ok:
+            return ""
+        for name in BASELINES:
+            if self.fits.get(name) and name in self.costs:
+                how = _DEVICE_NOTES.get(name, "").strip(" ()")
+                return (f"core's own {name} fits these GPUs ({how}; on {','.join(self.devices.get(name, []))}, "
+                        f"predicted {self.costs[name].speedup:.2f}× vs 1 GPU): run the model with core's nodes "
+                        "alone, without ShardDiT")
+        return ""
 
     def to_text(self) -> str:
         batch = "cond + uncond every step (sequence splits them first)" if self.cfg > 1 else "cond only, batch 1"
@@ -243,6 +257,10 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         costs[name], peaks[name], fits[name], devices[name] = row.cost, row.peak, row.fits, list(row.devices)
     costs = _rebase(costs)
     chosen, reason = _choose(parallel, costs, fits)
+    if chosen is None or not fits.get(chosen, False):
+        core_ok = [k for k in BASELINES if fits.get(k)]
+        if core_ok:
+            reason = f"{reason}; core's own {core_ok[0]} fits (its row)"
     if lean_note and chosen == "sequence":
         reason = f"{reason}; {lean_note}"
     if speed_note and chosen == "sequence":
@@ -284,7 +302,7 @@ def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
         try:
             return choose_strategy(costs, {k: fits.get(k, False) for k in costs})
         except ValueError as err:
-            return None, f"nothing fits: {err}"
+            return None, str(err)
     if parallel == "blocks" and "blocks" not in costs:  # the planner put the whole DiT on one device
         return "one_gpu", "blocks: the whole DiT fits on one device, which runs it alone (1 GPU, 1.00×)"
     if parallel not in costs:

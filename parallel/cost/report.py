@@ -40,7 +40,7 @@ def choose_strategy(costs: Mapping[str, StrategyCost], fits_by_strategy: Mapping
         raise ValueError(f"unknown strategies {sorted(unknown)}: costs are keyed by {', '.join(STRATEGIES)}")
     fitting = [name for name in costs if fits_by_strategy.get(name, False)]
     if not fitting:
-        raise ValueError(f"no strategy fits ({', '.join(costs)} all too large): fewer frames, a smaller "
+        raise ValueError(f"no ShardDiT mode fits ({', '.join(costs)} all too large): fewer frames, a smaller "
                          "size, fp8 weights or more devices")
     best = min(fitting, key=lambda name: costs[name].seconds_per_step)
     others = []
