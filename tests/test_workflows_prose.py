@@ -3,7 +3,7 @@
 Reads every workflow template the installed ``comfyui_workflow_templates*`` packages ship (every
 ``*.json`` with nodes, subgraphs included) and their index files, and fails if any of these
 appears anywhere in ``workflows/`` (the UI and API workflows' strings, its README) or in the repo's
-README.md:
+README.md and docs/:
 
 - a paragraph of a Note / MarkdownNote (text between blank lines) of 30 characters or more,
 - a node, group or subgraph title of 30 characters or more,
@@ -151,7 +151,7 @@ def phrases():
 
 
 def test_no_template_text_in_workflows(phrases):
-    hits = copied(phrases, our_texts(extra=(wt.REPO / "README.md",)))
+    hits = copied(phrases, our_texts(extra=(wt.REPO / "README.md", *sorted((wt.REPO / "docs").glob("*.md")))))
     assert not hits, "text of core's templates in workflows/ (write it in our own words):\n" + "\n".join(
         f"  {ours} <- {source}: {phrase[:120]!r}" for ours, source, phrase in hits)
 
