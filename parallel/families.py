@@ -83,6 +83,10 @@ class Family:
     max_batch: int = 2
     """Largest batch ComfyUI gives the DiT in one call: 1 when it never batches cond and uncond
     (MiniMax H3: a per-condition payload keeps them apart, and its forward takes batch 1)."""
+    text_encoders: Callable[[dict], tuple[str, ...]] | None = None
+    """``unet_config -> keys`` of the text encoder(s) ComfyUI loads for this family's DiT (the keys of
+    ``loaders/simulator/text_encoders.ENCODERS``: sizes and layers live there, by encoder); None: no
+    known encoder (``plan`` prints no text encoder line)."""
 
     def activation_key(self, last_block) -> str:
         """The ``ACTIVATION_FACTORS`` key for a model whose last block is ``last_block``: read from
@@ -253,34 +257,52 @@ _LTXAV_TOKENS = (TokenSpec({"x": 1, "v_pe": 1, "v_cross_pe": 1}, whole_parts={"x
                            frame_tables=("v_timestep", "v_cross_scale_shift_timestep", "v_cross_gate_timestep"),
                            gather_kv=("video_to_audio_attn",), must_be_none=("self_attention_mask",)),)
 _MMDIT = (("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
+
+
+# ---- the text encoders each family's DiT is conditioned by (keys of the simulator's encoder table) ----
+def _ltxav_encoders(unet: dict) -> tuple[str, ...]:
+    """Gemma 3 12B, and LTX-2.3's caption projection (before the connectors) or LTX-2's."""
+    return ("gemma3-12b", "ltx2.3-projection" if unet.get("caption_proj_before_connector") else "ltx2-projection")
+
+
+def _hunyuan_encoders(unet: dict) -> tuple[str, ...]:
+    """HunyuanVideo 1.5 (``byt5`` / ``vision_in_dim`` in its config): Qwen2.5-VL 7B + byT5;
+    HunyuanVideo 1.0: LLaVA-LLaMA-3 8B + CLIP-L."""
+    if unet.get("byt5") or unet.get("vision_in_dim"):
+        return ("qwen2.5-vl-7b", "byt5-small")
+    return ("llava-llama3-8b", "clip-l")
+
+
 _ENTRIES = (
     Family("wan", "Wan", ("blocks",), (("x",),), token_specs=_WAN_TOKENS, image_models=("wan2.1",),
            geometry=_wan_geometry, cost_shape=_wan_cost, runs_fp16=True,
-           code_variant=("ffn", "linear_input_act", "fused_ffn")),
+           code_variant=("ffn", "linear_input_act", "fused_ffn"), text_encoders=lambda unet: ("umt5-xxl",)),
     Family("ltxv", "LTX-Video", ("transformer_blocks",), (("x",),), token_specs=_LTXV_TOKENS,
            image_models=("ltxv",), geometry=_ltxv_geometry, cost_shape=_ltxv_cost,
-           code_variant=("ff", "linear_input_act", "fused_ffn")),
+           code_variant=("ff", "linear_input_act", "fused_ffn"), text_encoders=lambda unet: ("t5-xxl",)),
     Family("hunyuan_video", "HunyuanVideo", *_MMDIT, home_every_block_kwargs=("control",),
            token_specs=_HUNYUAN_TOKENS, image_models=("hunyuan_video",), geometry=_hunyuan_geometry,
-           cost_shape=_hunyuan_cost, lean_block_attr="mlp_hidden_dim_first"),
+           cost_shape=_hunyuan_cost, lean_block_attr="mlp_hidden_dim_first", text_encoders=_hunyuan_encoders),
     Family("flux", "Flux", *_MMDIT, home_every_block_kwargs=("control",), image_models=("flux",)),
     # LTX-2 / LTX-2.3 (ComfyUI 0.29 comfy/ldm/lightricks/av_model.py ``LTXAVModel``): one list of
     # ``BasicAVTransformerBlock``s called as ``block((vx, ax), v_context=..., a_pe=..., ...)``: the
     # stream is the (video, audio) pair, returned as a pair.
     Family("ltxav", "LTX-2 (audio+video)", ("transformer_blocks",), (("x",),), token_specs=_LTXAV_TOKENS,
-           image_models=("ltxav",), geometry=_ltxav_geometry, cost_shape=_ltxav_cost),
+           image_models=("ltxav",), geometry=_ltxav_geometry, cost_shape=_ltxav_cost,
+           text_encoders=_ltxav_encoders),
     # Kandinsky 5 (0.29 comfy/ldm/kandinsky5/model.py): text blocks ``block(x, time_embed, freqs)``
     # refine the text tokens, then visual blocks ``block(visual_embed, text_embed, time_embed, freqs)``
     # (the router brings the text home after the last text block, where the video is embedded).
     Family("kandinsky5", "Kandinsky 5", ("text_transformer_blocks", "visual_transformer_blocks"),
            (("x",), ("visual_embed",)), token_specs=_KANDINSKY5_TOKENS, image_models=("kandinsky5",),
-           geometry=_kandinsky5_geometry, cost_shape=_kandinsky5_cost),
+           geometry=_kandinsky5_geometry, cost_shape=_kandinsky5_cost,
+           text_encoders=lambda unet: ("qwen2.5-vl-7b", "clip-l")),
     # MiniMax H3 (0.33 comfy/ldm/minimax/model.py): one list of ``DiTBlock``s called as
     # ``block(h, t_emb, mod_segments, rope_freqs)`` on one packed sequence [S, C] (text, audio, video
     # rows; batch 1); ``mod_segments`` names row ranges of that sequence.
     Family("minimax_h3", "MiniMax H3", ("blocks",), (("x",),), token_specs=_MINIMAX_H3_TOKENS,
            image_models=("minimax_h3",), geometry=_minimax_h3_geometry, cost_shape=_minimax_h3_cost, max_batch=1,
-           default_cfg=1.0),
+           default_cfg=1.0, text_encoders=lambda unet: ("qwen3-vl-32b-h3",)),
 )
 FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
 """Family name -> entry."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, table_gpu_name
+from ...parallel.families import get_family
 from ...parallel.placement.layer_split import LayerSplit, plan_layer_split
 from ...parallel.placement.planner import (
     Footprint,
@@ -71,25 +72,12 @@ CPU_TFLOPS = 0.2
 
 
 def encoders_of(spec) -> tuple[str, ...]:
-    """The ``ENCODERS`` keys of the text encoder(s) ComfyUI loads for ``spec``'s DiT (by family and
-    config: HunyuanVideo 1.5 has ``byt5``/``vision_in``, LTX-2.3 its caption projection before the
-    connectors); () for a family without a known encoder."""
-    unet = spec.unet_config
-    if spec.family == "wan":
-        return ("umt5-xxl",)
-    if spec.family == "ltxv":
-        return ("t5-xxl",)
-    if spec.family == "ltxav":
-        return ("gemma3-12b", "ltx2.3-projection" if unet.get("caption_proj_before_connector") else "ltx2-projection")
-    if spec.family == "hunyuan_video":
-        if unet.get("byt5") or unet.get("vision_in_dim"):
-            return ("qwen2.5-vl-7b", "byt5-small")
-        return ("llava-llama3-8b", "clip-l")
-    if spec.family == "kandinsky5":
-        return ("qwen2.5-vl-7b", "clip-l")
-    if spec.family == "minimax_h3":
-        return ("qwen3-vl-32b-h3",)
-    return ()
+    """The ``ENCODERS`` keys of the text encoder(s) ComfyUI loads for ``spec``'s DiT, from its
+    family's registry entry (``parallel/families.Family.text_encoders``, by config: HunyuanVideo 1.5
+    has ``byt5``/``vision_in``, LTX-2.3 its caption projection before the connectors); () for a family
+    without a known encoder."""
+    pick = get_family(spec.family).text_encoders
+    return tuple(pick(spec.unet_config)) if pick else ()
 
 
 @dataclass(frozen=True)
