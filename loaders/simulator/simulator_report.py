@@ -5,16 +5,13 @@ from dataclasses import dataclass, field
 
 from ...parallel.placement.plan_ranges import compute_block_ranges
 from ...parallel.placement.plan_types import BlockRange
+from ...parallel.units import GiB as _GiB
+from ...parallel.units import format_gib
 
 __all__ = ["DeviceReport", "SimulationReport", "fallback_block_ranges", "format_gib"]
 
-_GiB = 1 << 30
 NOT_MODELLED = ("not counted: the CUDA context (~0.5 GiB per GPU), allocator fragmentation, cuBLAS "
                 "workspaces, the text encoder and the VAE; leave room with --reserve-vram-gb")
-
-
-def format_gib(n: float) -> str:
-    return f"{n / _GiB:.1f}"
 
 
 @dataclass
