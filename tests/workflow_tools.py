@@ -162,10 +162,12 @@ CORE_NODES = {n.node_id: n for n in [
     _core("Kandinsky5ImageToVideo", "positive:CONDITIONING negative:CONDITIONING vae:VAE width:INT height:INT "
           "length:INT batch_size:INT start_image:IMAGE?",
           "positive:CONDITIONING negative:CONDITIONING latent:LATENT cond_latent:LATENT", since="0.29.0"),
-    # MiniMax H3's graph: its audio VAE through core's loader and audio decode (both in 0.3.64), its
-    # joint video + audio latent (ComfyUI 0.33.0, comfy_extras/nodes_minimax_h3.py).
+    # MiniMax H3's graph: its audio VAE through core's loader and audio decode, its joint video + audio
+    # latent (ComfyUI 0.33.0, comfy_extras/nodes_minimax_h3.py). VAEDecodeAudio is in 0.3.64's
+    # comfy_extras/nodes_audio.py, which loads only where torchaudio is installed; the 0.3.64 the tests
+    # run has none, so the oldest ComfyUI the tests have it in is 0.29.0.
     _core("VAELoader", "vae_name:COMBO", "VAE"),
-    _core("VAEDecodeAudio", "samples:LATENT vae:VAE", "AUDIO"),
+    _core("VAEDecodeAudio", "samples:LATENT vae:VAE", "AUDIO", since="0.29.0"),
     _core("EmptyMiniMaxH3LatentAV", "width:INT height:INT length:INT", "LATENT", since="0.33.0"),
 ]}
 
