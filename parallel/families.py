@@ -150,8 +150,10 @@ def _ltxav_cost(name, cfg, spatial, temporal, text_tokens, clip_tokens=0) -> Mod
     d = heads * cfg.get("attention_head_dim", 128)
     da = cfg.get("audio_num_attention_heads", 32) * cfg.get("audio_attention_head_dim", 64)
     cross_modal = 2 * (2 * d * da + 2 * da * da)  # a2v and v2a: q/out on one side, k/v on the other (width da)
+    # video->audio attention (``_LTXAV_TOKENS`` gather_kv): every video token's keys and values, da wide
+    # (the audio's heads x head width), gathered by heads in `sequence`
     blocks = (BlockShape(cfg.get("num_layers", 48), 14 * d * d + 2 * d * da, 2 * d * d + 2 * da * da,
-                         16 * d * d + 16 * da * da + cross_modal),)
+                         16 * d * d + 16 * da * da + cross_modal, gathered_kv_width=da),)
     return ModelShape(name, d, heads, blocks, text_tokens, spatial, temporal, (1, 1, 1))
 
 

@@ -71,8 +71,9 @@ TITLE_CHAR_W = 0.55 * GROUP_FONT   # Arial, mixed case: a safe upper bound per c
 #   (78 px): 1536 x 922;
 # - 0.29.0: the canvas fills the window; the tabs (to y 38), the side bar (to x 59), the breadcrumb
 #   and the Run bar (to y 90) float over it, the minimap over its bottom-right corner (MINIMAP).
-WINDOWS = {"0.3.64": (12, 12, 1524, 910), "0.29.0": (70, 96, 1590, 990)}
-MINIMAP = {"0.29.0": (1335, 735, 1600, 1000)}
+# - 0.33.0: as 0.29.0 (the same floating bars and minimap; checked by tests/test_browser_ui.py on it).
+WINDOWS = {"0.3.64": (12, 12, 1524, 910), "0.29.0": (70, 96, 1590, 990), "0.33.0": (70, 96, 1590, 990)}
+MINIMAP = {"0.29.0": (1335, 735, 1600, 1000), "0.33.0": (1335, 735, 1600, 1000)}
 WINDOW = WINDOWS["0.3.64"]
 MIN_SCALE, MAX_SCALE = 0.6, 0.8
 # Columns of the pipeline (x) and the left column (note and Plan node).
@@ -111,6 +112,15 @@ URLS = {
         f"{HF}/Comfy-Org/HunyuanVideo_1.5_repackaged/resolve/main/split_files/vae/hunyuanvideo15_vae_fp16.safetensors",
     "kandinsky5lite_t2v_sft_5s.safetensors":
         f"{HF}/kandinskylab/Kandinsky-5.0-T2V-Lite-sft-5s/resolve/main/model/kandinsky5lite_t2v_sft_5s.safetensors",
+    # MiniMax H3 (ComfyUI 0.33): Comfy-Org's repackaged files
+    "minimax_h3_fl2va_pruned_int8_convrot.safetensors":
+        f"{HF}/Comfy-Org/MiniMax-H3/resolve/main/diffusion_models/minimax_h3_fl2va_pruned_int8_convrot.safetensors",
+    "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors":
+        f"{HF}/Comfy-Org/MiniMax-H3/resolve/main/text_encoders/qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors",
+    "minimax_h3_video_vae_fp16.safetensors":
+        f"{HF}/Comfy-Org/MiniMax-H3/resolve/main/vae/minimax_h3_video_vae_fp16.safetensors",
+    "minimax_h3_audio_vae_fp32.safetensors":
+        f"{HF}/Comfy-Org/MiniMax-H3/resolve/main/vae/minimax_h3_audio_vae_fp32.safetensors",
 }
 # The pack's own negative prompt for the Wan graphs (and a shorter one for the others).
 WAN_NEGATIVE = ("blurry, out of focus, overexposed, washed-out colours, flicker, frozen frame, captions, watermark, "

@@ -370,3 +370,49 @@ def test_speed_weighted_shares_are_priced_for_mixed_cards():
     assert estimate_sequence(work, same, weighted=True).seconds_per_step == estimate_sequence(work, same).seconds_per_step
     cfg = Workload(_wan14b(), 1280, 720, 81, cfg=5)
     assert estimate_sequence(cfg, mixed, weighted=True).seconds_per_step == estimate_sequence(cfg, mixed).seconds_per_step
+
+
+# ------------------------------------------------------------------ gathered keys/values (LTX-2.3)
+def test_every_family_that_gathers_keys_values_prices_them():
+    """The registry's two sides agree: a family whose `sequence` gathers keys/values by heads
+    (``TokenSpec.gather_kv``: LTX-2's video->audio attention) has a cost shape whose blocks carry the
+    gathered width, and no other family's blocks do (presets: each family's published config)."""
+    from sharddit.parallel.families import get_family
+
+    seen = set()
+    for spec in _presets().values():
+        specs = get_family(spec.family).token_specs or ()
+        gathers = any(t.gather_kv for t in specs)
+        widths = [b.gathered_kv_width for b in shape_from_spec(spec).blocks]
+        assert all(widths) if gathers else not any(widths), (spec.name, spec.family, widths)
+        seen.add((spec.family, gathers))
+    assert ("ltxav", True) in seen, seen
+
+
+def test_ltx23_video_to_audio_keys_values_are_priced_in_sequence():
+    """LTX-2.3 at 1280x704x121, cfg 1, on two 4090s at 12 GB/s: besides the video self-attention's
+    Ulysses exchange (q, k, v, out: 4 x (g-1)/g x tokens/g x 4096 x 2 bytes), each rank receives the
+    other rank's video keys and values of its audio heads for the video->audio attention (2 x tokens/2
+    x 2048 x 16/32 x 2 bytes): 2048 / (2 x 4096) = +25 % exchange bytes, which `sequence` pays on
+    every block. Dropping the term would price LTX-2.3's exchange at the self-attention's alone."""
+    from dataclasses import replace
+
+    shape = _shape("ltx-2.3")
+    (block,) = shape.blocks
+    assert block.gathered_kv_width == 2048 and shape.width == 4096 and shape.heads == 32
+    bare = replace(shape, blocks=(replace(block, gathered_kv_width=0),))
+    hw = hardware_from_options(["RTX 4090"] * 2, link_gbps=12)
+    work = Workload(shape, 1280, 704, 121, cfg=1)
+    priced, unpriced = (estimate_sequence(Workload(s, 1280, 704, 121, cfg=1), hw) for s in (shape, bare))
+    n, g = work.tokens, 2
+    ulysses = 4 * (g - 1) / g * -(-n // g) * 4096 * 2
+    gathered = 2 * (n - -(-n // g)) * 2048 * (16 / 32) * 2
+    per_block = gathered / hw.link_bytes_per_s + 2 * 50e-6
+    assert priced.exchange_s - unpriced.exchange_s == pytest.approx(block.count * per_block, rel=1e-6)
+    assert gathered / ulysses == pytest.approx(0.25, rel=0.01)
+    assert (priced.exchange_s - unpriced.exchange_s) / unpriced.exchange_s == pytest.approx(0.25, abs=0.01)
+    assert priced.bytes_per_device - unpriced.bytes_per_device == pytest.approx(block.count * gathered, rel=1e-6)
+    assert priced.seconds_per_step > unpriced.seconds_per_step and priced.speedup > 1.2, priced
+    # a group of one (cfg > 1 on two GPUs: cond and uncond each on its own GPU) exchanges nothing
+    cfg = [estimate_sequence(Workload(s, 1280, 704, 121, cfg=4), hw) for s in (shape, bare)]
+    assert cfg[0].exchange_s == cfg[1].exchange_s == 0.0

@@ -148,7 +148,8 @@ def test_plan_node_matches_the_workflow(pair, table):
     (latent,) = [n["inputs"] for n in api.values() if {"width", "height", "length"} <= set(n["inputs"])]
     assert (plan["width"], plan["height"], plan["frames"]) == (latent["width"], latent["height"], latent["length"])
     family = {"wan2.1": "wan2.1-", "wan2.2": "wan2.2-", "ltxv": "ltxv-", "hunyuan_video_t2v": "hunyuanvideo-13b",
-              "hunyuan_video_1.5": "hunyuanvideo-1.5", "ltx2.3": "ltx-2.3", "kandinsky5_lite": "kandinsky5-lite"}
+              "hunyuan_video_1.5": "hunyuanvideo-1.5", "ltx2.3": "ltx-2.3", "kandinsky5_lite": "kandinsky5-lite",
+              "minimax_h3": "minimax-h3"}
     assert any(pair[0].startswith(k) and plan["model"].startswith(v) for k, v in family.items()), plan["model"]
 
 

@@ -1,7 +1,8 @@
 """The 2026 families' workflows (tests/build_workflows.py writes them): Wan 2.2 T2V A14B with its two
-experts, LTX-2.3 with sound, HunyuanVideo 1.5 720p and Kandinsky 5 Lite, each with the pack's own
-layout, prompts and notes (model files and folders, VRAM per GPU and the mode ``parallel`` ``auto``
-picks, both from ``plan`` on ComfyUI 0.29.0 with the workflow's settings).
+experts, LTX-2.3 with sound, HunyuanVideo 1.5 720p, Kandinsky 5 Lite and MiniMax H3 with sound, each
+with the pack's own layout, prompts and notes (model files and folders, VRAM per GPU and the mode
+``parallel`` ``auto`` picks, both from ``plan`` on ComfyUI 0.29.0 with the workflow's settings; 0.33.0
+for MiniMax H3, which older ComfyUI lacks).
 """
 from __future__ import annotations
 
@@ -239,4 +240,76 @@ K5_NOTE = (
     "faster than one GPU (core's CFG split predicts the same with a full copy on each).")
 
 
-GRAPHS_2026 = [wan22_t2v, ltx23_t2v, hunyuan15_t2v, kandinsky5_t2v]
+def minimax_h3_t2v(t) -> Graph:
+    """MiniMax H3 (ComfyUI 0.33): text to video with its sound track. One latent holds both; core's
+    custom sampler runs it guided by the prompt alone, Separate AV Latent hands each part to its VAE."""
+    g = Graph("minimax_h3_t2v_2gpu", "5c1f0d2e-2a0b-4a5e-9a71-3f1c0b0e2808", t, min_comfyui="0.33.0")
+    files = [("diffusion_models", "minimax_h3_fl2va_pruned_int8_convrot.safetensors"),
+             ("text_encoders", "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"),
+             ("vae", "minimax_h3_video_vae_fp16.safetensors"), ("vae", "minimax_h3_audio_vae_fp32.safetensors")]
+    g.node(1, "ShardDiTLoadDiffusionModel", (0, 0), (400, None), models=[files[0]],
+           unet_name=files[0][1], weight_dtype="default", devices="auto", reserve_vram_gb=1.0, parallel="auto")
+    g.node(2, "ShardDiTLoadTextEncoder", (0, 180), (400, None), models=[files[1]],
+           clip_name=files[1][1], type="minimax", device="auto")
+    g.node(3, "ShardDiTLoadVAE", (0, 340), (400, None), title="Video VAE", models=[files[2]], vae_name=files[2][1],
+           device="auto")
+    g.node(4, "VAELoader", (0, 480), (400, None), title="Audio VAE", models=[files[3]], vae_name=files[3][1])
+    g.node(5, "EmptyMiniMaxH3LatentAV", (0, 680), (400, None), width=1344, height=768, length=124)
+    g.node(6, "CLIPTextEncode", (440, 0), (400, 300), title="Prompt",
+           text="A blacksmith works at an anvil in a stone forge at night. He draws a glowing bar from the coals, "
+                "turns it with tongs and strikes it: each hammer blow rings out and throws a burst of sparks. "
+                "The bellows wheeze, the fire roars, rain drums on the tin roof outside. The camera circles slowly "
+                "at waist height, orange firelight on his face and leather apron, cold blue light at the door.")
+    g.link(2, 0, 6, "clip")
+    g.node(7, "RandomNoise", (880, 0), (320, None), noise_seed=42)
+    g.node(8, "KSamplerSelect", (880, 130), (320, None), sampler_name="res_multistep")
+    g.node(9, "BasicScheduler", (880, 240), (320, None), scheduler="simple", steps=20, denoise=1.0)
+    g.link(1, 0, 9, "model")
+    g.node(10, "BasicGuider", (880, 400), (320, None))
+    g.link(1, 0, 10, "model")
+    g.link(6, 0, 10, "conditioning")
+    g.node(11, "SamplerCustomAdvanced", (880, 500), (320, None))
+    g.link(7, 0, 11, "noise")
+    g.link(10, 0, 11, "guider")
+    g.link(8, 0, 11, "sampler")
+    g.link(9, 0, 11, "sigmas")
+    g.link(5, 0, 11, "latent_image")
+    g.node(12, "LTXVSeparateAVLatent", (880, 680), (320, None))
+    g.link(11, 0, 12, "av_latent")
+    g.node(13, "ShardDiTVAEDecodeTiled", (1240, 0), (360, None), tile_size=512, overlap=64, temporal_size=64,
+           temporal_overlap=8, tile_batch_size="auto", devices="auto")
+    g.link(12, 0, 13, "samples")
+    g.link(3, 0, 13, "vae")
+    g.node(14, "VAEDecodeAudio", (1240, 250), (360, None))
+    g.link(12, 1, 14, "samples")
+    g.link(4, 0, 14, "vae")
+    g.node(15, "CreateVideo", (1240, 350), (360, CREATE_VIDEO_H), fps=24.0)
+    g.link(13, 0, 15, "images")
+    g.link(14, 0, 15, "audio")
+    g.node(16, "SaveVideo", (1240, 500), (360, None), grows_to=420, filename_prefix="video/sharddit_minimax_h3_t2v",
+           format="auto", codec="auto")
+    g.link(15, 0, 16, "video")
+    files_note_node(g, 17, files_note("MiniMax H3 with sound, 1344×768, 124 frames", files,
+                                      H3_NOTE + "\n\n" + PLAN_NOTE))
+    plan_node(g, 18, "minimax-h3-fp8", 1344, 768, 124, "fp8", 1.0)
+    g.group("1 - Load models (ShardDiT)", [1, 2, 3, 4])
+    g.group("2 - Video and sound", [5])
+    g.group("3 - Prompt", [6])
+    g.group("4 - Sample", [7, 8, 9, 10, 11, 12])
+    g.group("5 - Decode and save", [13, 14, 15, 16])
+    return g
+
+
+# `plan` on ComfyUI 0.33.0 (--model minimax-h3-fp8 --size 1344x768 --frames 124, cfg 1, --reserve-vram-gb 1;
+# workflows/README.md has the command). The int8 DiT file takes as many bytes per weight as fp8.
+H3_NOTE = (
+    "One latent holds the video and its sound (124 frames = 5 s at 24 fps); the prompt alone guides the sampler "
+    "(Basic Guider, CFG 1, as H3 is published) and Separate AV Latent hands each part to its VAE. Where no single "
+    "device holds the Qwen3-VL 32B text encoder (type `minimax`), its loader splits its layers over them.\n\n"
+    "**VRAM per GPU** (`plan`, two 24 GiB cards, fp8, CFG 1): cuda:0 15.9 GiB weights + 3.3 activations + 1.2 "
+    "prefetch, cuda:1 15.0 + 2.9 + 1.2; one 24 GiB card is short (35.6 GiB). `parallel` `auto` picks "
+    "**sequence** (the video's tokens split over the GPUs: 1.78× one GPU predicted, 3.35× on four); `plan` "
+    "then puts the text encoder on the CPU (about a minute per prompt).")
+
+
+GRAPHS_2026 = [wan22_t2v, ltx23_t2v, hunyuan15_t2v, kandinsky5_t2v, minimax_h3_t2v]

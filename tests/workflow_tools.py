@@ -90,9 +90,10 @@ def _core(node_id, inputs, outputs, output_node=False, since=None, api_also=None
 
 # The ComfyUI versions the tests run (tests/README.md): a node's ``since`` and a workflow's
 # ``min_comfyui`` are one of them. A node with since "0.29.0" is absent from 0.3.64 (checked by
-# test_workflows_comfy.py on 0.3.64) and present in 0.29.0; when it came in between, the tests
+# test_workflows_comfy.py on 0.3.64) and present in 0.29.0 (one with since "0.33.0" is absent from
+# 0.29.0 and present in 0.33.0); when it came in between, the tests
 # cannot tell, so the workflows claim no more than what was run.
-COMFY_VERSIONS = ("0.3.64", "0.29.0")
+COMFY_VERSIONS = ("0.3.64", "0.29.0", "0.33.0")
 
 
 def version_tuple(version: str) -> tuple:
@@ -161,6 +162,13 @@ CORE_NODES = {n.node_id: n for n in [
     _core("Kandinsky5ImageToVideo", "positive:CONDITIONING negative:CONDITIONING vae:VAE width:INT height:INT "
           "length:INT batch_size:INT start_image:IMAGE?",
           "positive:CONDITIONING negative:CONDITIONING latent:LATENT cond_latent:LATENT", since="0.29.0"),
+    # MiniMax H3's graph: its audio VAE through core's loader and audio decode, its joint video + audio
+    # latent (ComfyUI 0.33.0, comfy_extras/nodes_minimax_h3.py). VAEDecodeAudio is in 0.3.64's
+    # comfy_extras/nodes_audio.py, which loads only where torchaudio is installed; the 0.3.64 the tests
+    # run has none, so the oldest ComfyUI the tests have it in is 0.29.0.
+    _core("VAELoader", "vae_name:COMBO", "VAE"),
+    _core("VAEDecodeAudio", "samples:LATENT vae:VAE", "AUDIO", since="0.29.0"),
+    _core("EmptyMiniMaxH3LatentAV", "width:INT height:INT length:INT", "LATENT", since="0.33.0"),
 ]}
 
 
@@ -171,7 +179,8 @@ CORE_DISPLAY_NAMES = {"CheckpointLoaderSimple": "Load Checkpoint", "CLIPTextEnco
                       "KSamplerAdvanced": "KSampler (Advanced)", "CreateVideo": "Create Video",
                       "SaveVideo": "Save Video", "LTXVAudioVAELoader": "Load LTXV Audio VAE",
                       "LTXVEmptyLatentAudio": "LTXV Empty Latent Audio", "LTXVAudioVAEDecode": "LTXV Audio VAE Decode",
-                      "EmptyHunyuanVideo15Latent": "Empty HunyuanVideo 1.5 Latent"}
+                      "EmptyHunyuanVideo15Latent": "Empty HunyuanVideo 1.5 Latent", "VAELoader": "Load VAE",
+                      "VAEDecodeAudio": "VAE Decode Audio", "EmptyMiniMaxH3LatentAV": "Empty MiniMax H3 AV Latent"}
 NEWER_DISPLAY_NAMES = {"DualCLIPLoader": "Load CLIP (Dual)", "EmptyHunyuanLatentVideo": "Empty HunyuanVideo 1.0 Latent",
                        "BasicGuider": "Basic Guider", "CFGGuider": "CFG Guider",
                        "LTXVConcatAVLatent": "Concat AV Latent", "LTXVSeparateAVLatent": "Separate AV Latent"}  # 0.33

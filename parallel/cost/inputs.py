@@ -77,6 +77,10 @@ class BlockShape:
     """Text tokens join self-attention (HunyuanVideo)."""
     cross_attention: bool = True
     """Image tokens attend to the text tokens in a separate cross-attention (Wan, LTXV)."""
+    gathered_kv_width: int = 0
+    """Width of the keys and of the values (each) that `sequence` gathers from every image token, split
+    by heads, for an attention whose queries every rank holds whole (the family's ``TokenSpec.gather_kv``:
+    LTX-2's video->audio attention, keys/values of the audio's inner width); 0 when the block has none."""
 
 
 def latent_frames(frames: int, temporal: int, frame_grid: tuple = ()) -> int:

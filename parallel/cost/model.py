@@ -10,7 +10,12 @@ Per block, on one device:
               tokens, + text tokens where text joins it) + 4 × device tokens × text tokens × width
               (cross-attention to text, Wan / LTXV)
 - exchange = Ulysses all-to-all of q, k, v and output inside a group of g devices:
-  4 × (g-1)/g × tokens/g × width × activation bytes, / link, + 2 × ``TRANSFER_LATENCY_S``
+  4 × (g-1)/g × tokens/g × width × activation bytes, / link, + 2 × ``TRANSFER_LATENCY_S``; plus,
+  for a block with an attention split by heads over whole queries (``BlockShape.gathered_kv_width``,
+  the family's ``TokenSpec.gather_kv``: LTX-2's video->audio), the keys and values of the other
+  devices' tokens for this device's heads: 2 × (tokens - own tokens) × gathered width × own heads /
+  heads × activation bytes, + 2 × ``TRANSFER_LATENCY_S`` (its second all-to-all, the whole queries'
+  output rows, is a few hundred audio rows: left out)
 - stream   = block weight bytes / link, for a block the device does not own and does not keep
   resident (``cost/resident``; prefetched a block ahead, so it hides behind compute: block time =
   max(compute, stream) + exchange). Resident blocks are priced after the first step, which copies
@@ -242,18 +247,32 @@ def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, 
     kept = [frozenset(k) for k in resident] if resident is not None else [frozenset()] * len(hw.flops)
     for i, (b, owner) in enumerate(zip(block_shapes(s), owners)):
         w_bytes = b.weight_params * work.weight_bytes
+        kv_bytes, kv_s = _gathered_kv(work, hw, b, tok, hds, samples)
         worst = (-1.0, 0.0, 0.0, 0.0)
         for d in group:
             compute = samples * block_flops(b, s, tok[d], n, hds[d]) / hw.flops[d]
             streams = not replicas and d != owner and i not in kept[d]
             stream = w_bytes / hw.link_bytes_per_s + TRANSFER_LATENCY_S if streams else 0.0
-            received[d] += x_bytes[d] + (w_bytes if streams else 0)
+            received[d] += x_bytes[d] + kv_bytes[d] + (w_bytes if streams else 0)
             streamed[d] += w_bytes if streams else 0
             exposed = max(0.0, stream - compute)
-            if compute + exposed + x_s[d] > worst[0]:
-                worst = (compute + exposed + x_s[d], compute, exposed, x_s[d])
+            exchange = x_s[d] + kv_s[d]
+            if compute + exposed + exchange > worst[0]:
+                worst = (compute + exposed + exchange, compute, exposed, exchange)
         total = [total[0] + worst[1], total[1] + worst[2], total[2] + worst[3]]
     return total[0], total[1], total[2], max(received.values()), max(streamed.values())
+
+
+def _gathered_kv(work: Workload, hw: Hardware, b: BlockShape, tok: dict, hds: dict, samples: float):
+    """(bytes received, seconds) per device of the group for block ``b``'s keys/values gathered by heads
+    (``sequence/ulysses.gathered_kv_attention``): each device receives, for its share of the heads, the
+    keys and values of every token the others hold. Nothing where the block has none or the group is one."""
+    if not b.gathered_kv_width or len(tok) < 2:
+        return dict.fromkeys(tok, 0.0), dict.fromkeys(tok, 0.0)
+    n, heads = work.tokens, work.shape.heads
+    got = {d: samples * 2 * max(0, n - tok[d]) * b.gathered_kv_width * hds[d] / heads * work.activation_bytes
+           for d in tok}
+    return got, {d: got[d] / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S for d in tok}
 
 
 def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
