@@ -401,6 +401,14 @@ PLAN_NOTE = ("**Will it fit?** Placement Plan (ShardDiT), below, is muted: selec
              "'cuda:0=16GiB,cuda:1=16GiB'.")
 
 
+def custom_sampler(g: Graph, nid: int, pos, noise, guider, sampler, sigmas, latent):
+    """Core's SamplerCustomAdvanced at ``pos``, fed by the (node, slot) sources given."""
+    g.node(nid, "SamplerCustomAdvanced", pos, (320, None))
+    for src, name in ((noise, "noise"), (guider, "guider"), (sampler, "sampler"), (sigmas, "sigmas"),
+                      (latent, "latent_image")):
+        g.link(src[0], src[1], nid, name)
+
+
 def plan_node(g: Graph, nid: int, model: str, width: int, height: int, frames: int, dtype: str, cfg: float,
               batch="auto"):
     """A muted ShardDiTPlan below the files note, set to this workflow's model, video size and cfg."""
@@ -527,12 +535,7 @@ def hunyuan_t2v(t) -> Graph:
     g.node(10, "KSamplerSelect", (880, 340), (320, None), sampler_name="euler")
     g.node(11, "BasicScheduler", (880, 450), (320, None), scheduler="simple", steps=20, denoise=1.0)
     g.link(1, 0, 11, "model")
-    g.node(12, "SamplerCustomAdvanced", (880, 610), (320, None))
-    g.link(8, 0, 12, "noise")
-    g.link(9, 0, 12, "guider")
-    g.link(10, 0, 12, "sampler")
-    g.link(11, 0, 12, "sigmas")
-    g.link(4, 0, 12, "latent_image")
+    custom_sampler(g, 12, (880, 610), noise=(8, 0), guider=(9, 0), sampler=(10, 0), sigmas=(11, 0), latent=(4, 0))
     decode_nodes(g, 13, 1240, (12, 0), (3, 0), 24.0, "video/sharddit_hunyuan_video_t2v", tile=(256, 64, 64, 8))
     files_note_node(g, 16, files_note(
         "HunyuanVideo T2V 720p model, 848×480, 73 frames", files,

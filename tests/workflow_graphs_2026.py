@@ -6,8 +6,31 @@ for MiniMax H3, which older ComfyUI lacks).
 """
 from __future__ import annotations
 
-from build_workflows import (CREATE_VIDEO_H, PLAN_NOTE, SHORT_NEGATIVE, WAN_NEGATIVE, Graph, decode_nodes,
-                             files_note, files_note_node, plan_node)
+from build_workflows import (CREATE_VIDEO_H, PLAN_NOTE, SHORT_NEGATIVE, WAN_NEGATIVE, Graph, custom_sampler,
+                             decode_nodes, files_note, files_note_node, plan_node)
+
+
+def av_decode_nodes(g: Graph, first_id: int, sep_y: int, av_src, vae_src, audio: tuple, fps: float, prefix: str):
+    """Separate a video+audio latent, decode the video with ShardDiT's tiled decode and the audio with
+    core's ``audio = (node class, its VAE input, (node, slot) of the audio VAE)``, mux and save
+    (ids ``first_id`` .. ``first_id + 4``; the separation node at ``(880, sep_y)``, the rest in the last column)."""
+    sep, dec, aud, mux, save = range(first_id, first_id + 5)
+    g.node(sep, "LTXVSeparateAVLatent", (880, sep_y), (320, None))
+    g.link(av_src[0], av_src[1], sep, "av_latent")
+    g.node(dec, "ShardDiTVAEDecodeTiled", (1240, 0), (360, None), tile_size=512, overlap=64, temporal_size=64,
+           temporal_overlap=8, tile_batch_size="auto", devices="auto")
+    g.link(sep, 0, dec, "samples")
+    g.link(vae_src[0], vae_src[1], dec, "vae")
+    cls, vae_input, audio_vae = audio
+    g.node(aud, cls, (1240, 250), (360, None))
+    g.link(sep, 1, aud, "samples")
+    g.link(audio_vae[0], audio_vae[1], aud, vae_input)
+    g.node(mux, "CreateVideo", (1240, 350), (360, CREATE_VIDEO_H), fps=fps)
+    g.link(dec, 0, mux, "images")
+    g.link(aud, 0, mux, "audio")
+    g.node(save, "SaveVideo", (1240, 500), (360, None), grows_to=420, filename_prefix=prefix, format="auto",
+           codec="auto")
+    g.link(mux, 0, save, "video")
 
 
 def wan22_t2v(t) -> Graph:
@@ -104,27 +127,9 @@ def ltx23_t2v(t) -> Graph:
     g.link(2, 0, 14, "model")
     g.link(10, 0, 14, "positive")
     g.link(10, 1, 14, "negative")
-    g.node(15, "SamplerCustomAdvanced", (880, 620), (320, None))
-    g.link(13, 0, 15, "noise")
-    g.link(14, 0, 15, "guider")
-    g.link(12, 0, 15, "sampler")
-    g.link(11, 0, 15, "sigmas")
-    g.link(7, 0, 15, "latent_image")
-    g.node(16, "LTXVSeparateAVLatent", (880, 780), (320, None))
-    g.link(15, 0, 16, "av_latent")
-    g.node(17, "ShardDiTVAEDecodeTiled", (1240, 0), (360, None), tile_size=512, overlap=64, temporal_size=64,
-           temporal_overlap=8, tile_batch_size="auto", devices="auto")
-    g.link(16, 0, 17, "samples")
-    g.link(1, 2, 17, "vae")
-    g.node(18, "LTXVAudioVAEDecode", (1240, 250), (360, None))
-    g.link(16, 1, 18, "samples")
-    g.link(4, 0, 18, "audio_vae")
-    g.node(19, "CreateVideo", (1240, 350), (360, CREATE_VIDEO_H), fps=25.0)
-    g.link(17, 0, 19, "images")
-    g.link(18, 0, 19, "audio")
-    g.node(20, "SaveVideo", (1240, 500), (360, None), grows_to=420, filename_prefix="video/sharddit_ltx2.3_t2v", format="auto",
-           codec="auto")
-    g.link(19, 0, 20, "video")
+    custom_sampler(g, 15, (880, 620), noise=(13, 0), guider=(14, 0), sampler=(12, 0), sigmas=(11, 0), latent=(7, 0))
+    av_decode_nodes(g, 16, 780, (15, 0), (1, 2), ("LTXVAudioVAEDecode", "audio_vae", (4, 0)), 25.0,
+                    "video/sharddit_ltx2.3_t2v")
     files_note_node(g, 21, files_note("LTX-2.3 T2V with sound, 768×512, 97 frames", files, LTX23_NOTE + "\n\n" + PLAN_NOTE))
     plan_node(g, 22, "ltx-2.3", 768, 512, 97, "fp8", 4.0)
     g.group("1 - Load models (ShardDiT)", [1, 2, 3, 4])
@@ -268,27 +273,9 @@ def minimax_h3_t2v(t) -> Graph:
     g.node(10, "BasicGuider", (880, 400), (320, None))
     g.link(1, 0, 10, "model")
     g.link(6, 0, 10, "conditioning")
-    g.node(11, "SamplerCustomAdvanced", (880, 500), (320, None))
-    g.link(7, 0, 11, "noise")
-    g.link(10, 0, 11, "guider")
-    g.link(8, 0, 11, "sampler")
-    g.link(9, 0, 11, "sigmas")
-    g.link(5, 0, 11, "latent_image")
-    g.node(12, "LTXVSeparateAVLatent", (880, 680), (320, None))
-    g.link(11, 0, 12, "av_latent")
-    g.node(13, "ShardDiTVAEDecodeTiled", (1240, 0), (360, None), tile_size=512, overlap=64, temporal_size=64,
-           temporal_overlap=8, tile_batch_size="auto", devices="auto")
-    g.link(12, 0, 13, "samples")
-    g.link(3, 0, 13, "vae")
-    g.node(14, "VAEDecodeAudio", (1240, 250), (360, None))
-    g.link(12, 1, 14, "samples")
-    g.link(4, 0, 14, "vae")
-    g.node(15, "CreateVideo", (1240, 350), (360, CREATE_VIDEO_H), fps=24.0)
-    g.link(13, 0, 15, "images")
-    g.link(14, 0, 15, "audio")
-    g.node(16, "SaveVideo", (1240, 500), (360, None), grows_to=420, filename_prefix="video/sharddit_minimax_h3_t2v",
-           format="auto", codec="auto")
-    g.link(15, 0, 16, "video")
+    custom_sampler(g, 11, (880, 500), noise=(7, 0), guider=(10, 0), sampler=(8, 0), sigmas=(9, 0), latent=(5, 0))
+    av_decode_nodes(g, 12, 680, (11, 0), (3, 0), ("VAEDecodeAudio", "vae", (4, 0)), 24.0,
+                    "video/sharddit_minimax_h3_t2v")
     files_note_node(g, 17, files_note("MiniMax H3 with sound, 1344×768, 124 frames", files,
                                       H3_NOTE + "\n\n" + PLAN_NOTE))
     plan_node(g, 18, "minimax-h3-fp8", 1344, 768, 124, "fp8", 1.0)
