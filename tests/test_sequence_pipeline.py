@@ -16,13 +16,18 @@ import pytest
 import torch
 from harness.numerics import assert_split_close
 from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
-
 from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
 from sharddit.parallel.sequence import stream as seq_stream
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.record import RecordingOps
-from sharddit.parallel.sequence.split import (PIPELINE_CHUNKS, TokenSpec, even_ranges, head_chunks,
-                                              pipeline_schedule, share_ranges)
+from sharddit.parallel.sequence.split import (
+    PIPELINE_CHUNKS,
+    TokenSpec,
+    even_ranges,
+    head_chunks,
+    pipeline_schedule,
+    share_ranges,
+)
 from sharddit.parallel.sequence.stream import EXCHANGE_WAITS, without_wait
 from sharddit.parallel.sequence.threads import ThreadExchange
 
