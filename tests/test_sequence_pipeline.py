@@ -183,3 +183,52 @@ def test_cpu_ranks_keep_the_unpipelined_exchange():
     model, inputs = _wan(4, 32)
     _, st = _run(model, WAN, WAN_SPEC, 2, inputs)
     assert st.exchanges == [2 * 4, 2 * 4]
+
+
+@pytest.mark.parametrize("tail", [0, 3], ids=["no-text", "text-tail"])
+@pytest.mark.parametrize("heads_first,out_heads_first", [(False, False), (True, False), (True, True)],
+                         ids=["flat", "heads-in", "heads-in-out"])
+def test_every_layout_chunks_like_the_unchunked_exchange(heads_first, out_heads_first, tail):
+    """``ulysses_attention`` itself on 3 rank threads, 7 heads (3, 2, 2) in 2 chunks: q/k/v flat
+    ``[B, L, H*D]`` or heads-first (``skip_reshape``), the output flat or heads-first
+    (``skip_output_reshape``), with or without replicated text rows after the image rows."""
+    from harness.toy_seq import _attention_impl
+    from sharddit.parallel.sequence.split import plan_groups, rank_slices
+    from sharddit.parallel.sequence.threads import RankThreads
+    from sharddit.parallel.sequence.ulysses import ulysses_attention
+
+    torch.manual_seed(0)
+    b, main, heads, d, n = 1, 10, 7, 4, 3
+    q, k, v = (torch.randn(b, heads, main + tail, d) for _ in range(3))  # heads-first; flat views below
+    kwargs = {"skip_reshape": heads_first, "skip_output_reshape": out_heads_first}
+    ref = _attention_impl(q, k, v, heads, skip_reshape=True, skip_output_reshape=out_heads_first)
+    slices = rank_slices(plan_groups(1, n), main)
+
+    def inputs(rs):
+        out = []
+        for x in (q, k, v):
+            mine = torch.cat([x[:, :, rs.tokens[0]:rs.tokens[1]], x[:, :, main:]], dim=2)
+            out.append(mine if heads_first else mine.transpose(1, 2).reshape(b, -1, heads * d))
+        return out
+
+    def run(chunks):
+        pool = RankThreads(["cpu"] * n, timeout_s=30)
+        try:
+            ex = ThreadExchange(["cpu"] * n, pool, chunks=chunks)
+            tasks = [pool.submit(r, lambda rs=rs: ulysses_attention(ex, rs, main, _attention_impl,
+                                                                    (*inputs(rs), heads), dict(kwargs)))
+                     for r, rs in enumerate(slices)]
+            return [pool.wait(t, r) for r, t in enumerate(tasks)], ex.calls
+        finally:
+            pool.close()
+
+    plain, plain_calls = run(1)
+    chunked, calls = run(2)
+    assert calls == [4] * n and plain_calls == [2] * n
+    otok = 2 if out_heads_first else 1
+    for rs, a, p in zip(slices, chunked, plain, strict=True):
+        want = torch.cat([ref.narrow(otok, rs.tokens[0], rs.tokens[1] - rs.tokens[0]),
+                          ref.narrow(otok, main, tail)], dim=otok)
+        assert a.shape == p.shape == want.shape
+        assert_split_close(a, p, what="chunked layout")
+        assert_split_close(a, want, what="chunked layout vs unsharded")
