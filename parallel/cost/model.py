@@ -271,8 +271,8 @@ def _groups(n_devices: int, batch: int) -> list[list[int]]:
 
 def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, owners, replicas: bool,
                 weighted: bool = False, resident=None, pipelined: bool = True):
-    """(compute, exposed stream, exposed exchange, bytes received, weight bytes streamed) per device
-    group; ``weighted``: token and head shares proportional to the devices' throughputs (as the
+    """(compute, exposed stream, exposed exchange, bytes received, weight bytes streamed, head
+    chunks) per device group; ``weighted``: token and head shares proportional to the devices' throughputs (as the
     engine's ``set_speeds``), else even (the largest share decides); ``resident``: per device, the
     indices of the blocks it keeps (``cost/resident``: not streamed); ``pipelined``: the exchange
     in head chunks (``exposed_exchange``), else whole."""
@@ -311,7 +311,7 @@ def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, 
             if block > worst[0]:
                 worst = (block, compute, exposed, x_wait)
         total = [total[0] + worst[1], total[1] + worst[2], total[2] + worst[3]]
-    return total[0], total[1], total[2], max(received.values()), max(streamed.values())
+    return total[0], total[1], total[2], max(received.values()), max(streamed.values()), chunks
 
 
 def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
@@ -330,12 +330,12 @@ def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool =
     groups = _groups(n_dev, work.batch)
     samples = work.batch / len(groups)
     parts = [_group_step(work, hw, grp, samples, owners, replicas, weighted, resident, pipelined) for grp in groups]
-    compute, stream, exchange, _, _ = max(parts, key=lambda p: p[0] + p[1] + p[2])
+    compute, stream, exchange, _, _, chunks = max(parts, key=lambda p: p[0] + p[1] + p[2])
     scatter = (n_dev - 1) / n_dev * work.batch * work.tokens * s.width * work.activation_bytes
     hop_s = 2 * scatter / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if n_dev > 1 else 0.0
     t = compute + stream + exchange + hop_s
     base = estimate_one_gpu(work, hw).seconds_per_step
-    note = _bound_note(compute, stream, exchange, t)
+    note = _bound_note(compute, stream, exchange, t, chunks if exchange else 1)
     streamed = int(max(p[4] for p in parts))
     if resident is not None and any(resident) and not replicas:
         kept = "every block resident, nothing streamed" if not streamed else \
@@ -361,8 +361,10 @@ def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None, weighted: b
                         n * p.streamed_bytes)
 
 
-def _bound_note(compute: float, stream: float, exchange: float, total: float) -> str:
-    parts = f"compute {compute / total:.0%}, exchange {exchange / total:.0%}, exposed weight stream {stream / total:.0%}"
+def _bound_note(compute: float, stream: float, exchange: float, total: float, chunks: int = 1) -> str:
+    piped = f" (in {chunks} head chunks beside the attention)" if chunks > 1 else ""
+    parts = (f"compute {compute / total:.0%}, exchange {exchange / total:.0%}{piped}, "
+             f"exposed weight stream {stream / total:.0%}")
     if stream > 0.1 * total:
         return f"weight-bound ({parts}): streaming blocks takes longer than computing them"
     if exchange > 0.25 * total:
