@@ -72,3 +72,36 @@ def test_the_link_carries_the_stream_and_the_whole_exchange():
     link_s = piped.streamed_bytes / hw.link_bytes_per_s + whole.exchange_s
     assert piped.seconds_per_step - piped.hop_s >= link_s * 0.999
     assert piped.stream_s > 0  # the link, not the compute, sets the pace here
+
+
+def test_auto_prices_the_pipeline_only_where_every_rank_is_a_gpu_of_this_machine():
+    """The engine pipelines the exchange between GPU ranks of one process; a worker's rank (its
+    ``DistExchange``) or a CPU rank exchanges whole, and ``auto`` must price what will run."""
+    from sharddit.parallel.cost.mode import ModeDecision, decide_auto_for_latent
+
+    seq = ModeDecision("sequence", "fits")
+    latent = (2, 16, 9, 60, 104)  # 832x480x33 at cfg > 1
+    every = [set(range(40))] * 4
+
+    def predicted(ranks):
+        d = decide_auto_for_latent(seq, _wan14b(), latent, ranks, [10] * 4, {}, link_gbps=12, weight_bytes=1,
+                                   resident=every)
+        return float(d.reason.split("predicted ")[1].split("×")[0])
+
+    assert predicted(["cuda:0", "cuda:1", "cuda:2", "cuda:3"]) == pytest.approx(3.75, abs=0.01)
+    assert predicted(["cuda:0", "cuda:1", "w1/cuda:0", "w1/cuda:1"]) == pytest.approx(3.31, abs=0.01)
+
+
+def test_worker_processes_are_priced_with_the_whole_exchange():
+    """Ranks in worker processes exchange through ``DistExchange``, unpipelined: the network step
+    (``cost/workers``) prices the whole exchange."""
+    from sharddit.parallel.cost.model import Hardware
+    from sharddit.parallel.cost.workers import compute_network_step
+
+    work = Workload(_wan14b(), 832, 480, 33, cfg=1)
+    flops, gbps = (99e12, 99e12), 100.0
+    net = compute_network_step(work, flops, [20, 20], True, gbps)
+    hw = Hardware(flops, gbps * 1e9 / 8)
+    whole = estimate_sequence(work, hw, [20, 20], replicas=True, pipelined=False)
+    assert net.step_s == pytest.approx(whole.seconds_per_step)
+    assert estimate_sequence(work, hw, [20, 20], replicas=True).seconds_per_step < 0.95 * whole.seconds_per_step

@@ -346,13 +346,13 @@ def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool =
 
 
 def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None, weighted: bool = False,
-                           resident=None) -> StrategyCost:
+                           resident=None, pipelined: bool = True) -> StrategyCost:
     """Lean `sequence` (``sequence/lean``): the batch's samples one after the other, each a whole
     `sequence` forward with its tokens over every device, so the weights stream once per pass
     (twice per step at cfg > 1) and each pass exchanges over all devices. Priced as ``batch``
     cfg-1 forwards; the speed-up stays against the one-GPU step of the whole batch."""
     one = replace(work, cfg=1.0)
-    p = estimate_sequence(one, hw, owned, weighted=weighted, resident=resident)
+    p = estimate_sequence(one, hw, owned, weighted=weighted, resident=resident, pipelined=pipelined)
     n = work.batch
     base = estimate_one_gpu(work, hw).seconds_per_step
     t = n * p.seconds_per_step
@@ -373,10 +373,11 @@ def _bound_note(compute: float, stream: float, exchange: float, total: float, ch
 
 
 def estimate_costs(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
-                   resident=None) -> dict[str, StrategyCost]:
-    """Every strategy for these devices (one GPU as the hypothetical baseline, always present)."""
+                   resident=None, pipelined: bool = True) -> dict[str, StrategyCost]:
+    """Every strategy for these devices (one GPU as the hypothetical baseline, always present);
+    ``pipelined``: as ``estimate_sequence`` (False where a rank is not a GPU of this machine)."""
     out = {"one_gpu": estimate_one_gpu(work, hw)}
     if len(hw.flops) > 1:
         out["blocks"] = estimate_blocks(work, hw, owned)
-        out["sequence"] = estimate_sequence(work, hw, owned, replicas, resident=resident)
+        out["sequence"] = estimate_sequence(work, hw, owned, replicas, resident=resident, pipelined=pipelined)
     return out
