@@ -13,7 +13,7 @@ split with no exchange. Repetitions alternate unsharded / sequence (order flippe
 after one warm-up each; the result is the median of unsharded/sequence wall-time ratios. Outputs
 are checked bit-identical (even token split, > 10 rows per rank).
 
-    python benchmarks/sequence_parallel.py [--reps 5] [--tokens 2048] [--batch 1] [--family wan] [--slow K]
+    python benchmarks/sequence_parallel.py [--reps 5] [--tokens 2048] [--batch 1] [--family wan] [--slow K] [--chunks C]
 
 ``--family`` picks the toy's shape (``tests/harness/toy_families.py``): ``wan`` (above), ``h3``
 (MiniMax H3: 256 text rows and the video rows packed in one sample's sequence, joint attention,
@@ -27,6 +27,12 @@ their GEMMs run on a rank's rows.
 ``--slow K`` (issue 34) makes rank 1 a K times slower device (it sleeps K - 1 times the CPU time each
 block took on its thread) and times even shares against shares by speed (1 : 1/K), printing both and
 ``weighted_gain=even / by speed`` (ideal: 2K / (K + 1), 1.5 for K = 3).
+
+``--chunks C`` (issue 34) runs the pipelined Ulysses exchange (heads in C chunks, ``sequence/ulysses``)
+on the CPU ranks, where the engine otherwise keeps the unpipelined one. CPU copies are synchronous,
+so nothing overlaps here: the ratio against ``--chunks 1`` is the host cost of the pipeline (C times
+the rendezvous, transfers and attention calls per block; ``exchanges`` counts them), which a GPU
+must win back by overlapping the exchange with the attention.
 
 Prints the bytes each rank received in exchanges per forward beside the analytic figure
 ``blocks x 4 x B x (L/N) x (C - C/N) x 4 bytes`` (q, k, v out and the output back, the other ranks'
@@ -69,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--slow", type=int, default=1,
                     help="K > 1: make rank 1 a K times slower device (Wan-shaped toy) and compare "
                          "even shares with shares by speed (1 : 1/K) instead of timing against unsharded")
+    ap.add_argument("--chunks", type=int, default=1,
+                    help="C > 1: the pipelined Ulysses exchange in C head chunks on the CPU ranks")
     args = ap.parse_args(argv)
     import_pack()
     from harness.numerics import assert_split_close
@@ -88,6 +96,7 @@ def main(argv=None) -> int:
     handle = attach_block_sharding(model, layout, devices, "cpu")
     proxies = [p for pl in handle.proxies.values() for p in pl]
     engine = attach_sequence_engine(handle.router, proxies, specs, ranks)
+    engine.runner.chunks = args.chunks if args.chunks > 1 else None
 
     if args.slow > 1:
         return _slow_rank(args, model, (x, t, ctx), handle, engine)
@@ -120,7 +129,7 @@ def main(argv=None) -> int:
         return one / (time.perf_counter() - t0)
 
     ref, out = unsharded(), sequence()  # warm-up (threads started, buffers allocated)
-    if args.family == "wan":
+    if args.family == "wan" and args.chunks <= 1:
         assert torch.equal(ref, out), f"outputs differ: {(ref - out).abs().max()}"
     else:
         for o, r in zip(out, ref, strict=True) if isinstance(out, tuple) else [(out, ref)]:  # ltx2: (video, audio)
@@ -141,7 +150,7 @@ def main(argv=None) -> int:
     per_rank = args.tokens // n if args.batch == 1 else args.tokens
     analytic = 0 if args.batch >= n else n_blocks * 4 * args.batch * per_rank * (args.dim - args.dim // n) * 4
     print(f"model: {args.family}-shaped, dim {args.dim}, {heads} heads, {n_blocks} blocks, batch {args.batch}, "
-          f"{args.tokens} tokens, ranks {','.join(ranks)}; groups {st.groups}")
+          f"{args.tokens} tokens, ranks {','.join(ranks)}; groups {st.groups}; head chunks {args.chunks}")
     said = f" (analytic {analytic})" if args.family == "wan" else ""
     print(f"exchanged per forward per rank: {st.bytes_exchanged} bytes{said}; "
           f"exchanges {st.exchanges}; streamed {st.bytes_streamed}")

@@ -153,9 +153,12 @@ def test_bad_hardware_and_ownership_are_refused():
                                                ((1280, 720, 81), 2, 0.08), ((1280, 720, 81), 4, 0.12)])
 def test_ulysses_exchange_share_matches_anchors_table(size, gpus, share):
     # ANCHORS.md "Communication arithmetic": Ulysses all-to-all (q, k, v, out) per GPU per block
-    # as a share of its compute at 12 GB/s: 13 % / 20 % (480p, N=2/4), 8 % / 12 % (720p).
-    seq = estimate_costs(Workload(_wan14b(), *size), hardware_from_options(["RTX 4090"] * gpus, link_gbps=12))["sequence"]
+    # as a share of its compute at 12 GB/s: 13 % / 20 % (480p, N=2/4), 8 % / 12 % (720p). That is
+    # the whole exchange (unpipelined); pipelined by head chunks, less of it waits.
+    work, hw = Workload(_wan14b(), *size), hardware_from_options(["RTX 4090"] * gpus, link_gbps=12)
+    seq = estimate_sequence(work, hw, pipelined=False)
     assert seq.exchange_s / seq.compute_s == pytest.approx(share, abs=0.015)
+    assert estimate_costs(work, hw)["sequence"].exchange_s < 0.5 * seq.exchange_s
 
 
 # ------------------------------------------------------------------ calibration (published)
@@ -277,14 +280,17 @@ def test_short_clip_on_four_cards_at_12gbps_is_weight_bound_but_sequence_still_p
     # 832×480×33 (14,040 tokens) on 4× 24 GiB at 12 GB/s. What the model predicts:
     # cfg 1: one block computes in ~31 ms per device while streaming a 703 MB block takes ~59 ms,
     #        so 30 of 40 blocks wait for weights: ~1.87× (ANCHORS: "~1.8× at best"); blocks 0.99×.
-    # cfg 6: two groups of two GPUs, each block ~63 ms of compute hides the stream: ~3.3×.
+    # cfg 6: two groups of two GPUs, each block ~63 ms of compute (~1.5 ms of it waiting for the
+    #        pipelined exchange); the link carries the 59 ms stream and the 12 ms exchange, so
+    #        about 5 % of the step waits for it: ~3.56×.
     hw = hardware_from_options(["RTX 4090"] * 4, link_gbps=12)
     fits = {"one_gpu": False, "blocks": True, "sequence": True}
     cfg1 = estimate_costs(Workload(_wan14b(), 832, 480, 33, cfg=1), hw)
     assert 1.6 < cfg1["sequence"].speedup < 2.1 and "weight-bound" in cfg1["sequence"].note
     assert cfg1["sequence"].stream_s > 0.25 * cfg1["sequence"].seconds_per_step
     cfg6 = estimate_costs(Workload(_wan14b(), 832, 480, 33, cfg=6), hw)
-    assert 3.0 < cfg6["sequence"].speedup < 3.6 and cfg6["sequence"].stream_s == 0
+    seq6 = cfg6["sequence"]
+    assert 3.0 < seq6.speedup < 3.6 and 0 < seq6.stream_s < 0.1 * seq6.seconds_per_step
     for costs in (cfg1, cfg6):
         strategy, reason = choose_strategy(costs, fits)
         fastest = max((n for n in costs if fits[n]), key=lambda n: costs[n].speedup)
@@ -410,7 +416,10 @@ def test_ltx23_video_to_audio_keys_values_are_priced_in_sequence():
     per_block = gathered / hw.link_bytes_per_s + 2 * 50e-6
     assert priced.exchange_s - unpriced.exchange_s == pytest.approx(block.count * per_block, rel=1e-6)
     assert gathered / ulysses == pytest.approx(0.25, rel=0.01)
-    assert (priced.exchange_s - unpriced.exchange_s) / unpriced.exchange_s == pytest.approx(0.25, abs=0.01)
+    # against the whole Ulysses exchange (unpipelined: the engine's head chunks hide most of it, not
+    # the gathered keys/values, which are not chunked and stay exposed whole)
+    whole = [estimate_sequence(Workload(s, 1280, 704, 121, cfg=1), hw, pipelined=False) for s in (shape, bare)]
+    assert (whole[0].exchange_s - whole[1].exchange_s) / whole[1].exchange_s == pytest.approx(0.25, abs=0.01)
     assert priced.bytes_per_device - unpriced.bytes_per_device == pytest.approx(block.count * gathered, rel=1e-6)
     assert priced.seconds_per_step > unpriced.seconds_per_step and priced.speedup > 1.2, priced
     # a group of one (cfg > 1 on two GPUs: cond and uncond each on its own GPU) exchanges nothing

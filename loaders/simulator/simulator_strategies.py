@@ -220,8 +220,10 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             kept = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
             estimate = estimate_sequence_lean if apart else estimate_sequence
             counts = [block_devices.count(r) for r in ranks]
-            costs["sequence"] = estimate(work, hw, counts, weighted=mixed, resident=kept)
-            gain = (estimate(work, hw, counts, resident=kept).seconds_per_step / costs["sequence"].seconds_per_step
+            piped = all(str(r).startswith("cuda") for r in ranks)  # the exchange pipelined between GPUs only
+            costs["sequence"] = estimate(work, hw, counts, weighted=mixed, resident=kept, pipelined=piped)
+            gain = (estimate(work, hw, counts, resident=kept, pipelined=piped).seconds_per_step
+                    / costs["sequence"].seconds_per_step
                     if mixed else 1.0)
             if gain > 1.005:  # a group of several ranks of different speeds (cfg > 1 on 2: one rank per group)
                 share = ", ".join(f"{r} {100 * f / sum(hw.flops):.0f}%" for r, f in zip(ranks, hw.flops, strict=True))
@@ -241,7 +243,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
                                  "one after the other, each over every GPU (weights streamed twice per step)")
                     seq = lean
                     kept = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
-                    costs["sequence"] = estimate_sequence_lean(work, hw, counts, weighted=mixed, resident=kept)
+                    costs["sequence"] = estimate_sequence_lean(work, hw, counts, weighted=mixed, resident=kept,
+                                                               pipelined=piped)
                     fits["sequence"] = True
                     seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
             top = max(seq, key=lambda p: p.total)

@@ -25,7 +25,11 @@ really makes, counted the way it makes it:
   cfg > 1 2.85; 720p cfg 1 on 4 GPUs 2.19, cfg > 1 on 2 GPUs 6.57. HunyuanVideo 13B 720p x 129
   cfg > 1 on 2 GPUs: 14.4 (its single blocks hold 7 hidden states in ``linear1`` alone).
 - **exchange staging**: the thread exchange hands tensors between ranks without staging copies
-  beyond the received parts, which the Ulysses factor already holds.
+  beyond the received parts, which the Ulysses factor already holds. The pipelined exchange of GPU
+  ranks (``sequence/ulysses``, heads in 4 chunks; the fake-GPU runs above take the unpipelined one)
+  holds at most two chunks' q/k/v and one chunk's attention input at a time: measured on fake GPUs
+  with the chunks forced, Wan 14B 480p x 33 on 4 GPUs, rank 1's activations 0.3 GiB against 0.4
+  (cfg 1) and 0.6 against 0.7 (cfg > 1), so the factors bound it too.
 
 Not modelled (callers keep ``reserve_vram_gb`` for them): the CUDA context, allocator rounding and
 fragmentation, cuBLAS workspaces. Pinned host bounce buffers are host RAM, not VRAM.

@@ -158,9 +158,10 @@ def decide_auto_for_latent(memory: ModeDecision, shape: ModelShape, latent_shape
     names = [table_gpu_name(gpu_names.get(d, "")) or DEFAULT_GPU for d in ranks]
     hw = hardware_from_options(names, link_gbps=link_gbps)
     work = workload_from_latent(shape, latent_shape, weight_bytes)
-    costs = estimate_costs(work, hw, owned, resident=resident)
+    piped = all(d.startswith("cuda") for d in ranks)  # the engine pipelines its exchange between GPUs only
+    costs = estimate_costs(work, hw, owned, resident=resident, pipelined=piped)
     if lean:
-        costs["sequence"] = estimate_sequence_lean(work, hw, owned, resident=resident)
+        costs["sequence"] = estimate_sequence_lean(work, hw, owned, resident=resident, pipelined=piped)
     decision = memory
     if memory.mode == "sequence":
         best, why = choose_strategy({k: costs[k] for k in ("blocks", "sequence")}, {"blocks": True, "sequence": True})

@@ -10,14 +10,24 @@ Per block, on one device:
               tokens, + text tokens where text joins it) + 4 × device tokens × text tokens × width
               (cross-attention to text, Wan / LTXV)
 - exchange = Ulysses all-to-all of q, k, v and output inside a group of g devices:
-  4 × (g-1)/g × tokens/g × width × activation bytes, / link, + 2 × ``TRANSFER_LATENCY_S``; plus,
-  for a block with an attention split by heads over whole queries (``BlockShape.gathered_kv_width``,
-  the family's ``TokenSpec.gather_kv``: LTX-2's video->audio), the keys and values of the other
-  devices' tokens for this device's heads: 2 × (tokens - own tokens) × gathered width × own heads /
-  heads × activation bytes, + 2 × ``TRANSFER_LATENCY_S`` (its second all-to-all, the whole queries'
+  4 × (g-1)/g × tokens/g × width × activation bytes, / link (3/4 of it q, k, v; 1/4 the output),
+  + ``TRANSFER_LATENCY_S`` per transfer. The engine pipelines it by head chunks
+  (``sequence/ulysses``: C = ``split.head_chunks``, ``PIPELINE_CHUNKS`` at most; 1 where
+  ``pipelined`` is False: worker processes): each chunk's q/k/v and output is one transfer of 1/C
+  of the bytes, on an exchange stream, in ``split.pipeline_schedule``'s order, while the compute
+  stream runs each chunk's attention (self-attention FLOPs / C, below). ``exposed_exchange``
+  replays that order with those durations: the exchange exposed is what the compute stream waits
+  (the first chunk's q/k/v, and whatever of the rest does not fit behind the other chunks'
+  attention); with C = 1 it is the whole exchange. Plus, for a block with an attention split by
+  heads over whole queries (``BlockShape.gathered_kv_width``, the family's ``TokenSpec.gather_kv``:
+  LTX-2's video->audio), the keys and values of the other devices' tokens for this device's heads:
+  2 × (tokens - own tokens) × gathered width × own heads / heads × activation bytes, + 2 ×
+  ``TRANSFER_LATENCY_S``, not chunked, so exposed whole (its second all-to-all, the whole queries'
   output rows, is a few hundred audio rows: left out)
 - stream   = block weight bytes / link, for a block the device does not own and does not keep
-  resident (``cost/resident``; prefetched a block ahead, so it hides behind compute: block time =
+  resident (``cost/resident``; prefetched a block ahead, so it hides behind compute). The link
+  carries the streamed weights and the whole exchange; the compute stream waits only for the
+  exposed exchange: block time = max(compute + exposed exchange, stream + exchange) (with C = 1:
   max(compute, stream) + exchange). Resident blocks are priced after the first step, which copies
   them once: a device with every block resident streams 0 bytes per step.
 Per step (one sampler iteration: batch 1 at cfg 1, cond + uncond = 2 at cfg > 1):
@@ -37,7 +47,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from ..sequence.split import share_ranges
+from ..sequence.split import (
+    PIPELINE_CHUNKS,
+    even_ranges,
+    head_chunks,
+    pipeline_schedule,
+    share_ranges,
+)
 from .inputs import (
     DEFAULT_HOST_LINK_GBPS,
     EFFICIENCY,
@@ -63,6 +79,7 @@ __all__ = [
     "estimate_one_gpu",
     "estimate_sequence",
     "estimate_sequence_lean",
+    "exposed_exchange",
     "hardware_from_options",
 ]
 
@@ -140,7 +157,8 @@ class StrategyCost:
     model does not fit on it)."""
     compute_s: float
     exchange_s: float
-    """Ulysses all-to-all on the critical path."""
+    """Ulysses all-to-all on the critical path: what the pipelined exchange leaves exposed
+    (``exposed_exchange``)."""
     stream_s: float
     """Weight streaming NOT hidden behind compute."""
     hop_s: float
@@ -177,10 +195,39 @@ def block_flops(b: BlockShape, s: ModelShape, dev_tokens: int, tokens: int, dev_
     """FLOPs of one block for one sample on a device holding ``dev_tokens`` and ``dev_heads``."""
     t = s.text_tokens
     linear = 2 * (dev_tokens * b.image_params + t * b.text_params)
-    attn_len = tokens + (t if b.joint_text else 0)
-    attention = 4 * attn_len ** 2 * s.width * dev_heads / s.heads
     cross = 4 * dev_tokens * t * s.width if b.cross_attention else 0
-    return linear + attention + cross
+    return linear + self_attention_flops(b, s, tokens, dev_heads) + cross
+
+
+def self_attention_flops(b: BlockShape, s: ModelShape, tokens: int, dev_heads: int) -> float:
+    """FLOPs of one block's self-attention for one sample on a device holding ``dev_heads`` (all
+    tokens, with the text where it joins them): what the Ulysses exchange can hide behind."""
+    attn_len = tokens + (s.text_tokens if b.joint_text else 0)
+    return 4 * attn_len ** 2 * s.width * dev_heads / s.heads
+
+
+def exposed_exchange(attention_s: float, qkv_s: float, out_s: float, chunks: int) -> float:
+    """Seconds one block's compute stream waits for its Ulysses exchange, pipelined in ``chunks``
+    head chunks as the engine runs it: ``split.pipeline_schedule``'s steps replayed on two queues,
+    the compute stream (each chunk's attention, ``attention_s / chunks``, after its q/k/v arrived)
+    and the exchange stream (each chunk's q/k/v, ``qkv_s / chunks + TRANSFER_LATENCY_S``, once the
+    compute stream reached the point where it was posted; each chunk's output,
+    ``out_s / chunks + TRANSFER_LATENCY_S``, after that chunk's attention), in the host order of the
+    steps. The block's attention ends when both queues are done; the exposed exchange is that time
+    less the attention. ``chunks`` 1: ``qkv_s + out_s + 2 × TRANSFER_LATENCY_S``, the whole exchange."""
+    a, x_in = attention_s / chunks, qkv_s / chunks + TRANSFER_LATENCY_S
+    x_out = out_s / chunks + TRANSFER_LATENCY_S
+    compute = link = 0.0
+    arrived = {}
+    for step, c in pipeline_schedule(chunks):
+        if step == "qkv":  # posted with the compute stream at ``compute``; copies after what is queued
+            link = max(link, compute) + x_in
+            arrived[c] = link
+        elif step == "attend":
+            compute = max(compute, arrived[c]) + a
+        else:  # its output, after its attention
+            link = max(link, compute) + x_out
+    return max(compute, link) - attention_s
 
 
 def block_shapes(shape: ModelShape) -> list[BlockShape]:
@@ -228,18 +275,22 @@ def _groups(n_devices: int, batch: int) -> list[list[int]]:
 
 
 def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, owners, replicas: bool,
-                weighted: bool = False, resident=None):
-    """(compute, exposed stream, exchange, bytes received, weight bytes streamed) per device group;
-    ``weighted``: token and head shares proportional to the devices' throughputs (as the engine's
-    ``set_speeds``), else even (the largest share decides); ``resident``: per device, the indices
-    of the blocks it keeps (``cost/resident``: not streamed)."""
+                weighted: bool = False, resident=None, pipelined: bool = True):
+    """(compute, exposed stream, exposed exchange, bytes received, weight bytes streamed, head
+    chunks) per device group; ``weighted``: token and head shares proportional to the devices' throughputs (as the
+    engine's ``set_speeds``), else even (the largest share decides); ``resident``: per device, the
+    indices of the blocks it keeps (``cost/resident``: not streamed); ``pipelined``: the exchange
+    in head chunks (``exposed_exchange``), else whole."""
     s, n, g = work.shape, work.tokens, len(group)
     if weighted and g > 1:
         shares = [hw.flops[d] for d in group]
         tok = {d: b - a for d, (a, b) in zip(group, share_ranges(n, g, shares), strict=True)}
-        hds = {d: b - a for d, (a, b) in zip(group, share_ranges(s.heads, g, shares), strict=True)}
+        head_ranges = share_ranges(s.heads, g, shares)
+        hds = {d: b - a for d, (a, b) in zip(group, head_ranges, strict=True)}
     else:  # even: every device as the one with the most
         tok, hds = dict.fromkeys(group, math.ceil(n / g)), dict.fromkeys(group, math.ceil(s.heads / g))
+        head_ranges = even_ranges(s.heads, g)
+    chunks = head_chunks(head_ranges, PIPELINE_CHUNKS) if pipelined and g > 1 else 1
     x_bytes = {d: samples * 4 * (g - 1) / g * tok[d] * s.width * work.activation_bytes for d in group}
     x_s = {d: x_bytes[d] / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if g > 1 else 0.0 for d in group}
     total = [0.0, 0.0, 0.0]
@@ -255,12 +306,19 @@ def _group_step(work: Workload, hw: Hardware, group: list[int], samples: float, 
             stream = w_bytes / hw.link_bytes_per_s + TRANSFER_LATENCY_S if streams else 0.0
             received[d] += x_bytes[d] + kv_bytes[d] + (w_bytes if streams else 0)
             streamed[d] += w_bytes if streams else 0
-            exposed = max(0.0, stream - compute)
-            exchange = x_s[d] + kv_s[d]
-            if compute + exposed + exchange > worst[0]:
-                worst = (compute + exposed + exchange, compute, exposed, exchange)
+            x_wait = 0.0
+            if g > 1:  # q, k, v: 3/4 of the bytes; the output: 1/4
+                link_s = x_bytes[d] / hw.link_bytes_per_s
+                attention = samples * self_attention_flops(b, s, n, hds[d]) / hw.flops[d]
+                x_wait = exposed_exchange(attention, 0.75 * link_s, 0.25 * link_s, chunks)
+            x_wait += kv_s[d]  # gathered keys/values (LTX-2's video->audio) are not chunked: all exposed
+            # the link carries the weights and the whole exchange; compute waits for the exposed part
+            exposed = max(0.0, stream + x_s[d] + kv_s[d] - (compute + x_wait))
+            block = compute + x_wait + exposed  # max(compute + x_wait, stream + x_s + kv_s)
+            if block > worst[0]:
+                worst = (block, compute, exposed, x_wait)
         total = [total[0] + worst[1], total[1] + worst[2], total[2] + worst[3]]
-    return total[0], total[1], total[2], max(received.values()), max(streamed.values())
+    return total[0], total[1], total[2], max(received.values()), max(streamed.values()), chunks
 
 
 def _gathered_kv(work: Workload, hw: Hardware, b: BlockShape, tok: dict, hds: dict, samples: float):
@@ -276,25 +334,27 @@ def _gathered_kv(work: Workload, hw: Hardware, b: BlockShape, tok: dict, hds: di
 
 
 def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
-                      weighted: bool = False, resident=None) -> StrategyCost:
+                      weighted: bool = False, resident=None, pipelined: bool = True) -> StrategyCost:
     """Batch split into groups, tokens split inside a group; ``replicas``: every device holds
     the whole model and streams nothing (core's CFG split is this with groups of one);
     ``weighted``: shares by each device's throughput (``_group_step``); ``resident``: per device
     (in ``hw`` order) the block indices it keeps beside its own (``cost/resident.resident_per_rank``),
-    priced after the first step (nothing of them streamed)."""
+    priced after the first step (nothing of them streamed); ``pipelined``: the exchange in head
+    chunks beside the attention (the engine on GPU ranks of one process), else whole (worker
+    processes: ``cost/workers``)."""
     s, n_dev = work.shape, len(hw.flops)
     owners = _owners(s.block_count, n_dev, owned)
     if resident is not None and len(resident) != n_dev:
         raise ValueError(f"resident blocks for {len(resident)} devices, the hardware has {n_dev}: one set per rank")
     groups = _groups(n_dev, work.batch)
     samples = work.batch / len(groups)
-    parts = [_group_step(work, hw, grp, samples, owners, replicas, weighted, resident) for grp in groups]
-    compute, stream, exchange, _, _ = max(parts, key=lambda p: p[0] + p[1] + p[2])
+    parts = [_group_step(work, hw, grp, samples, owners, replicas, weighted, resident, pipelined) for grp in groups]
+    compute, stream, exchange, _, _, chunks = max(parts, key=lambda p: p[0] + p[1] + p[2])
     scatter = (n_dev - 1) / n_dev * work.batch * work.tokens * s.width * work.activation_bytes
     hop_s = 2 * scatter / hw.link_bytes_per_s + 2 * TRANSFER_LATENCY_S if n_dev > 1 else 0.0
     t = compute + stream + exchange + hop_s
     base = estimate_one_gpu(work, hw).seconds_per_step
-    note = _bound_note(compute, stream, exchange, t)
+    note = _bound_note(compute, stream, exchange, t, chunks if exchange else 1)
     streamed = int(max(p[4] for p in parts))
     if resident is not None and any(resident) and not replicas:
         kept = "every block resident, nothing streamed" if not streamed else \
@@ -305,13 +365,13 @@ def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool =
 
 
 def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None, weighted: bool = False,
-                           resident=None) -> StrategyCost:
+                           resident=None, pipelined: bool = True) -> StrategyCost:
     """Lean `sequence` (``sequence/lean``): the batch's samples one after the other, each a whole
     `sequence` forward with its tokens over every device, so the weights stream once per pass
     (twice per step at cfg > 1) and each pass exchanges over all devices. Priced as ``batch``
     cfg-1 forwards; the speed-up stays against the one-GPU step of the whole batch."""
     one = replace(work, cfg=1.0)
-    p = estimate_sequence(one, hw, owned, weighted=weighted, resident=resident)
+    p = estimate_sequence(one, hw, owned, weighted=weighted, resident=resident, pipelined=pipelined)
     n = work.batch
     base = estimate_one_gpu(work, hw).seconds_per_step
     t = n * p.seconds_per_step
@@ -320,8 +380,10 @@ def estimate_sequence_lean(work: Workload, hw: Hardware, owned=None, weighted: b
                         n * p.streamed_bytes)
 
 
-def _bound_note(compute: float, stream: float, exchange: float, total: float) -> str:
-    parts = f"compute {compute / total:.0%}, exchange {exchange / total:.0%}, exposed weight stream {stream / total:.0%}"
+def _bound_note(compute: float, stream: float, exchange: float, total: float, chunks: int = 1) -> str:
+    piped = f" (in {chunks} head chunks beside the attention)" if chunks > 1 else ""
+    parts = (f"compute {compute / total:.0%}, exchange {exchange / total:.0%}{piped}, "
+             f"exposed weight stream {stream / total:.0%}")
     if stream > 0.1 * total:
         return f"weight-bound ({parts}): streaming blocks takes longer than computing them"
     if exchange > 0.25 * total:
@@ -330,10 +392,11 @@ def _bound_note(compute: float, stream: float, exchange: float, total: float) ->
 
 
 def estimate_costs(work: Workload, hw: Hardware, owned=None, replicas: bool = False,
-                   resident=None) -> dict[str, StrategyCost]:
-    """Every strategy for these devices (one GPU as the hypothetical baseline, always present)."""
+                   resident=None, pipelined: bool = True) -> dict[str, StrategyCost]:
+    """Every strategy for these devices (one GPU as the hypothetical baseline, always present);
+    ``pipelined``: as ``estimate_sequence`` (False where a rank is not a GPU of this machine)."""
     out = {"one_gpu": estimate_one_gpu(work, hw)}
     if len(hw.flops) > 1:
         out["blocks"] = estimate_blocks(work, hw, owned)
-        out["sequence"] = estimate_sequence(work, hw, owned, replicas, resident=resident)
+        out["sequence"] = estimate_sequence(work, hw, owned, replicas, resident=resident, pipelined=pipelined)
     return out

@@ -149,6 +149,7 @@ def compute_network_step(work: Workload, flops, owned, keep_all: bool, net_gbps:
     figure is the most any rank receives: with equal shares, each worker's."""
     net_gbps = parse_net_gbps(net_gbps)
     bytes_per_s = net_gbps * 1e9 / 8
-    cost = estimate_sequence(work, Hardware(tuple(flops), bytes_per_s), list(owned), replicas=keep_all)
+    cost = estimate_sequence(work, Hardware(tuple(flops), bytes_per_s), list(owned), replicas=keep_all,
+                             pipelined=False)  # worker processes exchange whole (``DistExchange``)
     b = cost.bytes_per_device
     return NetworkStep(b, b / bytes_per_s, cost.compute_s, cost.seconds_per_step, net_gbps)

@@ -19,7 +19,8 @@ the engine treats every rank and every batch group's ``Exchange`` the same way. 
 self-attention, identified by the module that calls it (``rank_block``), runs as Ulysses attention
 over the group's exchange (``rank_block.BlockAttention``: the user's attention function, the
 checkpoint's preferred one, or the override another pack installed, on all tokens of the rank's
-share of the heads); its other calls run locally.
+share of the heads; on GPU ranks of this process pipelined by head chunks, the exchange of one
+chunk beside the attention of another: ``ulysses``); its other calls run locally.
 
 A rank that does not own a block streams it (``stream.BlockStream``) and prefetches the next
 once the current block's kernels are queued; the order rules of those copies are in ``stream``.

@@ -21,12 +21,20 @@ class LocalRanks:
 
     def __init__(self, devices):
         self.devices = tuple(torch.device(d) for d in devices)
+        self.chunks: int | None = None
+        """Head chunks of the pipelined Ulysses exchange (``ThreadExchange.chunks``; None: its default,
+        pipelined on GPU ranks only)."""
+        self.exchange_ops = None
+        self.places: tuple | None = None
+        """Tests: the ops (``record.RecordingOps``) and the place of each rank the exchanges use
+        (None: ``TorchOps`` on each rank's device)."""
 
     def begin_forward(self, groups: list) -> None:
         pass
 
     def exchange(self, group, pool) -> ThreadExchange | None:
-        return ThreadExchange([self.devices[r] for r in group.ranks], pool)
+        places = None if self.places is None else [self.places[r] for r in group.ranks]
+        return ThreadExchange([self.devices[r] for r in group.ranks], pool, self.exchange_ops, places, self.chunks)
 
     def run_block(self, fwd, rank, index: int, block: torch.nn.Module, args: list, kwargs: dict,
                   stream_names: tuple, nxt) -> None:

@@ -165,6 +165,10 @@ class TorchOps:
     def launched(self, stream, tensors, label: str = "") -> None:
         """Compute that reads ``tensors`` was queued on ``stream`` (recorded by tests only)."""
 
+    def kernel(self, stream, reads=(), writes=(), label: str = "") -> None:
+        """Compute that reads ``reads`` and writes ``writes`` was queued on ``stream`` (recorded by
+        tests only: the pipelined exchange's q/k/v, attention and reuse of its buffers)."""
+
     def freed(self, tensors, label: str = "") -> None:
         """The ring drops ``tensors`` (recorded by tests only)."""
 

@@ -4,7 +4,8 @@ shared by the engine's threads (``local.LocalRanks``) and by worker processes
 
 Inside a block, ComfyUI calls ``optimized_attention`` through
 ``transformer_options[ATTENTION_OVERRIDE]``. The block's **self-attention** runs as Ulysses attention
-over the batch group's ``Exchange``; every other call (cross-attention to the text) runs locally on
+over the batch group's ``Exchange`` (pipelined by head chunks where the exchange offers it:
+``ulysses``); every other call (cross-attention to the text) runs locally on
 the rank's rows. A call is identified by the module that makes it, not by its place in the block:
 while a rank runs a block, forward hooks of its own thread (``ModuleWatch``) on the block's
 attention modules (its self-attention, and any module carrying ``comfy_attention``) say which of

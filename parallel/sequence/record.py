@@ -79,8 +79,13 @@ class RecordingOps:
             self._tag(t, place)
 
     def kernel(self, stream, reads=(), writes=(), label="kernel") -> None:
-        """Other work on a stream (ComfyUI patching an owner's weights, say)."""
-        self._stream_op("kernel", stream, label, reads, writes)
+        """Other work on a stream (ComfyUI patching an owner's weights, the pipelined exchange's
+        attention, say). A tensor seen here for the first time lives where the stream runs."""
+        with self._lock:
+            for t in (*reads, *writes):
+                if _key(t) not in self._places:
+                    self._tag(t, stream.name.split("/")[0])
+            self._stream_op("kernel", stream, label, reads, writes)
 
     def ops_of(self, kind: str, label: str | None = None) -> list[int]:
         return [i for i, o in enumerate(self.log) if o.kind == kind and (label is None or o.label == label)]

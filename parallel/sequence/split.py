@@ -31,7 +31,8 @@ import torch
 
 from ..tensor_map import map_tensors
 
-__all__ = ["Group", "TokenSpec", "cut_row_table", "split_items", "stream_parts", "even_ranges", "plan_groups", "RankSlice", "share_ranges"]
+__all__ = ["PIPELINE_CHUNKS", "Group", "RankSlice", "TokenSpec", "cut_row_table", "even_ranges", "head_chunks",
+           "pipeline_schedule", "plan_groups", "share_ranges", "split_items", "stream_parts"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,41 @@ def share_ranges(total: int, parts: int, shares=None) -> list[tuple[int, int]]:
         out.append((start, start + size))
         start += size
     return out
+
+
+PIPELINE_CHUNKS = 4
+"""Head chunks of the pipelined Ulysses exchange between GPU ranks of this process (``ulysses``):
+the exchange of chunk c+1 and the return of chunk c run while chunk c (c+1) attends, so only the
+first chunk's q/k/v and the last chunk's output stay exposed (about 1/C of the exchange where it
+is shorter than the attention). Four: Wan 14B at cfg > 1 on 4 GPUs (40 heads, 20 per rank) then
+keeps 5 heads per attention call (a few hundred thread blocks per call at 480p: the GPU stays
+full). The cost model gives 3.31× / 3.59× / 3.75× / 3.83× for 1 / 2 / 4 / 8 chunks there (fp8,
+480p × 33, 12 GB/s, every block resident): 8 would gain about 2 % of a step for twice the
+transfers and attention calls, whose smaller kernels the model does not price."""
+
+
+def head_chunks(head_ranges, chunks: int = PIPELINE_CHUNKS) -> int:
+    """How many head chunks every rank of a group uses: ``chunks``, at most the fewest heads any
+    rank of the group holds (every chunk of every rank then has a head; ranks agree because they
+    compute the same ranges), at least 1 (1: the unpipelined exchange)."""
+    return max(1, min([int(chunks)] + [b - a for a, b in head_ranges]))
+
+
+def pipeline_schedule(chunks: int) -> list[tuple[str, int]]:
+    """The host order of the pipelined Ulysses steps of one rank, which ``ulysses`` runs and the
+    cost model (``cost/model``) prices: ``("qkv", c)`` posts chunk c's q/k/v and queues the copies of
+    what it receives on the exchange stream; ``("attend", c)`` makes the compute stream wait for
+    those copies and queues chunk c's attention; ``("out", c)`` posts chunk c's output (the
+    exchange stream waits for that attention) and queues its copies. Chunk c+1's q/k/v go before
+    chunk c's attention (they overlap it), chunk c's output right after it (it overlaps chunk
+    c+1's). One chunk: the three steps of the unpipelined exchange."""
+    ahead = 1  # chunks whose q/k/v are posted before the attention that waits for the earliest
+    steps = [("qkv", c) for c in range(min(chunks, 1 + ahead))]
+    for c in range(chunks):
+        steps += [("attend", c), ("out", c)]
+        if c + 1 + ahead < chunks:
+            steps.append(("qkv", c + 1 + ahead))
+    return steps
 
 
 def even_ranges(total: int, parts: int) -> list[tuple[int, int]]:

@@ -49,7 +49,7 @@ import torch
 
 from .ops import TorchOps
 
-__all__ = ["ORDER_WAITS", "BlockStream", "begin_forward", "end_forward", "without_wait"]
+__all__ = ["EXCHANGE_WAITS", "ORDER_WAITS", "BlockStream", "begin_forward", "end_forward", "without_wait"]
 
 _CAST_ATTRS = ("weight_function", "bias_function", "comfy_cast_weights")
 
@@ -58,14 +58,23 @@ ORDER_WAITS = ("side_waits_owner", "compute_waits_copy", "copy_waits_reader", "b
 """The ring's waits (see the module docstring). Stable names: tests and ``benchmarks/gpu_check.py``
 remove one with ``without_wait`` to show that something then flags the race."""
 
+EXCHANGE_WAITS = ("exchange_waits_poster", "exchange_waits_alloc", "attention_waits_exchange",
+                  "gather_waits_outputs", "reuse_waits_readers")
+"""The waits of the pipelined Ulysses exchange (``threads.ThreadExchange.start``, ``ulysses``):
+the exchange stream waits for the poster's compute stream (the q/k/v or output it reads are made)
+and for the receiver's (its receive buffers are allocated there); a chunk's attention waits for
+its q/k/v copies; putting the heads together waits for every output copy; and a rank's compute
+stream waits for every rank's exchange stream before the memory of what it posted is reused."""
+
 _disabled: set[str] = set()
 
 
 @contextlib.contextmanager
 def without_wait(name: str):
-    """Testing hook: the ring skips wait ``name`` (one of ``ORDER_WAITS``) inside the block."""
-    if name not in ORDER_WAITS:
-        raise ValueError(f"[ShardDiT] unknown wait {name!r}; the waits are {ORDER_WAITS}")
+    """Testing hook: the ring (or the pipelined exchange) skips wait ``name`` (one of
+    ``ORDER_WAITS`` or ``EXCHANGE_WAITS``) inside the block."""
+    if name not in ORDER_WAITS + EXCHANGE_WAITS:
+        raise ValueError(f"[ShardDiT] unknown wait {name!r}; the waits are {ORDER_WAITS + EXCHANGE_WAITS}")
     _disabled.add(name)
     try:
         yield

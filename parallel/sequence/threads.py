@@ -28,7 +28,9 @@ from collections.abc import Callable
 import torch
 
 from ..tensor_map import map_tensors, tensors_in
-from .ops import real_cuda
+from .ops import TorchOps, real_cuda
+from .split import PIPELINE_CHUNKS
+from .stream import _on
 
 __all__ = ["RankThreadError", "RankThreads", "RanksAborted", "ThreadExchange"]
 
@@ -190,11 +192,23 @@ class ThreadExchange:
     and returns what every position posted for it, in position order, moved to its own device.
     Calls are matched by a per-position sequence number, so ranks never wait for a slot to be
     freed; each waits only until every position has posted for that call.
+
+    The pipelined exchange (``ulysses``, ``pipeline_chunks() > 1``: GPU ranks) uses ``start`` and
+    ``settle`` instead: the same rendezvous of the host threads, but the copies run on an exchange
+    stream of the receiving rank, ordered by events (``stream.EXCHANGE_WAITS``), so they overlap the
+    attention on the compute stream. ``ops`` (``sequence/ops.TorchOps``, or a test's
+    ``record.RecordingOps``) and ``places`` (one per position) say where.
     """
 
-    def __init__(self, devices, pool: RankThreads):
+    def __init__(self, devices, pool: RankThreads, ops=None, places=None, chunks: int | None = None):
         self.devices = tuple(torch.device(d) for d in devices)
         self.pool = pool
+        self.ops = ops if ops is not None else TorchOps()
+        self.places = tuple(places) if places is not None else tuple(self.ops.home(d) for d in self.devices)
+        self.chunks = chunks
+        """Head chunks of the pipelined exchange; None: ``PIPELINE_CHUNKS`` where every position is a
+        GPU (asynchronous streams), else 1 (CPU ranks, fake devices: the unpipelined exchange)."""
+        self._xstreams: dict[int, object] = {}
         self._cond = threading.Condition()
         self._posts: dict[int, list] = {}
         self._reads: dict[int, int] = {}
@@ -204,9 +218,75 @@ class ThreadExchange:
         """Bytes that left this process: none (``Exchange`` counters; ``DistExchange`` counts some)."""
         self.calls = [0] * len(self.devices)
 
+    def pipeline_chunks(self) -> int:
+        """Head chunks ``ulysses`` may pipeline over this exchange (see ``chunks``)."""
+        if self.chunks is not None:
+            return int(self.chunks)
+        return PIPELINE_CHUNKS if all(self.ops.is_async(p) for p in self.places) else 1
+
     def all_to_all(self, pos: int, parts: list, expect=None):
         n = len(self.devices)
         assert len(parts) == n, f"{len(parts)} parts for {n} positions"
+        posts = self._rendezvous(pos, (parts, _stream_of(self.devices[pos])))
+        mine = [posts[j][0][pos] for j in range(n)]
+        streams = [posts[j][1] for j in range(n)]
+        dev = self.devices[pos]
+        _check_streams(self.devices, streams, pos)
+        out = [_to(m, dev) for m in mine]
+        self.calls[pos] += 1
+        self.bytes_received[pos] += sum(_nbytes(m) for j, m in enumerate(mine) if j != pos)
+        return out
+
+    def start(self, pos: int, parts: list, label: str = "exchange") -> tuple[list, object]:
+        """Post ``parts`` (``parts[j]`` for position ``j``: tuples of tensors, or None, made on this
+        rank's compute stream) and queue, on this rank's exchange stream, the copies of what every
+        other position posted for this one. Returns ``(received, done)`` at once: the received
+        tuples in position order (this rank's own part as it is) and the event of their copies;
+        nothing waits for them until the caller makes its compute stream wait for ``done``."""
+        n, ops, place = len(self.devices), self.ops, self.places[pos]
+        assert len(parts) == n, f"{len(parts)} parts for {n} positions"
+        cur = ops.current_stream(place)
+        posts = self._rendezvous(pos, (parts, ops.record(cur)))  # made: all queued on cur so far
+        x = self._xstream(pos)
+        received, copies = [], []
+        for j in range(n):
+            part = posts[j][0][pos]
+            if j == pos:
+                received.append(part)
+                continue
+            dsts = tuple(None if t is None else ops.empty_like(t, place) for t in part)  # allocated on cur
+            received.append(dsts)
+            copies.append((j, part, dsts))
+        if _on("exchange_waits_alloc"):  # the buffers' memory may still be read by work queued on cur
+            ops.wait(x, ops.record(cur))
+        for j, part, dsts in copies:
+            if _on("exchange_waits_poster"):  # what position j posted is made on its compute stream
+                ops.wait(x, posts[j][1])
+            pairs = [(d, t) for d, t in zip(dsts, part, strict=True) if t is not None]
+            ops.copy([d for d, _ in pairs], [t for _, t in pairs], x, f"{label} from {j}")
+            self.bytes_received[pos] += _nbytes(part)
+        self.calls[pos] += 1
+        return received, ops.record(x)
+
+    def settle(self, pos: int) -> None:
+        """After this rank queued its last copies of a pipelined exchange: its compute stream waits
+        for every position's exchange stream, whose copies read what this rank posted, before that
+        memory is reused (host threads meet once more; no GPU work waits on the host)."""
+        ops = self.ops
+        events = self._rendezvous(pos, ops.record(self._xstream(pos)))
+        if _on("reuse_waits_readers"):
+            cur = ops.current_stream(self.places[pos])
+            for event in events:
+                ops.wait(cur, event)
+
+    def _xstream(self, pos: int):
+        if pos not in self._xstreams:
+            self._xstreams[pos] = self.ops.side_stream(self.places[pos])
+        return self._xstreams[pos]
+
+    def _rendezvous(self, pos: int, post) -> list:
+        """Post ``post`` for the next call of position ``pos``; every position's post of that call."""
+        n = len(self.devices)
         call = self._seq[pos]
         self._seq[pos] += 1
         deadline = time.monotonic() + self.pool.timeout_s
@@ -216,7 +296,7 @@ class ThreadExchange:
         try:
             with self._cond:
                 posts = self._posts.setdefault(call, [None] * n)
-                posts[pos] = (parts, _stream_of(self.devices[pos]))
+                posts[pos] = (post,)
                 self._cond.notify_all()
                 while any(p is None for p in posts):
                     if self.pool.aborted:
@@ -225,19 +305,13 @@ class ThreadExchange:
                         raise TimeoutError(f"[ShardDiT] exchange {call}: position {pos} waited "
                                            f"{self.pool.timeout_s:.0f} s for the others")
                     self._cond.wait(0.05)
-                mine = [posts[j][0][pos] for j in range(n)]
-                streams = [posts[j][1] for j in range(n)]
+                out = [p[0] for p in posts]
                 self._reads[call] = self._reads.get(call, 0) + 1
                 if self._reads[call] == n:
                     del self._posts[call], self._reads[call]
         finally:
             if serial is not None:
                 serial.acquire()
-        dev = self.devices[pos]
-        _check_streams(self.devices, streams, pos)
-        out = [_to(m, dev) for m in mine]
-        self.calls[pos] += 1
-        self.bytes_received[pos] += sum(_nbytes(m) for j, m in enumerate(mine) if j != pos)
         return out
 
 

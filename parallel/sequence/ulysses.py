@@ -7,6 +7,17 @@ maths); a second all-to-all gives every rank its own rows back with all heads. `
 group size does not divide are split unevenly; a rank with no heads sends and receives but does
 not attend.
 
+**Pipelined by head chunks** (GPU ranks of this process: ``threads.ThreadExchange.pipeline_chunks``
+> 1): the heads of every rank are cut into C chunks (``split.head_chunks``: at most the fewest
+heads a rank holds, so uneven counts such as 40 heads over 3 ranks or 56 heads chunk the same way
+on every rank). Chunk c+1's q/k/v are exchanged on each rank's exchange stream while chunk c
+attends on its compute stream, and chunk c's output goes back while chunk c+1 attends
+(``split.pipeline_schedule``: the order the cost model prices). Attention is per head, so each
+head's maths is the unchunked one. On CPU ranks, fake devices and worker processes C is 1: the
+path above, unchanged. ``gathered_kv_attention`` (LTX-2's cross-modal attention: whole queries,
+few rows back) is never chunked: its exchange is the keys/values alone, with no output rows of
+the size of the queries to hide, and it keeps this path.
+
 Layouts (ComfyUI's ``optimized_attention``): ``q`` is ``[B, L, H*D]``, or ``[B, H, L, D]`` with
 ``skip_reshape=True`` (Flux/HunyuanVideo); the output is ``[B, L, H*D]``, or ``[B, H, L, D]`` with
 ``skip_output_reshape=True``.
@@ -15,7 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from .split import RankSlice, share_ranges
+from .split import RankSlice, even_ranges, head_chunks, pipeline_schedule, share_ranges
+from .stream import _on
 
 __all__ = ["gathered_kv_attention", "ulysses_attention"]
 
@@ -52,6 +64,10 @@ def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, k
         return _head_slice(x, h0, h1, head_dim, heads_first)
 
     own, text = (tail, 0) if text_first else (0, mine)  # where this rank's rows and the text start
+    chunks = head_chunks(head_ranges, exchange.pipeline_chunks()) if hasattr(exchange, "pipeline_chunks") else 1
+    if chunks > 1:
+        return _pipelined(exchange, pos, chunks, head_ranges, token_ranges, (q, k, v), tok, own, text, mine, tail,
+                          main, text_first, heads, head_dim, attend, extra, kwargs)
     parts = [tuple(heads_of(x.narrow(tok, own, mine), h0, h1) for x in (q, k, v)) for h0, h1 in head_ranges]
     # what position j sends this one: its own rows of this rank's heads (known here: no header)
     expect = [[_resized(t, tok, b - a) for t in parts[pos]] for a, b in token_ranges]
@@ -81,6 +97,63 @@ def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, k
         return rows
     text_rows = torch.cat([recv[j][1] for j in range(n)], dim=hdim)
     return torch.cat([text_rows, rows] if text_first else [rows, text_rows], dim=otok)
+
+
+def _pipelined(exchange, pos: int, chunks: int, head_ranges, token_ranges, qkv, tok: int, own: int, text: int,
+               mine: int, tail: int, main: int, text_first: bool, heads: int, head_dim: int, attend, extra, kwargs):
+    """``ulysses_attention`` with the heads in ``chunks`` chunks, run in ``pipeline_schedule``'s
+    order over ``exchange.start`` (copies on the exchange stream, ordered by events)."""
+    ops, n = exchange.ops, len(head_ranges)
+    cur = ops.current_stream(exchange.places[pos])
+    heads_first = bool(kwargs.get("skip_reshape", False))
+    out_heads_first = bool(kwargs.get("skip_output_reshape", False))
+    otok = 2 if out_heads_first else 1
+    rows_at, text_at = (tail, 0) if text_first else (0, main)
+    hdim = 1 if out_heads_first else -1
+    sub = [[(a + c0, a + c1) for c0, c1 in even_ranges(b - a, chunks)] for a, b in head_ranges]
+    rows = [x.narrow(tok, own, mine) for x in qkv]
+    sent, qkv_in, backs, outs = [], {}, {}, {}
+    for step, c in pipeline_schedule(chunks):
+        if step == "qkv":  # to position j: this rank's rows of j's chunk-c heads
+            parts = [tuple(_head_slice(x, *sub[j][c], head_dim, heads_first) for x in rows) for j in range(n)]
+            ops.kernel(cur, writes=[t for p in parts for t in p], label=f"q/k/v {c}")  # the projections made them
+            sent += [t for p in parts for t in p]
+            qkv_in[c] = exchange.start(pos, parts, f"q/k/v {c}")
+        elif step == "attend":
+            recv, done = qkv_in.pop(c)
+            if _on("attention_waits_exchange"):
+                ops.wait(cur, done)
+            h0, h1 = sub[pos][c]
+            full = []
+            for i, x in enumerate(qkv):
+                pieces = [recv[j][i] for j in range(n)]
+                if tail:
+                    t = _head_slice(x.narrow(tok, text, tail), h0, h1, head_dim, heads_first)
+                    pieces = [t] + pieces if text_first else pieces + [t]
+                full.append(torch.cat(pieces, dim=tok))
+            out = _attend_heads(attend, full, h1 - h0, heads, head_dim, extra, kwargs)
+            back = [(out.narrow(otok, rows_at + a, b - a), out.narrow(otok, text_at, tail) if tail else None)
+                    for a, b in token_ranges]
+            backs[c] = back
+            ops.kernel(cur, reads=[t for r in recv for t in r], writes=[t for p in back for t in p if t is not None],
+                       label=f"attention {c}")
+        else:  # chunk c's output rows back to their ranks
+            back = backs.pop(c)
+            sent += [t for p in back for t in p if t is not None]
+            outs[c] = exchange.start(pos, back, f"out {c}")
+    for _, done in outs.values():  # every output copy done before the heads are put together
+        if _on("gather_waits_outputs"):
+            ops.wait(cur, done)
+    got = [outs[c][0] for c in range(chunks)]
+    # heads in model order: position j's chunks in order, positions in order
+    rows_out = torch.cat([got[c][j][0] for j in range(n) for c in range(chunks)], dim=hdim)
+    text_out = torch.cat([got[c][j][1] for j in range(n) for c in range(chunks)], dim=hdim) if tail else None
+    ops.kernel(cur, reads=[t for g in got for r in g for t in r if t is not None], label="gather heads")
+    exchange.settle(pos)
+    ops.kernel(cur, writes=sent, label="reuse")  # the allocator may hand what this rank posted to the next kernel
+    if not tail:
+        return rows_out
+    return torch.cat([text_out, rows_out] if text_first else [rows_out, text_out], dim=otok)
 
 
 def _resized(t: torch.Tensor, dim: int, size: int) -> tuple:

@@ -34,6 +34,11 @@ test_distributed_server_comfy.py: 2 sampling steps, torch 2.14.1, ComfyUI's envi
     Wan at cfg 4.5, a Linear on 1 row vs 2 differing by 4e-6 to 6e-5 per call; 1.7e-5 for
     HunyuanVideo's cond/uncond split after 2 steps.
 
+Pipelined Ulysses by head chunks (tests/test_sequence_pipeline.py), chunked against unchunked on
+the same ranks: 0 in every case but one, 2.7e-7 where each chunk's attention call holds 1 head of
+13 tokens against 2 heads unchunked (CPU SDPA blocks a call that small by its head count: the
+per-head maths is the same, the summation order is not); within ``TOY_SPLIT_BOUND``.
+
 Each bound is about twice the largest figure seen on any host (4× for the toys, whose figures
 are a few ulp): room for a kernel path not measured, small enough that a real fault fails (on
 the toy, a block whose weights are 0.01 stale moves the output by 2.3e-2, the two token halves
