@@ -295,7 +295,7 @@ H3_NOTE = (
     "device holds the Qwen3-VL 32B text encoder (type `minimax`), its loader splits its layers over them.\n\n"
     "**VRAM per GPU** (`plan`, two 24 GiB cards, fp8, CFG 1): cuda:0 15.9 GiB weights + 3.3 activations + 1.2 "
     "prefetch, cuda:1 15.0 + 2.9 + 1.2; one 24 GiB card is short (35.6 GiB). `parallel` `auto` picks "
-    "**sequence** (the video's tokens split over the GPUs: 1.78× one GPU predicted, 3.35× on four); `plan` "
+    "**sequence** (the video's tokens split over the GPUs: 1.93× one GPU predicted, 3.77× on four); `plan` "
     "then puts the text encoder on the CPU (about a minute per prompt).")
 
 
