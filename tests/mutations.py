@@ -28,6 +28,8 @@ _LTX = "tests/test_ltx2_sequence_comfy.py::test_ltx2_sequence_matches_core"
 _AV_TOY = "tests/test_sequence_families.py::test_video_split_audio_whole_like_the_whole_pair"
 _RESIDENT_PEAK = "tests/test_resident_fake_gpu.py::test_resident_counts_follow_free_memory_and_the_peak_stays_within"
 _GIVE_BACK = "tests/test_resident_give_back_comfy.py::"
+_PIPE = "tests/test_sequence_pipeline.py::"
+_OVERLAP = "tests/test_cost_overlap.py::"
 CLUSTER = "cluster"
 """Its test starts a local Ray cluster (needs Ray: requirements-cluster.txt)."""
 # (file, exact text, its mutation, test node id, needs ComfyUI: True, False or CLUSTER)
@@ -190,12 +192,12 @@ MUTATIONS = [
      "tests/test_resident_cost.py::test_every_block_resident_streams_nothing_and_is_priced_so", False),
     ("parallel/cost/resident.py", "if owner != device and int(nbytes) <= left:", "if int(nbytes) <= left:",
      "tests/test_resident_cost.py::test_the_rule_keeps_what_the_ring_keeps", False),
-    ("parallel/cost/mode.py", "costs = estimate_costs(work, hw, owned, resident=resident)",
-     "costs = estimate_costs(work, hw, owned)", "tests/test_resident_cost.py::test_auto_prices_the_blocks_each_rank_keeps",
+    ("parallel/cost/mode.py", "costs = estimate_costs(work, hw, owned, resident=resident, pipelined=piped)",
+     "costs = estimate_costs(work, hw, owned, pipelined=piped)", "tests/test_resident_cost.py::test_auto_prices_the_blocks_each_rank_keeps",
      False),
     ("loaders/simulator/simulator_strategies.py",
-     'costs["sequence"] = estimate(work, hw, counts, weighted=mixed, resident=kept)',
-     'costs["sequence"] = estimate(work, hw, counts, weighted=mixed)',
+     'costs["sequence"] = estimate(work, hw, counts, weighted=mixed, resident=kept, pipelined=piped)',
+     'costs["sequence"] = estimate(work, hw, counts, weighted=mixed, pipelined=piped)',
      "tests/test_resident_plan_comfy.py::test_fp8_every_block_resident_streams_nothing", True),
     ("loaders/comfy/resident.py", "info.free_bytes + info.releasable_bytes - r.activations - ring_to_come",
      "info.free_bytes + info.releasable_bytes - ring_to_come", _RESIDENT_PEAK, True),
@@ -212,6 +214,58 @@ MUTATIONS = [
     # issue 35: the verdict agrees with core's rows
     ("loaders/simulator/simulator_report.py", 'core = st.core_fits() if st is not None else ""', 'core = ""',
      "tests/test_plan_strategies_comfy.py::test_a_plan_only_core_can_run_says_so_in_its_verdict", True),
+    # issue 35: family data in the registry
+    ("parallel/families.py", 'code_variant=("ffn", "linear_input_act", "fused_ffn"), text_encoders=lambda unet: ("umt5-xxl",)),',
+     'code_variant=("ffn", "linear_input_act", "fused_ffn")),',
+     "tests/test_family_registry.py::test_a_planned_family_fills_every_field_plan_needs", False),
+    # issue 33: LTX-2.3's video->audio keys/values priced; the H3 workflow
+    ("parallel/families.py", "16 * d * d + 16 * da * da + cross_modal, gathered_kv_width=da),)",
+     "16 * d * d + 16 * da * da + cross_modal),)",
+     "tests/test_cost_model.py::test_every_family_that_gathers_keys_values_prices_them", False),
+    ("parallel/cost/model.py", "    if not b.gathered_kv_width or len(tok) < 2:", "    if True:",
+     "tests/test_cost_model.py::test_ltx23_video_to_audio_keys_values_are_priced_in_sequence", False),
+    ("parallel/cost/model.py", "            x_wait += kv_s[d]", "            pass",
+     "tests/test_cost_model.py::test_ltx23_video_to_audio_keys_values_are_priced_in_sequence", False),
+    ("parallel/cost/model.py",
+     "    got = {d: samples * 2 * max(0, n - tok[d]) * b.gathered_kv_width * hds[d] / heads * work.activation_bytes",
+     "    got = {d: samples * 2 * max(0, n - tok[d]) * b.gathered_kv_width * work.activation_bytes",
+     "tests/test_cost_model.py::test_ltx23_video_to_audio_keys_values_are_priced_in_sequence", False),
+    ("workflows/minimax_h3_t2v_2gpu.json", '      "min_comfyui": "0.33.0"', '      "min_comfyui": "0.29.0"',
+     "tests/test_workflows.py::test_marked_with_the_oldest_comfyui_it_needs", False),
+    ("workflows/api/minimax_h3_t2v_2gpu_api.json", '      "type": "minimax",', '      "type": "wan",',
+     "tests/test_workflows.py::test_ui_and_api_twins_describe_the_same_graph", False),
+    # issue 34: the Ulysses exchange pipelined by head chunks, and priced so
+    ("parallel/sequence/split.py", "    ahead = 1  #", "    ahead = 0  #",
+     _PIPE + "test_exchanges_overlap_attention_and_race_nothing", False),
+    ("parallel/sequence/ulysses.py", '_on("attention_waits_exchange"):\n                ops.wait(cur, done)',
+     '_on("attention_waits_exchange"):\n                pass', _PIPE + "test_exchanges_overlap_attention_and_race_nothing", False),
+    ("parallel/sequence/ulysses.py", '_on("gather_waits_outputs"):\n            ops.wait(cur, done)',
+     '_on("gather_waits_outputs"):\n            pass', _PIPE + "test_exchanges_overlap_attention_and_race_nothing", False),
+    ("parallel/sequence/threads.py", "                ops.wait(x, posts[j][1])", "                pass",
+     _PIPE + "test_exchanges_overlap_attention_and_race_nothing", False),
+    ("parallel/sequence/threads.py", "            ops.wait(x, ops.record(cur))", "            pass",
+     _PIPE + "test_exchanges_overlap_attention_and_race_nothing", False),
+    ("parallel/sequence/threads.py", "                ops.wait(cur, event)", "                pass",
+     _PIPE + "test_exchanges_overlap_attention_and_race_nothing", False),
+    ("parallel/sequence/ulysses.py",
+     '    chunks = head_chunks(head_ranges, exchange.pipeline_chunks()) if hasattr(exchange, "pipeline_chunks") else 1',
+     "    chunks = 1", _PIPE + "test_chunked_is_the_unchunked_maths", False),
+    ("parallel/sequence/threads.py",
+     "        return PIPELINE_CHUNKS if all(self.ops.is_async(p) for p in self.places) else 1",
+     "        return PIPELINE_CHUNKS", _PIPE + "test_cpu_ranks_keep_the_unpipelined_exchange", False),
+    ("parallel/cost/model.py", "            link = max(link, compute) + x_out", "            link = link + x_out",
+     _OVERLAP + "test_two_chunks_by_hand", False),
+    ("parallel/cost/model.py", "            arrived[c] = link", "            arrived[c] = 0.0",
+     _OVERLAP + "test_two_chunks_by_hand", False),
+    ("parallel/cost/model.py", "    chunks = head_chunks(head_ranges, PIPELINE_CHUNKS) if pipelined and g > 1 else 1",
+     "    chunks = 1", _OVERLAP + "test_the_issue_34_plan_reaches_3_6x_only_with_the_overlap", False),
+    ("parallel/cost/model.py", "            exposed = max(0.0, stream + x_s[d] + kv_s[d] - (compute + x_wait))",
+     "            exposed = max(0.0, stream - compute)",
+     _OVERLAP + "test_the_link_carries_the_stream_and_the_whole_exchange", False),
+    ("parallel/cost/mode.py", '    piped = all(d.startswith("cuda") for d in ranks)', "    piped = True",
+     _OVERLAP + "test_auto_prices_the_pipeline_only_where_every_rank_is_a_gpu_of_this_machine", False),
+    ("parallel/cost/workers.py", "pipelined=False)  # worker processes", "pipelined=True)  # worker processes",
+     _OVERLAP + "test_worker_processes_are_priced_with_the_whole_exchange", False),
 ]
 
 
