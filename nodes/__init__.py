@@ -10,7 +10,7 @@ class ShardDiTExtension(ComfyExtension):
 
 
 async def comfy_entrypoint() -> ShardDiTExtension:
-    from ..loaders.comfy.distributed import cluster_settings_note
+    from ..loaders.comfy.remote.host_workers import cluster_settings_note
 
     cluster_settings_note()  # a refused cluster setting, or the former lobby's settings, said once at start
     return ShardDiTExtension()

@@ -6,7 +6,7 @@ A new shared input (e.g. the ``parallel`` mode) gets its helper here and its def
 """
 from comfy_api.latest import io
 
-from ..loaders.comfy.core_features import core_checks_v3_combos
+from ..loaders.comfy.core.features import core_checks_v3_combos
 from ..parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ..parallel.cost.inputs import DEFAULT_LINK_GBPS
 from ..parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB

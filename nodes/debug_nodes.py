@@ -1,11 +1,11 @@
-"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/simulator/plan_node.py).
+"""Debug nodes: ``ShardDiTPlan`` shows the devices and a simulated placement (logic in loaders/plan/node_logic.py).
 
 In the UI the node shows a picture of the plan (ComfyUI's image preview) and the text table (the
 ``text`` entry, drawn by ``web/plan_text.js``)."""
 from comfy_api.latest import io, ui
 
-from ..loaders.comfy.checks import check_device_entries
-from ..loaders.simulator import plan_node, presets, simulator
+from ..loaders.comfy.models.checks import check_device_entries
+from ..loaders.plan import dry_run, node_logic, presets
 from ..parallel.placement.inventory import read_hidden_note
 from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, CheckedCombo, cfg_input, devices_input, gpu_input,
                             link_gbps_input, parallel_input, reserve_vram_input, validate_one)
@@ -36,10 +36,10 @@ class ShardDiTPlan(io.ComfyNode):
                 io.Int.Input("height", default=480, min=16, max=8192, step=16, tooltip="Video height in pixels."),
                 io.Int.Input("frames", default=81, min=1, max=1025, step=4,
                              tooltip="Frames (Wan/Hunyuan: 4k+1, LTX-Video: 8k+1)."),
-                CheckedCombo("batch", options=list(plan_node.BATCH_CHOICES), default="auto", tooltip=(
+                CheckedCombo("batch", options=list(node_logic.BATCH_CHOICES), default="auto", tooltip=(
                     "'2': cond+uncond in one batch; '1': one at a time; 'auto': 2 if it fits, else 1 "
                     "(what ComfyUI's sampler does).")),
-                CheckedCombo("dtype", options=list(simulator.DTYPES), default="bf16",
+                CheckedCombo("dtype", options=list(dry_run.DTYPES), default="bf16",
                              tooltip="Weight dtype; fp8 = 1-byte weights computed in bf16."),
                 reserve_vram_input(),
                 parallel_input(),
@@ -54,17 +54,17 @@ class ShardDiTPlan(io.ComfyNode):
     def validate_inputs(cls, gpu=""):
         # one input: ComfyUI shows the message under every input this method takes. Combos are
         # CheckedCombo, cfg and link_gbps get core's min/max; execute checks them all again (NaN).
-        return validate_one(plan_node.check_gpu, gpu)
+        return validate_one(node_logic.check_gpu, gpu)
 
     @classmethod
     def execute(cls, devices, model, width, height, frames, batch, dtype, reserve_vram_gb,
                 parallel=DEFAULT_PARALLEL, cfg=DEFAULT_PLAN_CFG, gpu="", link_gbps=0.0) -> io.NodeOutput:
         check_device_entries(devices, allow_empty=False)  # '' is not 'auto'; before any simulation
-        text, report = plan_node.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb,
+        text, report = node_logic.run_plan(model, devices, width, height, frames, batch, dtype, reserve_vram_gb,
                                           parallel=parallel, cfg=cfg, gpu=gpu, link_gbps=link_gbps)
         note = read_hidden_note(devices)  # GPUs the driver has but ComfyUI cannot use, and the fix
         text = f"{note}\n\n{text}" if note else text
-        picture = ui.PreviewImage(plan_node.picture_tensor(report), cls=cls)
+        picture = ui.PreviewImage(node_logic.picture_tensor(report), cls=cls)
         return io.NodeOutput(text, ui={**picture.as_dict(), **ui.PreviewText(text).as_dict()})
 
 

@@ -2,7 +2,7 @@
 import folder_paths
 from comfy_api.latest import io
 
-from ..loaders.comfy import component_loading, model_loading, text_encoder_split
+from ..loaders.comfy.loading import component_loading, model_loading, text_encoder_split
 from .common_inputs import (
     DEFAULT_DEVICES,
     DEFAULT_PARALLEL,

@@ -2,7 +2,8 @@
 import comfy.samplers
 from comfy_api.latest import io
 
-from ..loaders.comfy import model_loading, sampling, shard_pipeline
+from ..loaders.comfy.loading import model_loading
+from ..loaders.comfy.shard import sampling, pipeline
 from .common_inputs import (DEFAULT_DEVICES, DEFAULT_PARALLEL, CheckedCombo, devices_input, parallel_input,
                             reserve_vram_input, validate_one)
 
@@ -36,7 +37,7 @@ class ShardDiTShardModel(io.ComfyNode):
     @classmethod
     def execute(cls, model, devices, reserve_vram_gb, parallel=DEFAULT_PARALLEL) -> io.NodeOutput:
         model_loading.check_placement(devices, reserve_vram_gb)  # a linked devices, a NaN reserve: unseen until now
-        return io.NodeOutput(shard_pipeline.shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb,
+        return io.NodeOutput(pipeline.shard_model(model, devices=devices, reserve_vram_gb=reserve_vram_gb,
                                                         parallel=parallel))
 
 

@@ -1,7 +1,7 @@
 """VAE nodes: core's tiled decode with batched tiles spread over devices."""
 from comfy_api.latest import io
 
-from ..loaders.comfy import vae_decode
+from ..loaders.comfy.vae import tiled_decode
 from .common_inputs import devices_input, validate_one
 
 CATEGORY = "sharddit/vae"
@@ -57,12 +57,12 @@ class ShardDiTVAEDecodeTiled(io.ComfyNode):
     def validate_inputs(cls, devices="auto") -> bool | str:
         # ComfyUI shows a validate_inputs message under EVERY input the method takes, so it takes
         # only `devices`; tile_batch_size is parsed first thing in execute, before any VAE copy.
-        return validate_one(vae_decode.check_decode_devices, devices)
+        return validate_one(tiled_decode.check_decode_devices, devices)
 
     @classmethod
     def execute(cls, samples, vae, tile_size=512, overlap=64, temporal_size=64, temporal_overlap=8,
                 tile_batch_size="auto", devices="auto") -> io.NodeOutput:
-        images = vae_decode.decode_tiled(vae, samples, tile_size, overlap, temporal_size, temporal_overlap,
+        images = tiled_decode.decode_tiled(vae, samples, tile_size, overlap, temporal_size, temporal_overlap,
                                          tile_batch_size=tile_batch_size, devices=devices)
         return io.NodeOutput(images)
 

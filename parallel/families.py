@@ -5,7 +5,7 @@ state from block to block (``blocks`` mode), the token axes ``sequence`` mode sp
 family runs ``blocks`` only, and ``why_blocks_only`` says why), the latent and conditioning
 geometry read from ComfyUI's ``unet_config``, and the cost model's shape. The ComfyUI side (class
 names, inter-block code read off an instance, the simulator's inputs, presets) is one entry per
-family in ``loaders/comfy/families.py``, found by the same ``name``. Adding a family is one entry
+family in ``loaders/comfy/models/comfy_families.py``, found by the same ``name``. Adding a family is one entry
 in each. Shapes are read from ComfyUI 0.3.64 and 0.29 (the file each entry cites).
 """
 from __future__ import annotations
@@ -85,7 +85,7 @@ class Family:
     (MiniMax H3: a per-condition payload keeps them apart, and its forward takes batch 1)."""
     text_encoders: Callable[[dict], tuple[str, ...]] | None = None
     """``unet_config -> keys`` of the text encoder(s) ComfyUI loads for this family's DiT (the keys of
-    ``loaders/simulator/text_encoders.ENCODERS``: sizes and layers live there, by encoder); None: no
+    ``loaders/plan/text_encoders.ENCODERS``: sizes and layers live there, by encoder); None: no
     known encoder (``plan`` prints no text encoder line)."""
 
     def activation_key(self, last_block) -> str:

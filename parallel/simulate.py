@@ -1,6 +1,6 @@
 """Fake-device helpers for dry runs: weights and peak activation memory per device, no GPU needed.
 
-Pure PyTorch (no ComfyUI). Used by ``loaders/simulator/simulator.py`` (fake multi-GPU runs under
+Pure PyTorch (no ComfyUI). Used by ``loaders/plan/dry_run.py`` (fake multi-GPU runs under
 ``FakeTensorMode``; the measured reference figure: tests/README.md):
 
 - ``materialize_module``: gives a ``meta`` module real-looking parameters on a fake device

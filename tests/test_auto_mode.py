@@ -15,7 +15,7 @@ NAMES = {"cuda:0": "NVIDIA GeForce RTX 4090", "cuda:1": "NVIDIA GeForce RTX 4090
 
 @pytest.fixture(scope="module")
 def wan14b():
-    from sharddit.loaders.simulator.presets import PRESETS
+    from sharddit.loaders.plan.presets import PRESETS
 
     return shape_from_spec(PRESETS["wan2.1-t2v-14b"])
 

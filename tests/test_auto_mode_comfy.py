@@ -18,7 +18,7 @@ def wan14b_config():
 
     import_comfyui()
     import comfy.model_detection
-    from sharddit.loaders.simulator.presets import PRESETS
+    from sharddit.loaders.plan.presets import PRESETS
 
     return comfy.model_detection.model_config_from_unet_config(dict(PRESETS["wan2.1-t2v-14b"].unet_config))
 
@@ -32,7 +32,7 @@ def _state(mode):
 
 
 def test_auto_decides_per_latent_shape_and_logs_once(wan14b_config, caplog):
-    from sharddit.loaders.comfy.auto_mode import AutoMode
+    from sharddit.loaders.comfy.shard.auto_mode import AutoMode
 
     auto = AutoMode(_state("sequence"), wan14b_config)
     x = torch.empty(2, 16, 21, 90, 160, device="meta")
@@ -45,7 +45,7 @@ def test_auto_decides_per_latent_shape_and_logs_once(wan14b_config, caplog):
 
 
 def test_memory_rule_blocks_is_kept(wan14b_config):
-    from sharddit.loaders.comfy.auto_mode import AutoMode
+    from sharddit.loaders.comfy.shard.auto_mode import AutoMode
 
     auto = AutoMode(_state("blocks"), wan14b_config)
     assert auto((torch.empty(2, 16, 21, 90, 160, device="meta"),), {}) == "blocks"
@@ -68,7 +68,7 @@ def test_log_names_core_options_as_fast_on_this_comfyui(wan14b_config, caplog, m
     """No GPU here: free memory unknown counts as room, so core's CFG split (2 conds on 2 GPUs, a full
     copy each) is as fast as sequence at cfg > 1, and one GPU with dynamic VRAM (everything resident)
     as fast as blocks. On 0.3.64 neither exists and nothing is said. The pick stays ShardDiT's."""
-    from sharddit.loaders.comfy.auto_mode import AutoMode
+    from sharddit.loaders.comfy.shard.auto_mode import AutoMode
 
     split, dynamic = _core_here()
     auto = AutoMode(_state(memory), wan14b_config, memory=None, dit_bytes=WAN14B_BYTES, home_bytes=400 << 20)

@@ -122,7 +122,7 @@ def test_sequence_under_the_compiler_runs_whole_and_names_the_flag_once(env, tin
 
 
 def test_a_block_captured_into_a_cuda_graph_is_refused_with_the_flag(env, tiny, monkeypatch):
-    guard = pack_module(env, "loaders.comfy.compile_guard")
+    guard = pack_module(env, "loaders.comfy.shard.compile_guard")
     monkeypatch.setattr(guard, "cuda_graph_capturing", lambda: True)
     model = load(env, tiny.wan21_t2v_state_dict())
     with pytest.raises(RuntimeError, match=r"\[ShardDiT\].*CUDA graph.*--disable-cuda-graphs"):

@@ -74,11 +74,11 @@ def test_a_patcher_subclass_without_fast_disk_shards_and_clones(env, tiny):
     sharded = _shard(env, model)
     assert type(model) is pack_patcher, "the MODEL given to the node keeps its class"
     assert isinstance(sharded, pack_patcher) and type(sharded).__name__ == "PackPatcher"
-    assert pack_module(env, "loaders.comfy.shard_hooks").get_shard_state(sharded) is not None
+    assert pack_module(env, "loaders.comfy.shard.hooks").get_shard_state(sharded) is not None
     again = sharded.clone()  # what a LoRA loader after the Shard node does
     assert isinstance(again, pack_patcher) and again.fast_disk is False
     assert torch.equal(_sample(env, again), ref)
-    patcher_clone = pack_module(env, "loaders.comfy.patcher_clone")
+    patcher_clone = pack_module(env, "loaders.comfy.core.patcher_clone")
     assert patcher_clone.missing_init_keywords(pack_patcher) == ("fast_disk",)
     assert patcher_clone.missing_init_keywords(core_like) == ()
     assert patcher_clone.clonable(base) is base, "core's own patchers are cloned by core"

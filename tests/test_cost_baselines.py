@@ -6,7 +6,7 @@ its checks are the link arithmetic written out: a Wan 2.1 14B bf16 block is 351,
 702.5 MB, copied from pinned host RAM at 25 GB/s (PCIe 4.0 x16, ANCHORS.md) in 28.1 ms (+50 µs).
 """
 import pytest
-from sharddit.loaders.simulator.presets import PRESETS
+from sharddit.loaders.plan.presets import PRESETS
 from sharddit.parallel.cost.baselines import (
     AS_FAST,
     CoreSetup,

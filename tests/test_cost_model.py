@@ -37,8 +37,8 @@ ALL_FIT = {"one_gpu": True, "blocks": True, "sequence": True}
 
 
 def _presets():
-    # loaders/presets.py moves to loaders/simulator/presets.py (issue 9): accept either.
-    for name in ("sharddit.loaders.simulator.presets", "sharddit.loaders.presets"):
+    # loaders/presets.py moves to loaders/plan/presets.py (issue 9): accept either.
+    for name in ("sharddit.loaders.plan.presets", "sharddit.loaders.presets"):
         try:
             return importlib.import_module(name).PRESETS
         except ImportError:

@@ -6,7 +6,7 @@ from harness.toy_seq import SeqToyDiT
 from sharddit.parallel.placement.devices import with_worker_shares
 from sharddit.parallel.distributed.weights import (WeightLayout, WeightRing, bind_flat, block_tensors, empty_block,
                                            pack_block, same_version, skeleton, unpack_into, weights_version)
-from sharddit.parallel.distributed.host import check_worker_room
+from sharddit.parallel.distributed.host_side import check_worker_room
 from sharddit.parallel.distributed.ranks import even_owners, transfer_group
 
 
@@ -108,7 +108,7 @@ def test_worker_short_of_memory_is_named_with_the_gib_missing():
 def test_workers_keep_every_block_only_when_every_one_has_room():
     from types import SimpleNamespace as R
 
-    from sharddit.parallel.distributed.host import choose_worker_weights
+    from sharddit.parallel.distributed.host_side import choose_worker_weights
     gib = 2**30
     blocks = [gib] * 8  # 8 GiB of blocks; a share of 4 + 4 blocks of room = 8 GiB, every block + 2 = 10 GiB
     remote = (("w1", "cuda:0"), ("w2", "cuda:0"))

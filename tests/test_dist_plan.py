@@ -5,7 +5,7 @@ from types import SimpleNamespace as R
 import pytest
 from sharddit.parallel.families import shape_from_config
 from sharddit.parallel.cost.model import Workload
-from sharddit.parallel.distributed.host import choose_worker_weights
+from sharddit.parallel.distributed.host_side import choose_worker_weights
 from sharddit.parallel.cost.workers import compute_network_step, compute_worker_needs, parse_net_gbps, split_worker_spec
 
 GiB = 2**30

@@ -12,7 +12,7 @@ import torch
 from conftest import REPO
 from harness import dist_toys  # noqa: F401 - the toys' block builders
 from harness.toy_seq import SeqToyDiT
-from sharddit.loaders.comfy import worker_blocks
+from sharddit.loaders.comfy.remote import worker_blocks
 from sharddit.parallel.distributed.weights import WeightLayout
 from sharddit.parallel.distributed.wire import HEADER, pack_parts, part_sizes, unpack_parts
 from sharddit.parallel.distributed import protocol
@@ -26,8 +26,8 @@ from sharddit.parallel.distributed.protocol import ProtocolError, from_payload, 
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 
-NETWORK_MODULES = ["parallel/distributed/*.py", "parallel/cluster/*.py", "loaders/comfy/worker_blocks.py",
-                   "loaders/comfy/distributed.py", "loaders/cli/worker_ray.py"]
+NETWORK_MODULES = ["parallel/distributed/*.py", "parallel/cluster/*.py", "loaders/comfy/remote/worker_blocks.py",
+                   "loaders/comfy/remote/host_workers.py", "loaders/cli/worker_ray.py"]
 
 
 class Boom:

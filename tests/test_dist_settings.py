@@ -15,7 +15,7 @@ from sharddit.parallel.placement.devices import (
     split_worker_devices,
 )
 from sharddit.parallel.distributed.config import dist_timeout, parse_addr
-from sharddit.parallel.distributed.host import check_member
+from sharddit.parallel.distributed.host_side import check_member
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 

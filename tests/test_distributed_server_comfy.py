@@ -223,7 +223,7 @@ def test_worker_devices_without_a_cluster_are_refused_with_the_fix(comfy_env, mo
     from harness.comfy_env import pack_module
 
     monkeypatch.delenv("SHARDDIT_RAY_ADDRESS", raising=False)
-    check_devices = pack_module(comfy_env, "loaders.comfy.model_loading").check_devices  # the nodes' validate_inputs
+    check_devices = pack_module(comfy_env, "loaders.comfy.loading.model_loading").check_devices  # the nodes' validate_inputs
     with pytest.raises(ValueError) as err:
         check_devices("cpu,w1/cpu")
     assert "SHARDDIT_RAY_ADDRESS" in str(err.value) and "--join" in str(err.value), err.value

@@ -6,7 +6,7 @@ copied, pin/vbar bookkeeping per load device on the BaseModel). Here the same is
 (``core_dynamic_vram``) and the MODEL is built by core's own loader with a ``cuda:0`` load device, as
 on a GPU machine (``ModelPatcherDynamic`` turns itself into a plain patcher for a cpu load device).
 Its vbars and pinned buffers need CUDA, so sampling it unsharded cannot run here; ShardDiT's
-sharded MODEL is all non-dynamic patchers (loaders/comfy/dynamic_vram.py) and runs on ``cpu,cpu``.
+sharded MODEL is all non-dynamic patchers (loaders/comfy/core/dynamic_vram.py) and runs on ``cpu,cpu``.
 The CUDA layer: tests/test_dynamic_vram_gpu.py and ``selftest`` (dynamic VRAM check).
 
 Where the core has no dynamic VRAM (0.3.64) the ``plain`` variant runs alone: the same checks on
@@ -91,7 +91,7 @@ def _assert_whole(patcher):
 def test_sharded_model_is_whole_non_dynamic_patchers_over_the_same_weights(env, tiny, kind):
     import comfy.model_patcher as mp
 
-    sm = pack_module(env, "loaders.comfy.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
     incoming = _core_model(tiny.wan21_t2v_state_dict(), kind)
     block_ptrs = {k: v.data_ptr() for k, v in incoming.model.diffusion_model.blocks.state_dict().items()}
     sharded = _shard(env, incoming)
@@ -124,7 +124,7 @@ def test_sharded_dynamic_model_samples_as_unsharded(env, tiny, tmp_path, kind, p
     KSampler on the unsharded plain MODEL."""
     from comfy.patcher_extension import CallbacksMP
 
-    sm = pack_module(env, "loaders.comfy.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
     sd = tiny.wan21_t2v_state_dict()
     apply_lora = lora_loader(env, tiny, tmp_path, sd, name=f"tiny_wan_lora_dyn_{kind}.safetensors")
     latent = torch.zeros(LATENT)

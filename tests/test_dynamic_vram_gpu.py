@@ -1,7 +1,7 @@
 """The CUDA layer of the dynamic-VRAM proof (the CPU layer: test_dynamic_vram_comfy.py): ``selftest``
 run as a user runs it, on a GPU, where ComfyUI's dynamic VRAM is on as its ``main.py`` turns it on.
 
-Its ``dynamic VRAM`` check (loaders/cli/selftest_dynamic.py) builds the tiny Wan 2.1 DiT through
+Its ``dynamic VRAM`` check (loaders/cli/selftest/dynamic_check.py) builds the tiny Wan 2.1 DiT through
 core's loader (a ``ModelPatcherDynamic``), shards it over ``cuda:0,cuda:0`` in ``blocks`` and
 ``sequence`` mode (every patcher non-dynamic), compares with the unsharded dynamic result at cfg 4
 and 1 (<= 1e-3: cuBLAS may pick other kernels for split shapes), then runs core's sampler on the

@@ -91,7 +91,7 @@ def _wandancer(comfy, device, new):
 
 
 def _hunyuan15(comfy, device, new, latent_channels=16):
-    from sharddit.loaders.comfy.model_params import fit_params
+    from sharddit.loaders.comfy.models.model_params import fit_params
 
     cls = comfy.ldm.hunyuan_video.model.HunyuanVideo
     params = _class("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams")
@@ -153,7 +153,7 @@ def _flat(out):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_family_blocks_on_two_ranks_equal_unsharded(comfy, name):
-    from sharddit.loaders.comfy.specs import find_arch_spec, get_arch_spec
+    from sharddit.loaders.comfy.models.specs import find_arch_spec, get_arch_spec
 
     build, n_blocks = CASES[name]
     dit, inputs = _real(comfy, build)
@@ -194,7 +194,7 @@ SCALARS = {"MiniMaxH3Model"}
 def test_family_layout_on_fake_gpus_brings_home_in_time(comfy, name):
     """Half the blocks on fake cuda:1, the model's home on cuda:0: a stream argument or a return-home
     point the registry got wrong raises the device mismatch a real two-GPU run would."""
-    from sharddit.loaders.comfy.specs import get_arch_spec
+    from sharddit.loaders.comfy.models.specs import get_arch_spec
 
     build, n_blocks = CASES[name]
     home = torch.device("cuda:0")
@@ -228,7 +228,7 @@ def _fake_forward(dit, layout, devices, home, inputs, scalars=False):
 
 
 def test_causal_wan_is_refused_with_the_reason():
-    from sharddit.loaders.comfy.specs import find_arch_spec
+    from sharddit.loaders.comfy.models.specs import find_arch_spec
 
     with pytest.raises(ValueError, match="CausalWanModel.*key/value cache in place"):
         find_arch_spec("CausalWanModel")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sharddit.loaders.simulator.text_encoders import ENCODERS, LAYERS
+from sharddit.loaders.plan.text_encoders import ENCODERS, LAYERS
 from sharddit.parallel.cost.memory import ACTIVATION_FACTORS
 from sharddit.parallel.families import FAMILIES
 
@@ -49,7 +49,7 @@ def test_a_sequence_family_has_its_measured_activation_factors(family):
 
 def test_no_family_name_dispatch_outside_the_registries():
     """No `family == "wan"`-style branch on a family's name in product code outside the two registries
-    (``parallel/families.py``, ``loaders/comfy/families.py``): a new family is one entry per side."""
+    (``parallel/families.py``, ``loaders/comfy/models/comfy_families.py``): a new family is one entry per side."""
     names = "|".join(re.escape(n) for n in FAMILIES)
     branch = re.compile(rf"""(family|\.name)\s*(==|!=|\bin\b)\s*[(\[{{]?\s*["']({names})["']""")
     registries = {REPO / "parallel" / "families.py", REPO / "loaders" / "comfy" / "families.py"}

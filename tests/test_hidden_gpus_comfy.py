@@ -84,7 +84,7 @@ def test_auto_says_it_chose_from_the_one_gpu_shown(env, tiny, windows_one_gpu, c
 
     from harness.sampling import load
 
-    shard_devices = pack_module(env, "loaders.comfy.shard_devices")
+    shard_devices = pack_module(env, "loaders.comfy.shard.which_devices")
     model = load(env, tiny.wan21_t2v_state_dict())
     with caplog.at_level(logging.WARNING, logger="sharddit"):
         assert shard_devices._local_auto_devices(model, 0.0, None) == "cuda:0"
@@ -107,7 +107,7 @@ def test_placement_counts_the_vram_aimdo_holds_for_comfyui(env, monkeypatch, tmp
         pytest.skip(f"this ComfyUI has no comfy-aimdo dynamic VRAM ({err}) (added after ComfyUI 0.3.64)")
     assert hasattr(cmm, "aimdo_enabled") and hasattr(model_vbar, "vbars_analyze")
     inv = pack_module(env, "parallel.placement.inventory")
-    placement = pack_module(env, "loaders.comfy.placement")
+    placement = pack_module(env, "loaders.comfy.core.component_placement")
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(inv, "_read_torch_ids", lambda: None)
@@ -129,7 +129,7 @@ def test_releasable_memory_adds_torchs_cached_blocks(env, monkeypatch):
     blocks (NVML counts them as used). Stand-in allocator numbers on three CUDA devices."""
     import torch
 
-    settings = pack_module(env, "loaders.comfy.core_settings")
+    settings = pack_module(env, "loaders.comfy.core.running_state")
     stats = {1: {"reserved_bytes.all.current": 5 << 30, "active_bytes.all.current": 2 << 30}}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -153,8 +153,8 @@ def test_the_plan_node_counts_what_aimdo_can_release(env, monkeypatch, tmp_path)
         pytest.skip(f"this ComfyUI has no comfy-aimdo dynamic VRAM ({err}) (added after ComfyUI 0.3.64)")
     assert hasattr(cmm, "aimdo_enabled")
     inv = pack_module(env, "parallel.placement.inventory")
-    plan_node = pack_module(env, "loaders.simulator.plan_node")
-    settings = pack_module(env, "loaders.comfy.core_settings")
+    plan_node = pack_module(env, "loaders.plan.node_logic")
+    settings = pack_module(env, "loaders.comfy.core.running_state")
     monkeypatch.setitem(sys.modules, "pynvml", _fake_pynvml(tmp_path))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setattr(inv, "_read_torch_ids", lambda: None)

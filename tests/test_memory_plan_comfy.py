@@ -19,7 +19,7 @@ def _placement_restored(env):
     recorded on these fake GPUs must not steer the next test's components onto them."""
     from harness.comfy_env import pack_module
 
-    placement = pack_module(env, "loaders.comfy.placement")
+    placement = pack_module(env, "loaders.comfy.core.component_placement")
     saved = placement.placed()
     yield
     with placement._LOCK:
@@ -30,19 +30,19 @@ def _placement_restored(env):
 def _modules(env):
     from harness.comfy_env import pack_module
 
-    return (pack_module(env, "loaders.comfy.shard_pipeline"), pack_module(env, "loaders.comfy.memory_report"),
+    return (pack_module(env, "loaders.comfy.shard.pipeline"), pack_module(env, "loaders.comfy.shard.memory_report"),
             pack_module(env, "parallel.placement.inventory"), pack_module(env, "parallel.cost.mode"))
 
 
 def _tight_inventory(sm, inv_mod, pm, model):
     """The smallest even two-GPU inventory (1 MiB steps) on which the plan fits but the ring does not."""
-    from sharddit.loaders.comfy.specs import get_arch_spec
+    from sharddit.loaders.comfy.models.specs import get_arch_spec
     from sharddit.parallel.placement.planner import (
         PlacementError,
         PlacementRequest,
         plan_placement,
     )
-    from sharddit.loaders.comfy.shard_plan import footprint_of
+    from sharddit.loaders.comfy.shard.mode_decision import footprint_of
 
     dit = model.get_model_object("diffusion_model")
     layout = get_arch_spec(dit)

@@ -46,7 +46,7 @@ def sim():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()
-    from sharddit.loaders.simulator import presets, simulator, simulator_sequence
+    from sharddit.loaders.plan import presets, dry_run as simulator, fake_sequence as simulator_sequence
 
     return presets, simulator, simulator_sequence
 
@@ -77,7 +77,7 @@ def _context(sim, contexts, model, res, n, full=False):
     if not full:  # the cut blocks split evenly by count, home on cuda:0
         nb = len(ctx.block_bytes)
         return ctx, [f"cuda:{i * n // nb}" for i in range(nb)], "cuda:0"
-    from sharddit.loaders.simulator.simulator_plan import plan_blocks, planned_devices
+    from sharddit.loaders.plan.block_plan import plan_blocks, planned_devices
 
     plan, err = plan_blocks(ctx, 0)
     assert err is None and plan.home_device == "cuda:0"

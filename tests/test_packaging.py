@@ -96,7 +96,7 @@ def test_wheel_contains_only_the_sharddit_package(tmp_path):
     assert stray == [], f"wheel would install outside sharddit/: {stray}"
     assert {"sharddit/__init__.py", "sharddit/parallel/placement/planner.py", "sharddit/nodes/__init__.py",
             "sharddit/loaders/__init__.py", "sharddit/loaders/comfyui_import.py",
-            "sharddit/loaders/comfy/sharded_model.py", "sharddit/loaders/simulator/simulator.py",
+            "sharddit/loaders/comfy/shard/sharded_model.py", "sharddit/loaders/plan/dry_run.py",
             "sharddit/loaders/cli/main.py"} <= set(names)
     assert not any(n.startswith("sharddit/tests/") for n in names)
     # every module of the pack's code folders is in the wheel (a subpackage missing from
@@ -226,9 +226,9 @@ def _pack_imports(path: Path, repo: Path = REPO) -> list:
 
 
 # nodes/ may reach loaders/ only through the ComfyUI adapters (loaders/comfy/). One exception:
-# the ShardDiTPlan node (debug_nodes.py) shows the simulator's report, so it may use loaders/simulator/.
+# the ShardDiTPlan node (debug_nodes.py) shows the simulator's report, so it may use loaders/plan/.
 NODES_MAY_IMPORT = {"*": ("sharddit.loaders.comfy.",),
-                    "debug_nodes.py": ("sharddit.loaders.comfy.", "sharddit.loaders.simulator.")}
+                    "debug_nodes.py": ("sharddit.loaders.comfy.", "sharddit.loaders.plan.")}
 
 
 def _bad_node_imports(path: Path, repo: Path = REPO) -> list:
@@ -239,7 +239,7 @@ def _bad_node_imports(path: Path, repo: Path = REPO) -> list:
 
 def test_nodes_import_only_the_comfy_adapters():
     offenders = [o for path in sorted((REPO / "nodes").rglob("*.py")) for o in _bad_node_imports(path)]
-    assert offenders == [], ("nodes/ may import loaders/comfy/ only (the Plan node also loaders/simulator/), "
+    assert offenders == [], ("nodes/ may import loaders/comfy/ only (the Plan node also loaders/plan/), "
                              "never loaders/cli/ or loaders/comfyui_import:\n" + "\n".join(offenders))
 
 
@@ -247,24 +247,101 @@ def test_node_import_checker_catches_cli_and_simulator(tmp_path):
     fake_repo = tmp_path / "repo"
     (fake_repo / "nodes").mkdir(parents=True)
     bad = fake_repo / "nodes" / "sampling_nodes.py"
-    bad.write_text("from ..loaders.cli import main\nfrom ..loaders.simulator import presets\n"
+    bad.write_text("from ..loaders.cli import main\nfrom ..loaders.plan import presets\n"
                    "from ..loaders.comfy import sampling\nfrom .common_inputs import devices_input\n")
     assert [o.split(": ")[1] for o in _bad_node_imports(bad, fake_repo)] == [
-        "sharddit.loaders.cli.main", "sharddit.loaders.simulator.presets"]
+        "sharddit.loaders.cli.main", "sharddit.loaders.plan.presets"]
+
+
+# Rooms and their floors: a room may import rooms on lower floors only (never one beside it or above).
+LOADERS_ROOMS = {"cli": 2, "plan": 1, "comfy": 0}
+COMFY_ROOMS = {"loading": 3, "shard": 2, "vae": 2, "remote": 1, "core": 0, "models": 0}
+
+
+def find_room_offenders(folder: str, rooms: dict, repo: Path = REPO) -> list:
+    """Imports from one room of ``folder`` (e.g. ``loaders/comfy``) into a room on the same floor or
+    above it, as ``path:line: module``."""
+    prefix = ["sharddit", *folder.split("/")]
+    offenders = []
+    for room, floor in rooms.items():
+        for path in sorted((repo / folder / room).rglob("*.py")):
+            for line, name in _pack_imports(path, repo):
+                parts = name.split(".")
+                if parts[:len(prefix)] == prefix and len(parts) > len(prefix):
+                    other = parts[len(prefix)]
+                    if other in rooms and other != room and rooms[other] >= floor:
+                        offenders.append(f"{path.relative_to(repo)}:{line}: {name}")
+    return offenders
 
 
 def test_loaders_subpackages_have_no_import_cycle():
-    """Package-level import graph of loaders/: cli -> simulator -> comfy, never back."""
-    order = {"cli": 2, "simulator": 1, "comfy": 0}
-    offenders = []
-    for sub, rank in order.items():
-        for path in sorted((REPO / "loaders" / sub).rglob("*.py")):
-            for line, name in _pack_imports(path):
-                parts = name.split(".")
-                if parts[:2] == ["sharddit", "loaders"] and len(parts) > 2 and parts[2] in order:
-                    if order[parts[2]] > rank:
-                        offenders.append(f"{path.relative_to(REPO)}:{line}: {name}")
-    assert offenders == [], "loaders/ imports must point cli -> simulator -> comfy:\n" + "\n".join(offenders)
+    """Package-level import graph of loaders/: cli -> plan -> comfy, never back."""
+    offenders = find_room_offenders("loaders", LOADERS_ROOMS)
+    assert offenders == [], "loaders/ imports must point cli -> plan -> comfy:\n" + "\n".join(offenders)
+
+
+def test_comfy_rooms_import_one_way():
+    """loaders/comfy/ is rooms only, and they import down: loading -> shard, vae -> remote -> core, models."""
+    comfy = REPO / "loaders" / "comfy"
+    loose = sorted(p.name for p in comfy.glob("*.py") if p.name != "__init__.py")
+    rooms = sorted(p.name for p in comfy.iterdir() if (p / "__init__.py").is_file())
+    assert loose == [] and rooms == sorted(COMFY_ROOMS), (
+        f"loaders/comfy/ holds rooms {sorted(COMFY_ROOMS)} only; put {loose or rooms} in one (and in COMFY_ROOMS)")
+    offenders = find_room_offenders("loaders/comfy", COMFY_ROOMS)
+    assert offenders == [], ("loaders/comfy/ rooms import down only: loading -> shard, vae -> remote -> core, "
+                             "models:\n" + "\n".join(offenders))
+
+
+def test_room_checker_catches_up_and_sideways_imports(tmp_path):
+    files = {"loaders/comfy/core/state.py": "from ..shard.hooks import x\nfrom ..models.specs import y\n",
+             "loaders/comfy/shard/hooks.py": "from ..core.state import z\nfrom . import pipeline\n",
+             "loaders/comfy/loading/load.py": "def f():\n    from ..shard import pipeline\n",
+             "loaders/comfy/vae/decode.py": "from sharddit.loaders.comfy.shard.hooks import x\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert find_room_offenders("loaders/comfy", COMFY_ROOMS, tmp_path) == [
+        "loaders/comfy/vae/decode.py:1: sharddit.loaders.comfy.shard.hooks.x",
+        "loaders/comfy/core/state.py:1: sharddit.loaders.comfy.shard.hooks.x",
+        "loaders/comfy/core/state.py:2: sharddit.loaders.comfy.models.specs.y"]
+
+
+# ------------------------------------------------------------------ (e2) one name, one module
+
+
+def find_duplicate_module_names(repo: Path = REPO) -> list:
+    """Product modules (everything but tests/ and benchmarks/) that share a base name: a file's stem
+    or a package's folder name, ``__init__``/``__main__`` aside. ``[(name, [paths])]``."""
+    seen = {}
+    for path in sorted(repo.rglob("*.py")):
+        rel = path.relative_to(repo)
+        if rel.parts[0] in ("tests", "benchmarks") or any(p.startswith(".") for p in rel.parts):
+            continue
+        if path.name == "__main__.py":
+            continue
+        if path.name == "__init__.py":
+            if len(rel.parts) > 1:
+                seen.setdefault(rel.parts[-2], []).append(str(rel.parent) + "/")
+        else:
+            seen.setdefault(path.stem, []).append(str(rel))
+    return [(name, paths) for name, paths in sorted(seen.items()) if len(paths) > 1]
+
+
+def test_no_two_product_modules_share_a_name():
+    twins = find_duplicate_module_names()
+    assert twins == [], "one name, one module (rename one of each pair to say what it holds):\n" + \
+        "\n".join(f"{name}: {', '.join(paths)}" for name, paths in twins)
+
+
+def test_duplicate_name_checker_catches(tmp_path):
+    for rel in ("parallel/families.py", "loaders/comfy/families.py", "parallel/tiling/__init__.py",
+                "loaders/tiling.py", "nodes/__init__.py", "loaders/__init__.py", "tests/families.py",
+                "benchmarks/tiling.py", "__main__.py", "loaders/__main__.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert find_duplicate_module_names(tmp_path) == [
+        ("families", ["loaders/comfy/families.py", "parallel/families.py"]),
+        ("tiling", ["loaders/tiling.py", "parallel/tiling/"])]
 
 
 # ------------------------------------------------------------------ (f) one-way imports inside the pack

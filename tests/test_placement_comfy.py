@@ -34,7 +34,7 @@ def test_three_loaders_match_core_pipeline(comfy_env, tiny_models):
 
     from harness.comfy_env import pack_module
 
-    shards = pack_module(env, "loaders.comfy.sharded_model").get_shard_patchers(model)
+    shards = pack_module(env, "loaders.comfy.shard.sharded_model").get_shard_patchers(model)
     assert str(clip.patcher.load_device) == "cpu"
     assert str(vae_obj.device) == "cpu"
     assert [str(s.load_device) for s in shards] == ["cpu", "cpu"]

@@ -65,7 +65,7 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
     'ShardDiT holds', other loaded models as 'ComfyUI holds', and its plan is listed."""
     import torch
 
-    plan_node = pack_module(env, "loaders.simulator.plan_node")
+    plan_node = pack_module(env, "loaders.plan.node_logic")
     N = env.nodes.NODE_CLASS_MAPPINGS
     env.mm.unload_all_models()
     model = N["ShardDiTLoadDiffusionModel"].execute(tiny_models.names["wan21_t2v"], "default", "cpu,cpu", 0.0).result[0]
@@ -78,7 +78,7 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
     ours = sum(lm.model.loaded_size() for lm in env.mm.current_loaded_models if lm.model is not vae.patcher)
     assert plan_node.read_holdings() == {"cpu": (vae.patcher.loaded_size(), ours)}
     assert ours == model.model_size() + sum(s.model_size() for s in
-                                            pack_module(env, "loaders.comfy.sharded_model").get_shard_patchers(model))
+                                            pack_module(env, "loaders.comfy.shard.sharded_model").get_shard_patchers(model))
     text = plan_node.describe_current_placements(None)
     assert text.startswith("Loaded now, sharded by ShardDiT: WanModel") and "'blocks': [['cpu', 0, 2], ['cpu', 2, 4]]" in text
     env.mm.unload_all_models()
@@ -92,7 +92,7 @@ def test_batch_outside_the_list_refused(env):
     inputs = {i.id: i for i in node.define_schema().inputs}
     assert inputs["batch"].options == ["auto", "1", "2"] and inputs["parallel"].options == ["auto", "blocks", "sequence"]
     assert "wan2.1-t2v-14b" in inputs["model"].options and inputs["dtype"].options == ["bf16", "fp16", "fp8"]
-    checks_v3 = pack_module(env, "loaders.comfy.core_features").core_checks_v3_combos()
+    checks_v3 = pack_module(env, "loaders.comfy.core.features").core_checks_v3_combos()
     # the form this core checks: "COMBO" where it checks V3 combos (0.29), the options list elsewhere (0.3.64)
     for name in ("batch", "parallel", "model", "dtype"):
         assert inputs[name].get_io_type() == ("COMBO" if checks_v3 else inputs[name].options), name

@@ -1,9 +1,9 @@
-"""The plan picture (loaders/simulator/plan_picture.py): bars measured in pixels (CI, needs Pillow)."""
+"""The plan picture (loaders/plan/picture.py): bars measured in pixels (CI, needs Pillow)."""
 import pytest
 from harness.require import import_or_skip
 
-from sharddit.loaders.simulator import plan_picture
-from sharddit.loaders.simulator.simulator_report import DeviceReport, SimulationReport
+from sharddit.loaders.plan import picture as plan_picture
+from sharddit.loaders.plan.findings import DeviceReport, SimulationReport
 from sharddit.parallel.placement.inventory import inventory_from_spec
 
 PIL = import_or_skip("PIL", "Pillow not installed (pip install pillow; it is in tests/requirements.txt and ComfyUI's)")

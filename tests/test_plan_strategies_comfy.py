@@ -23,7 +23,7 @@ def sim():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()
-    from sharddit.loaders.simulator import simulator
+    from sharddit.loaders.plan import dry_run as simulator
 
     return simulator
 
@@ -74,7 +74,7 @@ def test_wan14b_720p_fits_four_12gib_in_sequence_not_in_blocks(sim):
     assert any(d.shortfall for d in report.devices) or report.plan is None
     text = report.to_text()
     assert "auto → sequence: predicted" in text and "FITS: sequence over 4 GPUs (batch 1, tokens split)." in text
-    from sharddit.loaders.simulator.plan_picture import picture_from_report
+    from sharddit.loaders.plan.picture import picture_from_report
 
     pic = picture_from_report(report)
     assert pic.fits and pic.title == f"FITS - auto -> sequence on 4 GPUs, {st.costs['sequence'].speedup:.2f}x vs 1 GPU"

@@ -30,7 +30,7 @@ def comfy():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()
-    from sharddit.loaders.simulator import presets, text_encoders
+    from sharddit.loaders.plan import presets, text_encoders
 
     return presets, text_encoders
 
@@ -133,8 +133,8 @@ def test_plan_ltx23_fp8_json_has_text_encoder_beside_the_dit(comfy, capsys):
 
 
 def test_every_preset_names_its_text_encoder():
-    from sharddit.loaders.simulator.presets import PRESETS
-    from sharddit.loaders.simulator.text_encoders import ENCODERS, TextEncoderReport, encoders_of
+    from sharddit.loaders.plan.presets import PRESETS
+    from sharddit.loaders.plan.text_encoders import ENCODERS, TextEncoderReport, encoders_of
 
     expect = {"ltx-2.3": ("gemma3-12b", "ltx2.3-projection"), "hunyuanvideo-1.5": ("qwen2.5-vl-7b", "byt5-small"),
               "hunyuanvideo-13b": ("llava-llama3-8b", "clip-l"), "kandinsky5-pro": ("qwen2.5-vl-7b", "clip-l"),

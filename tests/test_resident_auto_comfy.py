@@ -26,7 +26,7 @@ def wan14b_config():
 
     import_comfyui()
     import comfy.model_detection
-    from sharddit.loaders.simulator.presets import PRESETS
+    from sharddit.loaders.plan.presets import PRESETS
 
     return comfy.model_detection.model_config_from_unet_config(dict(PRESETS["wan2.1-t2v-14b"].unet_config))
 
@@ -39,8 +39,8 @@ def _inventory(free_gib):
 
 
 def test_each_prompt_decides_again_from_its_free_memory(wan14b_config, caplog):
-    from sharddit.loaders.comfy.auto_mode import AutoMode
-    from sharddit.loaders.comfy.resident import apply_resident_budgets
+    from sharddit.loaders.comfy.shard.auto_mode import AutoMode
+    from sharddit.loaders.comfy.shard.resident_budgets import apply_resident_budgets
     from sharddit.parallel.cost.memory import RankMemory
     from sharddit.parallel.cost.mode import ModeDecision
     from sharddit.parallel.placement.plan_types import BlockRange

@@ -12,7 +12,7 @@ GIB = 1 << 30
 def test_budgets_are_the_free_memory_left_after_the_plan(env):
     from harness.comfy_env import pack_module
 
-    resident = pack_module(env, "loaders.comfy.resident")
+    resident = pack_module(env, "loaders.comfy.shard.resident_budgets")
     inv = pack_module(env, "parallel.placement.inventory")
     memory = pack_module(env, "parallel.cost.memory")
     inventory = inv.Inventory((inv.DeviceInfo("cuda:0", "RTX 4090", 24 * GIB, 10 * GIB, releasable_bytes=2 * GIB),

@@ -23,7 +23,7 @@ def wan8():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()
-    from sharddit.loaders.simulator import presets, simulator
+    from sharddit.loaders.plan import presets, dry_run as simulator
 
     spec = presets.resolve_model("wan2.1-t2v-14b")
     spec = replace(spec, unet_config={**spec.unet_config, "num_layers": 8})
@@ -44,8 +44,8 @@ def _gpus(rows, room_blocks: float, block: int):
 
 @pytest.mark.parametrize("room,kept", [(0.5, 0), (2.5, 2), (4.2, 4)], ids=["tight", "half", "full"])
 def test_resident_counts_follow_free_memory_and_the_peak_stays_within(wan8, room, kept):
-    from sharddit.loaders.comfy.resident import resident_budgets
-    from sharddit.loaders.simulator.simulator_sequence import (
+    from sharddit.loaders.comfy.shard.resident_budgets import resident_budgets
+    from sharddit.loaders.plan.fake_sequence import (
         plan_sequence_peaks,
         run_fake_sequence_forward,
     )

@@ -40,7 +40,7 @@ def resident_engine():
 
 
 def test_a_load_that_needs_less_than_the_copies_takes_only_them(env, resident_engine):
-    from sharddit.loaders.comfy.resident import give_back_first
+    from sharddit.loaders.comfy.shard.resident_budgets import give_back_first
 
     engine, handle, model = resident_engine
     kept = [s.resident_bytes() for s in engine.streams]
@@ -61,7 +61,7 @@ def test_a_load_that_needs_less_than_the_copies_takes_only_them(env, resident_en
 
 
 def test_a_larger_load_takes_the_copies_first_then_weights(env, resident_engine):
-    from sharddit.loaders.comfy.resident import give_back_first
+    from sharddit.loaders.comfy.shard.resident_budgets import give_back_first
 
     engine, _, _ = resident_engine
     kept = engine.streams[0].resident_bytes()
@@ -81,7 +81,7 @@ def test_a_larger_load_takes_the_copies_first_then_weights(env, resident_engine)
 def test_the_runs_budgets_make_each_loaded_shard_give_back_first(env):
     """``apply_resident_budgets`` (what the PREPARE_SAMPLING wrapper calls once the models are
     loaded) hands each loaded shard its rank's copies to give back first."""
-    from sharddit.loaders.comfy.resident import apply_resident_budgets
+    from sharddit.loaders.comfy.shard.resident_budgets import apply_resident_budgets
     from sharddit.parallel.cost.memory import RankMemory
     from sharddit.parallel.placement.inventory import DeviceInfo, Inventory
 

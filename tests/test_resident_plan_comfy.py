@@ -18,7 +18,7 @@ def _plan(capsys, monkeypatch, *extra):
     """The plan's text as printed, and its JSON (``plan --json`` prints ``report.to_dict()``) from the
     same run: the simulation is spied on, not replaced (one ~10 s simulation instead of two)."""
     from sharddit.loaders.cli.main import main
-    from sharddit.loaders.simulator import simulator
+    from sharddit.loaders.plan import dry_run as simulator
 
     reports, real = [], simulator.run_simulation
     monkeypatch.setattr(simulator, "run_simulation", lambda *a, **k: reports.append(real(*a, **k)) or reports[-1])

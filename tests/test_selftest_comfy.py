@@ -89,7 +89,7 @@ def test_selftest_switches_set_cores_own_or_say_it_has_none(comfy_env, monkeypat
     from comfy.cli_args import args
     from harness.comfy_env import pack_module
 
-    settings = pack_module(comfy_env, "loaders.cli.selftest_settings")
+    settings = pack_module(comfy_env, "loaders.cli.selftest.suite.switches")
     for name in settings.SWITCHES:
         if hasattr(args, name):
             monkeypatch.setattr(args, name, False)
@@ -115,7 +115,7 @@ def test_without_comfyui_exit_2_and_says_how():
 def selftest_module(comfy_env):
     from harness.comfy_env import pack_module
 
-    return pack_module(comfy_env, "loaders.cli.selftest")
+    return pack_module(comfy_env, "loaders.cli.selftest.suite")
 
 
 def test_choose_devices(selftest_module):

@@ -249,7 +249,7 @@ def test_streamed_blocks_with_a_lora_on_some_blocks_match_core(env, tiny):
     import comfy.sd
     from harness.sampling import cond as make_cond
 
-    from sharddit.loaders.comfy.specs import find_arch_spec, get_arch_spec
+    from sharddit.loaders.comfy.models.specs import find_arch_spec, get_arch_spec
     from sharddit.parallel.blocks.sharding import attach_block_sharding
     from sharddit.parallel.sequence.engine import attach_sequence_engine
     from sharddit.parallel.sequence.record import RecordingOps

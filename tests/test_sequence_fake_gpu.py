@@ -23,7 +23,7 @@ pytestmark = pytest.mark.comfy
 
 
 def _token_specs(dit):
-    from sharddit.loaders.comfy.specs import find_arch_spec
+    from sharddit.loaders.comfy.models.specs import find_arch_spec
 
     return find_arch_spec(type(dit).__name__).sequence_specs(dit)[0]
 

@@ -110,7 +110,7 @@ def test_lean_cost_streams_the_weights_once_per_pass():
     """Wan 2.1 14B 720p x 81 at cfg 6 on four RTX 4090s: lean is two cfg-1 forwards over all four,
     so twice the weight bytes of one pass and never faster than the batched split (which streams
     once per step); still faster than one GPU (the cond/uncond passes keep four GPUs busy)."""
-    from sharddit.loaders.simulator.presets import PRESETS
+    from sharddit.loaders.plan.presets import PRESETS
     from sharddit.parallel.cost.model import (
         Workload,
         estimate_sequence,
@@ -146,7 +146,7 @@ def test_lean_only_where_the_batched_split_does_not_fit():
 def test_auto_prices_sequence_lean_where_it_runs_lean():
     """``auto`` at sampling time (``cost/mode.decide_auto_for_latent``): with ``lean`` the sequence row
     is the lean estimate, and lean on four 4090s (about 3.5x) still beats blocks (1x)."""
-    from sharddit.loaders.simulator.presets import PRESETS
+    from sharddit.loaders.plan.presets import PRESETS
     from sharddit.parallel.cost.mode import ModeDecision, decide_auto_for_latent
     from sharddit.parallel.families import shape_from_spec
 

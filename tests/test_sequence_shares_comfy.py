@@ -33,7 +33,7 @@ def test_device_weights_shape_the_sequence_split(env, tiny, caplog):
 def test_shares_follow_the_gpus_throughput_or_stay_even(env):
     from harness.comfy_env import pack_module
 
-    shares = pack_module(env, "loaders.comfy.sequence_shares")
+    shares = pack_module(env, "loaders.comfy.shard.sequence_shares")
     inv = pack_module(env, "parallel.placement.inventory")
     gib = 1 << 30
 

@@ -1,4 +1,4 @@
-"""The shard transform (loaders/workflow/shard.py, layout.py) on small workflows built here, no
+"""The shard transform (loaders/workflow/shard_transform.py, layout.py) on small workflows built here, no
 ComfyUI (the workflows: harness.shard_workflows): where the Shard node goes (UI with a subgraph, groups, a Note, a Reroute, a bypassed
 loader, an unused loader, a ShardDiT loader, two consumers, native reroutes; API with flattened
 subgraph ids), what is left alone, idempotence, the exact inverse, the reasons when nothing
@@ -12,7 +12,7 @@ import copy
 import pytest
 from harness.shard_workflows import api_workflow, node, ui_workflow
 from sharddit.loaders.workflow import layout
-from sharddit.loaders.workflow.shard import (
+from sharddit.loaders.workflow.shard_transform import (
     SHARD_NODE,
     WorkflowError,
     shard_workflow,

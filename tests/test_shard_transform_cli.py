@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from harness.shard_workflows import api_workflow, node, ui_workflow
-from sharddit.loaders.workflow.shard import shard_workflow
+from sharddit.loaders.workflow.shard_transform import shard_workflow
 
 pytestmark = pytest.mark.no_blas
 

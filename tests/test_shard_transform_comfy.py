@@ -1,4 +1,4 @@
-"""The shard transform (loaders/workflow/shard.py) on every core ``video_*`` template the installed
+"""The shard transform (loaders/workflow/shard_transform.py) on every core ``video_*`` template the installed
 ``comfyui_workflow_templates*`` package has, in-process ComfyUI (issue 29, "Done when" 2).
 
 Per template: one Shard node right after each diffusion-model loader, inside the loader's own

@@ -87,7 +87,7 @@ def community_ui() -> dict:
 
 def test_community_ui_graph_sharded_between_gguf_loader_and_lora(packs):
     env = packs
-    shard = pack_module(env, "loaders.workflow.shard")
+    shard = pack_module(env, "loaders.workflow.shard_transform")
     ui = community_ui()
     result = shard.shard_workflow(ui)
     ((change),) = result.added
@@ -115,7 +115,7 @@ def test_community_api_graph_sharded_between_gguf_loader_and_lora(packs, with_no
     """The API form (what Export (API) writes): the GGUF loader is a known source without
     ``node_io``; with it, the same from the real classes' types."""
     env = packs
-    shard = pack_module(env, "loaders.workflow.shard")
+    shard = pack_module(env, "loaders.workflow.shard_transform")
     widgets = tpl.comfy_widget_inputs(env.nodes.NODE_CLASS_MAPPINGS)
     api = tpl.ui_to_api(community_ui(), widgets)
     node_io = pack_module(env, "loaders.workflow.comfy_nodes").node_io_from_mappings(env.nodes.NODE_CLASS_MAPPINGS)

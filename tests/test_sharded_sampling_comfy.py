@@ -67,7 +67,7 @@ def test_lora_before_and_after_sharding(env, tiny, tmp_path):
 def test_memory_accounting_matches_plan(env, tiny):
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
     base, sharded = _sharded(env, tiny, "cpu,cpu,cpu")
     state = sm.get_shard_state(sharded)
     shards = sm.get_shard_patchers(sharded)
@@ -100,7 +100,7 @@ def _unknown_arch_model():
 def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory, match):
     from harness.comfy_env import pack_module
 
-    sp = pack_module(env, "loaders.comfy.shard_pipeline")
+    sp = pack_module(env, "loaders.comfy.shard.pipeline")
     inv_mod = pack_module(env, "parallel.placement.inventory")
     model = _unknown_arch_model() if case == "unknown architecture" else _load(env, tiny.wan21_t2v_state_dict())
     weights = {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()}
@@ -118,7 +118,7 @@ def test_auto_passes_an_unshardable_model_through(env, caplog):
 
     from harness.comfy_env import pack_module
 
-    sp = pack_module(env, "loaders.comfy.shard_pipeline")
+    sp = pack_module(env, "loaders.comfy.shard.pipeline")
     model = _unknown_arch_model()
     with caplog.at_level(logging.INFO, logger="sharddit"):
         assert sp.shard_model(model, "auto", 0.0) is model
@@ -151,7 +151,7 @@ def test_skip_patch_on_last_block_comes_home(env, tiny):
     from comfy.patcher_extension import WrappersMP
     from harness.comfy_env import pack_module
 
-    sp = pack_module(env, "loaders.comfy.shard_pipeline")
+    sp = pack_module(env, "loaders.comfy.shard.pipeline")
     latent = torch.zeros(1, 16, 2, 8, 8)
     base = _load(env, tiny.wan21_t2v_state_dict())
     skipped = base.clone()
@@ -169,5 +169,5 @@ def test_skip_patch_on_last_block_comes_home(env, tiny):
 
     sharded.add_wrapper_with_key(WrappersMP.DIFFUSION_MODEL, "spy", spy)
     assert torch.equal(_ours(env, sharded, latent, {}, "cpu,cpu"), ref)
-    hooks = pack_module(env, "loaders.comfy.shard_hooks")
+    hooks = pack_module(env, "loaders.comfy.shard.hooks")
     assert seen and all(getattr(p, "func", None) is hooks.patch_then_home for p in seen)

@@ -44,7 +44,7 @@ def sim():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()  # CPU mode, ComfyUI root on sys.path (never the pack's own dir)
-    from sharddit.loaders.simulator import presets, simulator
+    from sharddit.loaders.plan import presets, dry_run as simulator
 
     return simulator, presets
 
@@ -203,7 +203,7 @@ PRESETS = ("wan2.1-t2v-14b", "wan2.1-t2v-1.3b", "wan2.2-t2v-a14b", "wan2.2-ti2v-
 
 
 def test_preset_list_is_complete():
-    from sharddit.loaders.simulator.presets import preset_names
+    from sharddit.loaders.plan.presets import preset_names
 
     assert tuple(preset_names()) == PRESETS
 

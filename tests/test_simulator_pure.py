@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sharddit.loaders.simulator import presets
+from sharddit.loaders.plan import presets
 from sharddit.parallel.placement.plan_types import BlockRange
-from sharddit.loaders.simulator.simulator_report import DeviceReport, SimulationReport, fallback_block_ranges
+from sharddit.loaders.plan.findings import DeviceReport, SimulationReport, fallback_block_ranges
 from sharddit.parallel.placement.inventory import inventory_from_spec
 from sharddit.parallel.placement.planner import PlacementRequest
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from sharddit.loaders.comfy.specs import SPECS, find_arch_spec, get_arch_spec
+from sharddit.loaders.comfy.models.specs import SPECS, find_arch_spec, get_arch_spec
 
 
 def test_every_spec_is_a_valid_layout():
@@ -32,7 +32,7 @@ def test_unknown_architecture_error_lists_supported():
 def test_every_comfy_family_names_a_pure_family_entry():
     """One name finds both sides: each ComfyUI-side entry and spec names an entry of
     parallel/families.py, and the block lists a spec reports are that entry's."""
-    from sharddit.loaders.comfy.families import COMFY_FAMILIES
+    from sharddit.loaders.comfy.models.comfy_families import COMFY_FAMILIES
     from sharddit.parallel.families import FAMILIES, family_of, get_family
 
     for name, fam in COMFY_FAMILIES.items():

@@ -17,7 +17,7 @@ from sharddit.parallel.placement.inventory import inventory_from_spec
 from sharddit.parallel.placement.planner import Footprint, PlacementRequest, plan_placement
 from sharddit.parallel.blocks.routing import BlockRouter
 from sharddit.parallel.blocks.sharding import attach_block_sharding
-from sharddit.loaders.comfy.model_params import fit_params
+from sharddit.loaders.comfy.models.model_params import fit_params
 from sharddit.parallel.simulate import fake_device_mode, materialize_planned
 from sharddit.parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes, get_blocks
 
@@ -72,7 +72,7 @@ def models(comfy):
 def _model(models, comfy, family):
     if family not in models:
         dit = _build(comfy, family)
-        from sharddit.loaders.comfy.specs import get_arch_spec
+        from sharddit.loaders.comfy.models.specs import get_arch_spec
 
         models[family] = (dit, get_arch_spec(dit))
     return models[family]

@@ -96,7 +96,7 @@ def _run(dit, layout, extra):
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_wan_variant_spec_routes_inter_block_code(comfy, name):
-    from sharddit.loaders.comfy.specs import get_arch_spec
+    from sharddit.loaders.comfy.models.specs import get_arch_spec
 
     build, home_after, hops = VARIANTS[name]
     dit, extra = build(comfy)
@@ -115,9 +115,9 @@ def test_wan_variant_spec_routes_inter_block_code(comfy, name):
 
 
 def test_flux_spec_matches_block_signatures(comfy):
-    from sharddit.loaders.comfy.specs import get_arch_spec
+    from sharddit.loaders.comfy.models.specs import get_arch_spec
 
-    from sharddit.loaders.comfy.model_params import fit_params
+    from sharddit.loaders.comfy.models.model_params import fit_params
 
     cls = comfy.ldm.flux.model.Flux
     dit = cls(**fit_params(cls, dict(
@@ -135,10 +135,10 @@ def test_flux_spec_matches_block_signatures(comfy):
 
 @pytest.mark.parametrize("with_control", [False, True])
 def test_hunyuan_controlnet_brings_every_block_home(comfy, with_control):
-    from sharddit.loaders.comfy.specs import get_arch_spec
+    from sharddit.loaders.comfy.models.specs import get_arch_spec
     from sharddit.parallel.blocks.sharding import needs_home_every_block
 
-    from sharddit.loaders.comfy.model_params import fit_params
+    from sharddit.loaders.comfy.models.model_params import fit_params
 
     cls = comfy.ldm.hunyuan_video.model.HunyuanVideo
     dit = cls(**fit_params(cls, dict(

@@ -3,7 +3,7 @@
 Issue 24 item 3: people open core's templates (package ``comfyui_workflow_templates_json``,
 installed with ComfyUI 0.29), not our workflows. Each test reads a template from the installed
 package, converts it to API form unmodified and sharded by the product's transform
-(``loaders/workflow/shard.py`` ``shard_workflow``: a ``ShardDiTShardModel`` after every DiT loader;
+(``loaders/workflow/shard_transform.py`` ``shard_workflow``: a ``ShardDiTShardModel`` after every DiT loader;
 its ``devices`` then set to ``cpu,cpu`` and ``parallel`` to the case's mode in the API prompt), shrinks it (CPU, 2 steps, a few latent pixels) and runs both
 through ComfyUI's own ``validate_prompt`` + ``PromptExecutor`` with tiny random-weight models of
 the same classes saved under the template's file names. The final sampler's latents must be
@@ -85,7 +85,7 @@ def _small(api, overrides):
 
 def _shard(env, ui):
     """The template through the product's transform (at least one Shard node added)."""
-    result = pack_module(env, "loaders.workflow.shard").shard_workflow(ui)
+    result = pack_module(env, "loaders.workflow.shard_transform").shard_workflow(ui)
     assert result.added, result.reason
     return result.workflow
 
@@ -236,7 +236,7 @@ def test_template_sharded_matches_the_template(env, template_files, references, 
     if split:  # the tokens really were split: no block call ran whole
         (shard,) = tpl.api_ids(api, tpl.SHARD_NODE)
         model = tpl.cached_outputs(executor, [shard])[shard][0][0]
-        stats = pack_module(env, "loaders.comfy.shard_hooks").get_shard_state(model).router.engine.stats
+        stats = pack_module(env, "loaders.comfy.shard.hooks").get_shard_state(model).router.engine.stats
         assert stats.fallbacks == 0 and min(stats.blocks_run) > 0, stats
     for (node, slot), out, ref in zip(run.latents, got, reference):
         what = f"{name} {node}[{slot}] {parallel}"

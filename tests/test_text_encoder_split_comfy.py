@@ -117,14 +117,14 @@ def _pack(env, name):
 @pytest.fixture
 def placement_reset(env, monkeypatch):
     """ShardDiT's placement registry emptied for the test and restored afterwards."""
-    monkeypatch.setattr(_pack(env, "loaders.comfy.placement"), "_PLACED", {})
+    monkeypatch.setattr(_pack(env, "loaders.comfy.core.component_placement"), "_PLACED", {})
 
 
 @pytest.mark.parametrize("family,device,layers", [("minimax", "cpu,cpu", 50), ("ltxv", "cpu,cpu,cpu", 48)])
 def test_split_over_cpus_encodes_as_core(env, files, placement_reset, caplog, family, device, layers):
     """Every layer carries its device and the conditioning (and its extras: H3's token tags,
     LTX-2's unprocessed embeds) is core's loader's, bit for bit."""
-    split = _pack(env, "loaders.comfy.text_encoder_split")
+    split = _pack(env, "loaders.comfy.loading.text_encoder_split")
     from sharddit.parallel.blocks.layer_devices import layer_device
 
     with caplog.at_level("INFO", logger="sharddit"):
@@ -148,7 +148,7 @@ def _fake_gpus(env, monkeypatch, spec):
     instead of moving tensors to GPUs this machine does not have."""
     from sharddit.parallel.placement.inventory import inventory_from_spec
 
-    loading = _pack(env, "loaders.comfy.component_loading")
+    loading = _pack(env, "loaders.comfy.loading.component_loading")
     monkeypatch.setattr(loading, "current_inventory", lambda: inventory_from_spec(spec))
     plans = []
     monkeypatch.setattr(loading.te_split, "apply_split", lambda clip, plan: plans.append(plan))
@@ -156,7 +156,7 @@ def _fake_gpus(env, monkeypatch, spec):
 
 
 def _layer_bytes(env, files, family):
-    split = _pack(env, "loaders.comfy.text_encoder_split")
+    split = _pack(env, "loaders.comfy.loading.text_encoder_split")
     return split.sizes(load(env, files, family, None, core=True))
 
 
@@ -237,7 +237,7 @@ def test_plan_shows_h3s_encoder_over_the_gpus_and_its_time(env, capsys):
     import json
 
     from sharddit.loaders.cli.main import main
-    from sharddit.loaders.simulator import text_encoders as te
+    from sharddit.loaders.plan import text_encoders as te
 
     _skip_before_033()
     from sharddit.parallel.cost.inputs import gpu_flops
@@ -265,9 +265,9 @@ def test_plan_layer_counts_are_what_the_loader_splits(env):
     classes on meta: Gemma 3 12B's 48, Qwen3-VL 32B's 50 (vision towers left out), umT5's 24 blocks."""
     _skip_before_033()
     from comfy.text_encoders import lt, minimax, wan
-    from sharddit.loaders.simulator.text_encoders import LAYERS
+    from sharddit.loaders.plan.text_encoders import LAYERS
 
-    split = _pack(env, "loaders.comfy.text_encoder_split")
+    split = _pack(env, "loaders.comfy.loading.text_encoder_split")
     builds = {"gemma3-12b": (lt.ltxav_te(), "gemma3_12b"), "qwen3-vl-32b-h3": (minimax.te(), "qwen3vl_32b"),
               "umt5-xxl": (wan.te(), "umt5xxl")}
     for key, (factory, attr) in builds.items():
@@ -297,7 +297,7 @@ def test_the_split_is_put_back_after_each_comfyui_load(env, files, placement_res
     the conditioning is unchanged."""
     from sharddit.parallel.blocks.layer_devices import layer_device, remove_layer_hooks
 
-    split = _pack(env, "loaders.comfy.text_encoder_split")
+    split = _pack(env, "loaders.comfy.loading.text_encoder_split")
     clip = load(env, files, "minimax", "cpu,cpu")
     ref, _ = encode(clip)
     layers = split.encoder_layers(clip.patcher.model)
@@ -320,7 +320,7 @@ def test_the_dual_loader_splits_its_pair_too(env, files, placement_reset, caplog
     first, second = paths["qwen25_7b"].name, paths["clip_l"].name
     with caplog.at_level("INFO", logger="sharddit"):
         clip = _nodes(env)["ShardDiTLoadDualTextEncoder"].execute(first, second, "kandinsky5", "cpu,cpu").result[0]
-    assert len(_pack(env, "loaders.comfy.text_encoder_split").encoder_layers(clip.patcher.model)) == 6
+    assert len(_pack(env, "loaders.comfy.loading.text_encoder_split").encoder_layers(clip.patcher.model)) == 6
     assert any(re.search(r"split over cpu: cpu layers 0-\d, cpu layers \d-5$", m) for m in caplog.messages)
     cond, extra = encode(clip)
     ref, ref_extra = encode(_nodes(env)["DualCLIPLoader"]().load_clip(first, second, "kandinsky5")[0])

@@ -133,9 +133,9 @@ def fake_gpu(env, monkeypatch):
     placement registry is restored afterwards (a fake device must not pin later tests)."""
     from sharddit.parallel.placement.inventory import inventory_from_spec
 
-    placement = _pack(env, "loaders.comfy.placement")
+    placement = _pack(env, "loaders.comfy.core.component_placement")
     monkeypatch.setattr(placement, "_PLACED", {})
-    loading = _pack(env, "loaders.comfy.component_loading")
+    loading = _pack(env, "loaders.comfy.loading.component_loading")
 
     def set_free(free_bytes):
         monkeypatch.setattr(loading, "current_inventory", lambda: inventory_from_spec(f"cuda:0={free_bytes}bytes"))
@@ -197,7 +197,7 @@ def test_ltxav_size_counts_only_the_checkpoints_text_projection(env, tmp_path):
     path = tmp_path / "ltx.safetensors"
     save_file({"text_embedding_projection.aggregate_embed.weight": torch.zeros(2, 64),
                "model.diffusion_model.big.weight": torch.zeros(3, 4096)}, path)
-    assert _pack(env, "loaders.comfy.component_loading").ltxav_text_bytes(str(path), path.name) == 2 * 64 * 4
+    assert _pack(env, "loaders.comfy.loading.component_loading").ltxav_text_bytes(str(path), path.name) == 2 * 64 * 4
 
 
 def test_ltxav_loader_refuses_a_checkpoint_without_text_projection(env, encoders, tmp_path):
@@ -216,7 +216,7 @@ def test_ltxav_loader_refuses_a_checkpoint_without_text_projection(env, encoders
 def test_single_loader_offers_core_types(env):
     """ShardDiTLoadTextEncoder's type list is core CLIPLoader's; the dual loader's is DualCLIPLoader's
     (0.29: hunyuan_video_15 and kandinsky5 exist only there), on any ComfyUI."""
-    loading = _pack(env, "loaders.comfy.component_loading")
+    loading = _pack(env, "loaders.comfy.loading.component_loading")
     assert loading.clip_types() == list(env.nodes.CLIPLoader.INPUT_TYPES()["required"]["type"][0])
     assert loading.dual_clip_types() == list(env.nodes.DualCLIPLoader.INPUT_TYPES()["required"]["type"][0])
     # the dual loader's default is one of this ComfyUI's types (0.3.64 has no hunyuan_video_15)

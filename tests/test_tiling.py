@@ -271,7 +271,7 @@ def test_agrees_with_core_tiled_scale_multidim(layout, batch):
 
 # ----------------------------------------------------------------------------- decoder devices
 def test_decoder_devices_bounded_by_work_and_memory():
-    from sharddit.parallel.tiling.devices import (MAX_DECODE_DEVICES, check_decode_device_count,
+    from sharddit.parallel.tiling.replicas import (MAX_DECODE_DEVICES, check_decode_device_count,
                                                    select_decoder_devices)
 
     mib = 2**20

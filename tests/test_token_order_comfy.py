@@ -12,9 +12,9 @@ import pytest
 import torch
 from harness.sampling import load, ours, stock
 
-from sharddit.loaders.comfy.model_params import fit_params
-from sharddit.loaders.comfy.specs import find_arch_spec
-from sharddit.loaders.comfy.token_order import IMAGE_FIRST, TEXT_FIRST, read_text_order
+from sharddit.loaders.comfy.models.model_params import fit_params
+from sharddit.loaders.comfy.models.specs import find_arch_spec
+from sharddit.loaders.comfy.models.token_order import IMAGE_FIRST, TEXT_FIRST, read_text_order
 
 pytestmark = pytest.mark.comfy
 

@@ -249,7 +249,7 @@ def test_replicas_are_comfy_vaes_loaded_by_comfyui(env):
     import comfy.model_management as mm
     import comfy.sd
 
-    vae_decode = pack_module(env, "loaders.comfy.vae_decode")
+    vae_decode = pack_module(env, "loaders.comfy.vae.tiled_decode")
     vae = make_vae("wan22")
     reps = vae_decode.replicas_for(vae, [torch.device("cpu"), torch.device("cpu")])
     assert reps[0] is vae and isinstance(reps[1], comfy.sd.VAE)
@@ -265,7 +265,7 @@ def test_replicas_bounded_by_decoder_calls(env):
     """Five entries, four decoder calls: the fifth entry gets no VAE copy and is logged as left out."""
     import logging
 
-    vae_decode = pack_module(env, "loaders.comfy.vae_decode")
+    vae_decode = pack_module(env, "loaders.comfy.vae.tiled_decode")
     vae = make_vae("wan21")
     shape, *tiles = SETTINGS["wan21"][0]  # 12 tiles in 4 shape groups of 3: batch 3 -> 4 calls
     records = []

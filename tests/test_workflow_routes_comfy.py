@@ -12,7 +12,7 @@ import pickle
 import pytest
 
 from harness import templates as tpl
-from sharddit.loaders.workflow.shard import SHARD_NODE, shard_workflow
+from sharddit.loaders.workflow.shard_transform import SHARD_NODE, shard_workflow
 
 routes = None   # loaders/workflow/routes.py needs aiohttp (ComfyUI's environment): imported by the fixture below
 

@@ -182,7 +182,7 @@ def test_version_marks_compare_as_versions():
 def test_the_shard_transform_finds_nothing_to_add(pair):
     """Every DiT of a shipped workflow is sharded already (ShardDiT's loader, or a Shard node after
     core's): the pack's own shard transform leaves both twins unchanged."""
-    from sharddit.loaders.workflow.shard import shard_workflow
+    from sharddit.loaders.workflow.shard_transform import shard_workflow
 
     for path in pair[1:]:
         workflow = wt.load(path)

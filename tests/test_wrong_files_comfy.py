@@ -221,7 +221,7 @@ def test_vae_loader_loads_and_decode_refuses_other_channels(comfy_env, tiny_mode
     vae = load.execute(tiny_models.names["wan21_vae"], "cpu").result[0]
     from harness.comfy_env import pack_module
 
-    vae_decode = pack_module(comfy_env, "loaders.comfy.vae_decode")
+    vae_decode = pack_module(comfy_env, "loaders.comfy.vae.tiled_decode")
     copies = []
     real_copy = vae_decode.make_replica
     monkeypatch.setattr(vae_decode, "make_replica", lambda *a: copies.append(a) or real_copy(*a))
@@ -244,7 +244,7 @@ def test_plan_node_refuses_empty_devices_then_plans(comfy_env, monkeypatch):
     from harness.comfy_env import pack_module
 
     node = _node(comfy_env, "ShardDiTPlan")
-    simulator = pack_module(comfy_env, "loaders.simulator.simulator")
+    simulator = pack_module(comfy_env, "loaders.plan.dry_run")
     with monkeypatch.context() as patch:
         patch.setattr(simulator, "simulate", lambda *a, **k: pytest.fail("simulated an empty devices input"))
         for empty in ("", "  "):
@@ -259,12 +259,12 @@ def test_too_many_device_entries_refused_with_the_limit(comfy_env, tiny_models, 
     ... for 0.0 GiB of blocks"); 500 pass the DiT loader's validation."""
     from harness.comfy_env import pack_module
 
-    limit = pack_module(comfy_env, "loaders.comfy.checks").MAX_DEVICE_ENTRIES
+    limit = pack_module(comfy_env, "loaders.comfy.models.checks").MAX_DEVICE_ENTRIES
     devices = ",".join(["cpu"] * 20001)
     node = _node(comfy_env, node_id)
     words = ("devices lists 20001 entries", f"more than the {limit} ShardDiT takes", "'cuda:0,cuda:1'")
     if node_id == "ShardDiTPlan":  # the simulation of 20,001 entries took 172 s
-        monkeypatch.setattr(pack_module(comfy_env, "loaders.simulator.simulator"), "simulate",
+        monkeypatch.setattr(pack_module(comfy_env, "loaders.plan.dry_run"), "simulate",
                             lambda *a, **k: pytest.fail("simulated 20,001 entries"))
         refused(lambda: node.execute(devices=devices, **PLAN_ARGS), *words)
         return
@@ -282,7 +282,7 @@ def test_files_of_unknown_layout_are_left_to_core(comfy_env, tmp_path):
     from harness.comfy_env import pack_module
     from harness.tiny_models import save_file
 
-    kinds = pack_module(comfy_env, "loaders.comfy.file_kinds")
+    kinds = pack_module(comfy_env, "loaders.comfy.models.file_kinds")
     bert = {f"bert.encoder.layer.{i}.attention.self.{p}.weight": torch.zeros(8, 8) for i in range(2)
             for p in ("query", "key", "value")}
     odd = {"something.else.weight": torch.zeros(4, 4, 3, 3)}
@@ -303,7 +303,7 @@ def test_pytorch_files_pass_and_other_formats_are_named(comfy_env, tmp_path):
     from harness.comfy_env import pack_module
     from harness.tiny_models import save_file
 
-    checks = pack_module(comfy_env, "loaders.comfy.checks")
+    checks = pack_module(comfy_env, "loaders.comfy.models.checks")
     sd = {"w": torch.ones(2, 2)}
     torch.save(sd, tmp_path / "zip.ckpt")
     torch.save(sd, tmp_path / "legacy.pt", _use_new_zipfile_serialization=False)

@@ -1,6 +1,6 @@
 // ShardDiT: "Shard this workflow for several GPUs (ShardDiT)" and its inverse, as commands of the
 // frontend (command list / keybinding panel), in the File menu and in the canvas context menu.
-// The transform itself is the pack's Python code (loaders/workflow/shard.py) behind
+// The transform itself is the pack's Python code (loaders/workflow/shard_transform.py) behind
 // POST /api/sharddit/workflow/shard|unshard (loaders/workflow/routes.py): this file only sends the
 // open workflow (root graph with its subgraph definitions), loads the answer into the same tab as
 // one undo step (Ctrl+Z gives the original back) and shows what changed in a toast.

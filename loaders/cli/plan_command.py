@@ -1,7 +1,7 @@
 """``python <pack-dir> plan``: will this model fit these GPUs? (dry-run simulation, no weights).
 
 Exit codes: 0 fits, 3 does not fit (the shortfall per device, worker devices too, is printed), 2 bad
-input or no ComfyUI. Worker devices (``box2/cuda:0=24GiB``): ``loaders/simulator/simulator_workers``.
+input or no ComfyUI. Worker devices (``box2/cuda:0=24GiB``): ``loaders/plan/simulator_workers``.
 Order (``run``): every argument, ComfyUI's import, the model's own checks, the cluster's members
 (``--workers``, ``plan_workers``), the simulation; so nothing is printed before an error.
 """
@@ -21,11 +21,11 @@ from ...parallel.cost.workers import DEFAULT_NET_GBPS, parse_net_gbps, split_wor
 from ...parallel.placement.inventory import inventory_from_spec, read_hidden_note
 from ...parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
-from ..comfy.checks import check_device_entries
+from ..comfy.models.checks import check_device_entries
 from ..comfyui_import import import_comfyui
 from .plan_workers import read_cluster, workers_address
-from ..simulator.presets import preset_names
-from ..simulator.simulator_strategies import DEFAULT_CFG, DEFAULT_GPU, check_cfg
+from ..plan.presets import preset_names
+from ..plan.strategies import DEFAULT_CFG, DEFAULT_GPU, check_cfg
 
 NAME = "plan"
 HELP = ("Simulate one DiT forward of a video model on real or imagined GPUs (no GPU or weights "
@@ -119,7 +119,7 @@ def run(args) -> int:
     a bad argument or an absent cluster never comes after a printed plan."""
     check_plan_args(args)
     import_comfyui()
-    from ..simulator.simulator import check_simulation, run_simulation  # ComfyUI's model code: after the import
+    from ..plan.dry_run import check_simulation, run_simulation  # ComfyUI's model code: after the import
 
     devices, workers = split_worker_spec(args.devices)
     weights = args.dist_weights or dist_weights()
@@ -135,7 +135,7 @@ def run(args) -> int:
         print(note, file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
     if args.png:
-        from ..simulator.plan_picture import draw_plan_picture, picture_from_report
+        from ..plan.picture import draw_plan_picture, picture_from_report
 
         draw_plan_picture(picture_from_report(report)).save(args.png)
         print(f"[ShardDiT] plan picture written to {args.png}")
@@ -185,7 +185,7 @@ def _check_png(path: str) -> None:
 def _with_offers(workers, members):
     """Worker devices without a stated free memory take it from the member's report (``NAME/DEVICE``,
     or any device of NAME). A member not in the cluster: ValueError naming the members."""
-    from ...parallel.distributed.host import offer_free
+    from ...parallel.distributed.host_side import offer_free
 
     offers, host, port = members.offers, members.host, members.port
     out = []

@@ -1,4 +1,4 @@
-"""``python <pack-dir> selftest``: run before downloading 30 GB of weights (see ``loaders/cli/selftest.py``).
+"""``python <pack-dir> selftest``: run before downloading 30 GB of weights (see ``loaders/cli/selftest/suite.py``).
 
 Imports ComfyUI in-process with CUDA when torch has it (``plan`` imports it CPU-only), builds tiny
 random models from ComfyUI's own classes, downloads nothing. Exit codes: 0 all checks pass,
@@ -30,8 +30,11 @@ def run(args) -> int:
     t0 = time.perf_counter()
     root = import_comfyui(use_cuda=True, quiet=not getattr(args, "verbose", False),
                           dynamic_vram=not getattr(args, "disable_dynamic_vram", False))
-    from .selftest import PREFIX, run_selftest  # imports ComfyUI: after import_comfyui
-    from .selftest_settings import SWITCHES, apply_switches
+    from .selftest.suite import (  # imports ComfyUI: after import_comfyui
+        PREFIX,
+        run_selftest,
+    )
+    from .selftest.switches import SWITCHES, apply_switches
 
     for line in apply_switches({name: getattr(args, name, False) for name in SWITCHES}):
         print(f"{PREFIX} {line}", flush=True)

@@ -1,7 +1,7 @@
 """``python <pack-dir> shard-workflow IN.json [-o OUT.json]``: any workflow made multi-GPU.
 
 Adds one Shard DiT Blocks (ShardDiT) node after every diffusion-model loader of a UI or API
-workflow (``loaders/workflow/shard.py``); ``--unshard`` removes them; ``--template NAME`` reads one
+workflow (``loaders/workflow/shard_transform.py``); ``--unshard`` removes them; ``--template NAME`` reads one
 of the video templates the installed ComfyUI has. Writes to ``-o`` (default: standard output).
 Exit codes: 0 written (also when the workflow was already sharded: it is written unchanged), 2 an
 unreadable file, not a workflow, or nothing to shard.
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..workflow.shard import WorkflowError, shard_workflow, unshard_workflow
+from ..workflow.shard_transform import WorkflowError, shard_workflow, unshard_workflow
 from ..workflow.templates import load_template, video_templates
 
 NAME = "shard-workflow"

@@ -54,7 +54,7 @@ def setup_rank(device: str) -> str:
     except ComfyUINotFound as e:
         log.warning("%s; this member builds no ComfyUI blocks", e)
         return ""
-    from ..comfy.worker_blocks import register_comfy
+    from ..comfy.remote.worker_blocks import register_comfy
     register_comfy()
     try:
         import comfyui_version

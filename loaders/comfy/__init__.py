@@ -1,3 +1,3 @@
-"""ComfyUI adapters, imported inside a ComfyUI process: model and component loading, the sharded
-ModelPatcher and its hooks, placement bookkeeping, per-architecture specs, sampling, VAE decode.
-The nodes in ``nodes/`` call these (and, for the Plan node only, ``loaders/simulator/plan_node``)."""
+"""ComfyUI adapters, imported inside a ComfyUI process, by concern. Imports point one way:
+``loading`` -> ``shard``, ``vae`` -> ``remote`` -> ``core``, ``models``.
+The nodes in ``nodes/`` call these (and, for the Plan node only, ``loaders/plan/``)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import templates
 from .graph import WorkflowError, graphs, subgraph_ids
-from .shard import shard_workflow
+from .shard_transform import shard_workflow
 
 __all__ = ["CATEGORY", "PACK_DIR", "category_names", "filter_listing", "missing_node_types", "sharded_template"]
 

@@ -16,7 +16,7 @@ import time
 
 import torch.distributed as dist
 
-from ..distributed.host import reset_after_failed_init
+from ..distributed.host_side import reset_after_failed_init
 from .rank_server import session_subgroups
 from .settings import ClusterError
 

@@ -16,7 +16,7 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from ..distributed.host import end_process_group, reset_after_failed_init
+from ..distributed.host_side import end_process_group, reset_after_failed_init
 from ..distributed.members import bind_device, device_free_bytes, make_offer
 from ..distributed.protocol import ProtocolError, from_payload, to_payload
 from ..distributed.serving import BlockServer

@@ -16,7 +16,7 @@ import time
 
 import torch.distributed as dist
 
-from ..distributed.host import DistWorkerError, end_process_group
+from ..distributed.host_side import DistWorkerError, end_process_group
 from ..distributed.protocol import ProtocolError, from_payload, to_payload
 from .group import form_group
 

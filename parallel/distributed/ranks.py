@@ -43,7 +43,7 @@ from ..tensor_map import map_tensors, tensors_in
 from .weights import WeightLayout, pack_block, same_version, weights_version
 from .exchange import DistExchange
 from .order import CollectiveOrder
-from .host import DistWorkerError
+from .host_side import DistWorkerError
 from .block_specs import describe_block
 from ..sequence.local import LocalRanks
 from ..sequence.rank_block import ATTENTION_OVERRIDE

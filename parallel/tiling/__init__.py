@@ -6,7 +6,7 @@
   fixed-order blending, progress and interrupt callbacks);
 - ``devices``: which devices decode (the decoder's replicas).
 
-Pure PyTorch: nothing here imports ComfyUI; ``loaders/comfy/vae_decode.py`` adapts ComfyUI's VAE.
+Pure PyTorch: nothing here imports ComfyUI; ``loaders/comfy/vae/tiled_decode.py`` adapts ComfyUI's VAE.
 """
 from .geometry import (  # noqa: F401
     Scale,

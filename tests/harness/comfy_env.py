@@ -82,7 +82,7 @@ def load_comfy() -> types.SimpleNamespace:
 
 
 def pack_module(env, dotted: str):
-    """The pack's submodule as ComfyUI imported it, e.g. ``pack_module(env, 'loaders.comfy.sharded_model')``."""
+    """The pack's submodule as ComfyUI imported it, e.g. ``pack_module(env, 'loaders.comfy.shard.sharded_model')``."""
     import importlib
 
     return importlib.import_module(f"{env.pack.__name__}.{dotted}")

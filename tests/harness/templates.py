@@ -5,7 +5,7 @@ ComfyUI 0.29 installs its templates as the ``comfyui_workflow_templates_json`` p
 returns None there and the tests skip. The templates are UI-format workflows with subgraphs
 (``definitions.subgraphs``; a node whose ``type`` is a subgraph's id is an instance of it).
 
-- The Shard node is inserted by the product's transform (``loaders/workflow/shard.py``
+- The Shard node is inserted by the product's transform (``loaders/workflow/shard_transform.py``
   ``shard_workflow``), never here.
 - ``ui_to_api(ui, widget_inputs)``: the API prompt the frontend would queue. Subgraphs are
   flattened the way the frontend does it (inner node ``71`` of instance ``128`` becomes

@@ -27,7 +27,7 @@ import torch
 from .pack import import_pack
 
 import_pack()
-from sharddit.loaders.comfy.model_params import fit_params  # noqa: E402
+from sharddit.loaders.comfy.models.model_params import fit_params  # noqa: E402
 from sharddit.parallel.random_weights import random_generator, random_state_dict, random_tensor  # noqa: E402
 
 from .tiny_te_hook import TE_CONFIG_KEY, install_tiny_te_hook  # noqa: F401  (re-exported)

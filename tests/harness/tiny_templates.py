@@ -30,7 +30,7 @@ import torch
 from .pack import import_pack
 
 import_pack()
-from sharddit.loaders.comfy.model_params import fit_params
+from sharddit.loaders.comfy.models.model_params import fit_params
 from sharddit.parallel.random_weights import random_generator, random_state_dict
 
 SEED = 0

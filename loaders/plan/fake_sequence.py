@@ -1,0 +1,124 @@
+"""One `sequence`-mode DiT forward on fake devices: per-device peaks with the real engine.
+
+The blocks sit where the plan puts them; ``parallel/sequence/engine`` runs every block on every rank
+with its share of the batch (cond / uncond first) and of the tokens (Ulysses exchanges through
+ComfyUI's ``optimized_attention_override``), streaming blocks a rank does not own into its ring
+(two buffers per block shape). Rank threads take turns (``serialize``: fake tensors are not thread-safe) and
+each enters the fake mode and a view of the one ``MemoryTracker``, so every storage is counted
+on the device that made it, whichever thread made it. Attention runs as the flash stand-in
+through the override only: the engine's exchange wraps it.
+
+Per device: weights (owned blocks, + the DiT's home part on the home device), prefetch (the
+ring buffers the rank filled: ``cost/memory.compute_prefetch_bytes`` of the blocks it streams) and
+activations (the measured peak minus those buffers, which live from first use to the end).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ...parallel.sequence.engine import attach_sequence_engine
+from ...parallel.blocks.sharding import attach_block_sharding
+from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
+from ..comfy.models.comfy_families import comfy_family
+from ...parallel.placement.sizing import get_blocks
+from .fake_forward import SimContext, back_to_meta, call_dit
+
+__all__ = ["SequencePeak", "plan_sequence_peaks", "run_fake_sequence_forward"]
+
+
+@dataclass(frozen=True)
+class SequencePeak:
+    """One rank (device) of a simulated `sequence` forward, bytes."""
+
+    device: str
+    weights: int
+    activations: int
+    prefetch: int
+    resident: int = 0
+    """Resident copies of streamed blocks the rank held at the end (``resident`` budgets given)."""
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations + self.prefetch + self.resident
+
+
+def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str,
+                              speeds=None, resident=None) -> list[SequencePeak]:
+    """Peaks per rank (in rank order) of one `sequence` forward at ``batch`` (1, or 2 = cond+uncond);
+    ``speeds``: the ranks' relative speeds, as the engine splits by them (None: even shares);
+    ``resident``: bytes per rank it may keep of the blocks it streams (``SequenceEngine.keep_resident``)."""
+    from ..comfy.models.specs import find_arch_spec
+
+    dit, layout = ctx.dit, ctx.layout
+    blocks = get_blocks(dit, layout)
+    ranks = list(dict.fromkeys(block_devices))
+    token_specs, why = find_arch_spec(type(dit).__name__).sequence_specs(dit)
+    if token_specs is None:
+        raise ValueError(f"[ShardDiT] {why}")
+    try:
+        with fake_device_mode(comfy_family(ctx.spec.family).sim_scalars) as mode:
+            materialize_planned(dit, blocks, block_devices, home)
+            handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
+                                           torch.device(home))
+            tracker = MemoryTracker(dit, *blocks)
+
+            @contextlib.contextmanager
+            def worker_context():
+                with mode, tracker.thread_view():
+                    yield
+
+            proxies = [p for pl in handle.proxies.values() for p in pl]
+            engine = attach_sequence_engine(handle.router, proxies, token_specs, ranks, timeout_s=600,
+                                            worker_context=worker_context, serialize=True)
+            engine.set_speeds(speeds)
+            if resident is not None:
+                engine.keep_resident(resident)
+            try:
+                with tracker, handle.router.forward_scope(sequence=True):
+                    out = call_dit(ctx, dit, batch, torch.device(home))
+                    del out
+                prefetch = [_buffer_bytes(s) for s in engine.streams]
+                kept = [s.resident_bytes() for s in engine.streams]
+            finally:
+                engine.close()
+                handle.detach()
+    finally:
+        back_to_meta(dit)
+    measured = tracker.report()
+    out = []
+    for rank, dev in enumerate(ranks):
+        m = measured.get(dev)
+        weights, peak = (m.weights, m.peak_activations) if m else (0, 0)
+        out.append(SequencePeak(dev, weights, max(0, peak - prefetch[rank] - kept[rank]), prefetch[rank], kept[rank]))
+    return out
+
+
+def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
+    """The plan's bytes per rank (``cost/memory.plan_sequence_memory``) for the forward
+    ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
+    from ...parallel.families import activation_variant, shape_from_spec
+    from ...parallel.cost.memory import plan_sequence_memory
+    from ...parallel.blocks.sharding import get_block_list
+
+    from ..comfy.models.specs import find_arch_spec
+
+    shape = shape_from_spec(ctx.spec)
+    specs, _ = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
+    kinds, whole, start = [], [], 0
+    for i, path in enumerate(ctx.layout.block_lists):
+        n = len(get_block_list(ctx.dit, path))
+        kinds += [(i, b) for b in ctx.block_bytes[start:start + n]]
+        whole += [bool(specs and specs[i].whole)] * n
+        start += n
+    variant = activation_variant(ctx.spec.family, get_blocks(ctx.dit, ctx.layout)[-1])
+    return plan_sequence_memory(variant, shape.width, shape.image_tokens(*ctx.size), batch,
+                                list(dict.fromkeys(block_devices)), ctx.block_bytes, block_devices, home,
+                                ctx.home_bytes, kinds, ctx.spec.geometry.context_tokens,
+                                torch.empty((), dtype=ctx.compute_dtype).element_size(), shape.heads, whole=whole)
+
+
+def _buffer_bytes(stream) -> int:
+    return sum(t.untyped_storage().nbytes() for bufs in stream._buffers.values() for b in bufs for t in b.tensors)
