@@ -17,7 +17,7 @@ LAT = TRANSFER_LATENCY_S
 
 
 def _wan14b():
-    from sharddit.loaders.simulator.presets import PRESETS
+    from sharddit.loaders.plan.presets import PRESETS
     return shape_from_spec(PRESETS["wan2.1-t2v-14b"])
 
 

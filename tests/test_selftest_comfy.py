@@ -89,7 +89,7 @@ def test_selftest_switches_set_cores_own_or_say_it_has_none(comfy_env, monkeypat
     from comfy.cli_args import args
     from harness.comfy_env import pack_module
 
-    settings = pack_module(comfy_env, "loaders.cli.selftest.suite.switches")
+    settings = pack_module(comfy_env, "loaders.cli.selftest.switches")
     for name in settings.SWITCHES:
         if hasattr(args, name):
             monkeypatch.setattr(args, name, False)
