@@ -1,4 +1,4 @@
-"""Resident blocks for a sampling run (issue 34, part 1), the ComfyUI side (``loaders/comfy/resident``):
+"""Resident blocks for a sampling run (issue 34, part 1), the ComfyUI side (``loaders/comfy/shard/resident_budgets``):
 each GPU rank's budget from the free memory left once the models are loaded, set before the first
 step and dropped when the run ends. The ring's own behaviour (nothing streamed once resident, a
 changed block recopied) is test_stream_order.py's, on recorded GPU streams."""

@@ -1,5 +1,5 @@
 """Resident blocks on fake GPUs (issue 34): the budgets ComfyUI's side sets from free memory
-(``loaders/comfy/resident.resident_budgets``) decide how many streamed blocks each rank keeps, and
+(``loaders/comfy/shard/resident_budgets.resident_budgets``) decide how many streamed blocks each rank keeps, and
 the peak measured with them stays within the GPU.
 
 ComfyUI's Wan 2.1 14B class cut to 8 blocks (bf16, 0.7 GB each), planned 4 + 4 over two fake GPUs,

@@ -1,6 +1,6 @@
 """Resident blocks are a cache, not a claim (issue 34): when another model's load asks ComfyUI's
 manager for room mid-run, a shard's rank gives its resident copies back before any of the shard's
-weights (``loaders/comfy/resident.give_back_first``).
+weights (``loaders/comfy/shard/resident_budgets.give_back_first``).
 
 ComfyUI's own ``load_models_gpu`` loads a shard patcher (comfy ops, on this CPU); its
 ``LoadedModel.model_unload(memory_to_free)`` is what ``free_memory`` calls per loaded model when a

@@ -1,7 +1,7 @@
 """``python <pack-dir> plan``: will this model fit these GPUs? (dry-run simulation, no weights).
 
 Exit codes: 0 fits, 3 does not fit (the shortfall per device, worker devices too, is printed), 2 bad
-input or no ComfyUI. Worker devices (``box2/cuda:0=24GiB``): ``loaders/plan/simulator_workers``.
+input or no ComfyUI. Worker devices (``box2/cuda:0=24GiB``): ``loaders/plan/worker_shares``.
 Order (``run``): every argument, ComfyUI's import, the model's own checks, the cluster's members
 (``--workers``, ``plan_workers``), the simulation; so nothing is printed before an error.
 """

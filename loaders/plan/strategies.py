@@ -81,7 +81,7 @@ class StrategyReport:
     sequence_reports: list = field(default_factory=list)
     resident: dict = field(default_factory=dict)
     """Per `sequence` device: (blocks it keeps resident, blocks it streams without them) by the room
-    left beside the plan (``loaders/comfy/resident``)."""
+    left beside the plan (``loaders/comfy/shard/resident_budgets``)."""
     """The same ranks as ``DeviceReport`` (blocks owned, home, prefetch), for the picture."""
     usable: dict = field(default_factory=dict)
     hardware_note: str = ""
@@ -211,7 +211,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             # a family whose conds ComfyUI never batches (MiniMax H3): cond, then uncond, each split
             apart = work.batch > get_family(ctx.spec.family).max_batch
             hw = hardware_from_options([names.get(d, names["*"]) for d in ranks], link_gbps=link_gbps)
-            mixed = len(set(hw.flops)) > 1  # the engine weights the shares by speed (loaders/comfy/sequence_shares)
+            mixed = len(set(hw.flops)) > 1  # the engine weights the shares by speed (loaders/comfy/shard/sequence_shares)
             speeds = hw.flops if mixed else None
             seq = run_fake_sequence_forward(ctx, 1 if apart else work.batch, block_devices, home, speeds)
             for p in seq:
@@ -288,7 +288,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
 
 def _resident_blocks(seq, usable: dict, block_bytes, block_devices) -> tuple:
     """Per rank: the blocks it keeps resident in the room beside its planned total (``usable`` less
-    the simulated peak, as ``loaders/comfy/resident.resident_budgets`` at sampling time), by the
+    the simulated peak, as ``loaders/comfy/shard/resident_budgets.resident_budgets`` at sampling time), by the
     rule the engine and the cost model share (``cost/resident.kept_blocks``)."""
     budgets = [max(0, (usable.get(p.device) or 0) - p.total) for p in seq]
     return resident_per_rank(block_bytes, block_devices, [p.device for p in seq], budgets)

@@ -163,7 +163,7 @@ def prompt_seconds(keys, layer_devices, inventory, gpu: str | None = None) -> fl
 def place_text_encoder(spec, inventory, request, block_bytes, home_bytes: int, activation: int,
                        dit_devices: list[str], gpu: str | None = None) -> TextEncoderReport | None:
     """The report for ``spec``'s text encoder, placed beside a DiT on ``dit_devices`` (home first) as
-    the loader places it (``loaders/comfy/placement.plan_component_device``, then
+    the loader places it (``loaders/comfy/core/component_placement.plan_component_device``, then
     ``text_encoder_split``); None when unknown."""
     keys = encoders_of(spec)
     if not keys:

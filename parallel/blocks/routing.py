@@ -117,7 +117,7 @@ class BlockRouter:
         """A ``SequenceEngine`` (``sequence.engine``) for `sequence` scopes; None: `blocks` only."""
         self.block_scope = None
         """A factory of a context manager every block call runs inside (ComfyUI: its compiler's
-        malloc graph paused, ``loaders/comfy/compile_guard``); None: none."""
+        malloc graph paused, ``loaders/comfy/shard/compile_guard``); None: none."""
         self._sequence = False
 
     # ---- registration (build_block_proxies) -------------------------------------------------

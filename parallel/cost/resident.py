@@ -1,6 +1,6 @@
 """Which streamed blocks a `sequence` rank keeps resident, and what it still streams (pure, no torch).
 
-A rank streams every block its device does not own. With a byte budget (``loaders/comfy/resident``
+A rank streams every block its device does not own. With a byte budget (``loaders/comfy/shard/resident_budgets``
 at sampling time, the room beside the plan in ``plan``) it keeps some of them as copies of their
 own, in the order the forward first needs them (block order): a block is kept when it fits in what
 the budget has left, else it streams and the next block is tried (``sequence/stream.BlockStream``
