@@ -53,7 +53,7 @@ def _requires_templates() -> bool:
 def wf(env):
     """The pack's workflow modules as ComfyUI imported them."""
     return type("WF", (), {m: pack_module(env, f"loaders.workflow.{m}") for m in
-                           ("shard", "layout", "templates", "comfy_nodes")})
+                           ("shard_transform", "layout", "templates", "comfy_nodes")})
 
 
 def test_every_installed_video_template_is_listed(env, wf, capsys):
@@ -179,18 +179,18 @@ def test_template_sharded_placed_idempotent_invertible_without_overlap(env, wf, 
     if name == "<none>":
         pytest.skip(f"no comfyui_workflow_templates package installed with ComfyUI {comfy_version()} {OLD}")
     ui = placeholders[name]
-    result = results.setdefault(name, wf.shard.shard_workflow(ui))
+    result = results.setdefault(name, wf.shard_transform.shard_workflow(ui))
     assert result.format == "ui" and result.added, f"{name}: {result.reason}"
     assert re.fullmatch(r"\d+ Shard nodes? added: .+", result.message), result.message
     for change in result.added:
-        _assert_placement(ui, result.workflow, change, wf.shard)
+        _assert_placement(ui, result.workflow, change, wf.shard_transform)
     for graph, original in zip(tpl.graphs(result.workflow), tpl.graphs(ui), strict=True):
         new = _overlaps(graph, wf.layout) - _overlaps(original, wf.layout)
         assert not new, f"{name}: nodes newly overlapping in {graph.get('name') or 'the top graph'}: {sorted(new)}"
-    again = wf.shard.shard_workflow(result.workflow)
+    again = wf.shard_transform.shard_workflow(result.workflow)
     assert again.added == [] and again.workflow == result.workflow, f"{name}: a second pass changed the workflow"
     assert len(again.already) == len(result.added) and again.reason.startswith("already sharded")
-    assert wf.shard.unshard_workflow(result.workflow).workflow == ui, f"{name}: unshard(shard(w)) != w"
+    assert wf.shard_transform.unshard_workflow(result.workflow).workflow == ui, f"{name}: unshard(shard(w)) != w"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -198,15 +198,15 @@ def test_template_sharded_validates_and_matches_the_api_transform(env, wf, place
     if name == "<none>":
         pytest.skip(f"no comfyui_workflow_templates package installed with ComfyUI {comfy_version()} {OLD}")
     ui = placeholders[name]
-    result = results.setdefault(name, wf.shard.shard_workflow(ui))
+    result = results.setdefault(name, wf.shard_transform.shard_workflow(ui))
     mappings = env.nodes.NODE_CLASS_MAPPINGS
     widgets = tpl.comfy_widget_inputs(mappings)
     api = tpl.ui_to_api(result.workflow, widgets)
     ok, error, _, node_errors = tpl.validate(api)
     assert ok, f"{name}: {error} {json.dumps(node_errors, default=str)[:2000]}"
-    assert tpl.api_ids(api, wf.shard.SHARD_NODE), f"{name}: no Shard node reaches the API prompt"
+    assert tpl.api_ids(api, wf.shard_transform.SHARD_NODE), f"{name}: no Shard node reaches the API prompt"
     plain = tpl.ui_to_api(ui, widgets)
-    from_api = wf.shard.shard_workflow(plain, wf.comfy_nodes.node_io_from_mappings(mappings))
-    assert _canonical(from_api.workflow, wf.shard.SHARD_NODE) == _canonical(api, wf.shard.SHARD_NODE), \
+    from_api = wf.shard_transform.shard_workflow(plain, wf.comfy_nodes.node_io_from_mappings(mappings))
+    assert _canonical(from_api.workflow, wf.shard_transform.SHARD_NODE) == _canonical(api, wf.shard_transform.SHARD_NODE), \
         f"{name}: the API transform of the template's API form differs from the sharded UI template's API form"
 
