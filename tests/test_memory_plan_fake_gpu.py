@@ -46,7 +46,9 @@ def sim():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()
-    from sharddit.loaders.plan import presets, dry_run as simulator, fake_sequence as simulator_sequence
+    from sharddit.loaders.plan import dry_run as simulator
+    from sharddit.loaders.plan import fake_sequence as simulator_sequence
+    from sharddit.loaders.plan import presets
 
     return presets, simulator, simulator_sequence
 

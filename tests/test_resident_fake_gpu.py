@@ -23,7 +23,8 @@ def wan8():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()
-    from sharddit.loaders.plan import presets, dry_run as simulator
+    from sharddit.loaders.plan import dry_run as simulator
+    from sharddit.loaders.plan import presets
 
     spec = presets.resolve_model("wan2.1-t2v-14b")
     spec = replace(spec, unet_config={**spec.unet_config, "num_layers": 8})

@@ -44,7 +44,8 @@ def sim():
     from sharddit.loaders.comfyui_import import import_comfyui
 
     import_comfyui()  # CPU mode, ComfyUI root on sys.path (never the pack's own dir)
-    from sharddit.loaders.plan import presets, dry_run as simulator
+    from sharddit.loaders.plan import dry_run as simulator
+    from sharddit.loaders.plan import presets
 
     return simulator, presets
 
