@@ -18,7 +18,7 @@ __all__ = ["TorchOps", "flat_size", "flat_views", "pinned_memory_allowed", "real
 
 _PINNED = [True]
 """Whether the ring may page-lock host memory (its bounce buffers): ComfyUI's
-``--disable-pinned-memory`` turns it off (``loaders/comfy/core_settings.py`` sets it per sharding call)."""
+``--disable-pinned-memory`` turns it off (``loaders/comfy/core/running_state.py`` sets it per sharding call)."""
 
 
 def set_pinned_memory(allowed: bool) -> None:

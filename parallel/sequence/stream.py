@@ -82,7 +82,9 @@ def without_wait(name: str):
         _disabled.discard(name)
 
 
-def _on(name: str) -> bool:
+def wait_on(name: str) -> bool:
+    """Whether the named order wait (``ORDER_WAITS``, ``EXCHANGE_WAITS``) is in force: ``without_wait``
+    turns one off, so a test can show that the race check fails without it."""
     return name not in _disabled
 
 
@@ -165,7 +167,7 @@ def end_forward(streams) -> None:
     """Main thread, once every rank queued its last block: each owner's current stream waits for
     every ring's copies of this forward (``owner_waits_copies``)."""
     done = [s.ops.record(s._side) for s in streams if s._side is not None]
-    if not done or not _on("owner_waits_copies"):
+    if not done or not wait_on("owner_waits_copies"):
         return
     for place in dict.fromkeys(s.place for s in streams):
         current = streams[0].ops.current_stream(place)
@@ -231,7 +233,7 @@ class BlockStream:
         if self.owns(block):
             return block
         buf = self._resident_for(index, block) or self._find(index, block) or self._fill(index, block)
-        if _on("compute_waits_copy"):  # block g's kernels must not read the buffer before its copy is done
+        if wait_on("compute_waits_copy"):  # block g's kernels must not read the buffer before its copy is done
             self.ops.wait(self.ops.current_stream(self.place), buf.ready)
         return buf.module
 
@@ -254,13 +256,13 @@ class BlockStream:
         self.drop_resident()
         for bufs in self._buffers.values():
             for b in bufs:
-                if _on("release_waits_copies"):
+                if wait_on("release_waits_copies"):
                     self.ops.host_wait(b.ready)
                     self.ops.host_wait(b.used)
                 self.ops.freed(b.tensors, "release")
         for bounces in self._bounces.values():
             for b in bounces:
-                if _on("release_waits_copies"):
+                if wait_on("release_waits_copies"):
                     self.ops.host_wait(b.read)
                 self.ops.freed(b.tensors, "release bounce")
                 b.unpin()
@@ -299,7 +301,7 @@ class BlockStream:
     def _drop(self, index: int) -> None:
         buf = self._resident.pop(index)
         self._signatures.pop(index, None)
-        if _on("release_waits_copies"):
+        if wait_on("release_waits_copies"):
             self.ops.host_wait(buf.ready)
             self.ops.host_wait(buf.used)
         self.ops.freed(buf.tensors, "drop resident")
@@ -341,12 +343,12 @@ class BlockStream:
         if self._side is None:
             self._side = self.ops.side_stream(self.place)
         side = self._side
-        if _on("copy_waits_reader"):  # the compute that last read this buffer must be done
+        if wait_on("copy_waits_reader"):  # the compute that last read this buffer must be done
             self.ops.wait(side, buf.used)
         owner = self.ops.place(src[0]) if src else None
         if owner not in self._waited:  # once per forward and owner: see begin_forward
             self._waited.add(owner)
-            if _on("side_waits_owner"):
+            if wait_on("side_waits_owner"):
                 self.ops.wait(side, self._marks.get(owner))
         staged = [self.ops.needs_bounce(t, self.place) for t in src]  # per tensor: a block may be partly pinned
         bounce = self._stage(block, src, staged) if any(staged) else None
@@ -365,7 +367,7 @@ class BlockStream:
         bounce buffer; the others (pinned, or on a GPU) are read where they are."""
         ring = self._bounces.setdefault(_shape_key(block), [])
         bounce = _lru(ring, self.ring, lambda: _Bounce(*self.ops.pinned_like(src)))
-        if _on("bounce_waits_copy"):  # the copy that last read this bounce buffer must be done
+        if wait_on("bounce_waits_copy"):  # the copy that last read this bounce buffer must be done
             self.ops.host_wait(bounce.read)
         pairs = [(b, t) for b, t, s in zip(bounce.tensors, src, staged, strict=True) if s]
         self.ops.host_copy([b for b, _ in pairs], [t for _, t in pairs])

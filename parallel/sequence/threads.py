@@ -30,7 +30,7 @@ import torch
 from ..tensor_map import map_tensors, tensors_in
 from .ops import TorchOps, real_cuda
 from .split import PIPELINE_CHUNKS
-from .stream import _on
+from .stream import wait_on
 
 __all__ = ["RankThreadError", "RankThreads", "RanksAborted", "ThreadExchange"]
 
@@ -257,10 +257,10 @@ class ThreadExchange:
             dsts = tuple(None if t is None else ops.empty_like(t, place) for t in part)  # allocated on cur
             received.append(dsts)
             copies.append((j, part, dsts))
-        if _on("exchange_waits_alloc"):  # the buffers' memory may still be read by work queued on cur
+        if wait_on("exchange_waits_alloc"):  # the buffers' memory may still be read by work queued on cur
             ops.wait(x, ops.record(cur))
         for j, part, dsts in copies:
-            if _on("exchange_waits_poster"):  # what position j posted is made on its compute stream
+            if wait_on("exchange_waits_poster"):  # what position j posted is made on its compute stream
                 ops.wait(x, posts[j][1])
             pairs = [(d, t) for d, t in zip(dsts, part, strict=True) if t is not None]
             ops.copy([d for d, _ in pairs], [t for _, t in pairs], x, f"{label} from {j}")
@@ -274,7 +274,7 @@ class ThreadExchange:
         memory is reused (host threads meet once more; no GPU work waits on the host)."""
         ops = self.ops
         events = self._rendezvous(pos, ops.record(self._xstream(pos)))
-        if _on("reuse_waits_readers"):
+        if wait_on("reuse_waits_readers"):
             cur = ops.current_stream(self.places[pos])
             for event in events:
                 ops.wait(cur, event)

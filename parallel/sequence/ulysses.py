@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .split import RankSlice, even_ranges, head_chunks, pipeline_schedule, share_ranges
-from .stream import _on
+from .stream import wait_on
 
 __all__ = ["gathered_kv_attention", "ulysses_attention"]
 
@@ -121,7 +121,7 @@ def _pipelined(exchange, pos: int, chunks: int, head_ranges, token_ranges, qkv, 
             qkv_in[c] = exchange.start(pos, parts, f"q/k/v {c}")
         elif step == "attend":
             recv, done = qkv_in.pop(c)
-            if _on("attention_waits_exchange"):
+            if wait_on("attention_waits_exchange"):
                 ops.wait(cur, done)
             h0, h1 = sub[pos][c]
             full = []
@@ -142,7 +142,7 @@ def _pipelined(exchange, pos: int, chunks: int, head_ranges, token_ranges, qkv, 
             sent += [t for p in back for t in p if t is not None]
             outs[c] = exchange.start(pos, back, f"out {c}")
     for _, done in outs.values():  # every output copy done before the heads are put together
-        if _on("gather_waits_outputs"):
+        if wait_on("gather_waits_outputs"):
             ops.wait(cur, done)
     got = [outs[c][0] for c in range(chunks)]
     # heads in model order: position j's chunks in order, positions in order
