@@ -1,10 +1,11 @@
 """The ComfyUI host's side of the cluster: members, their rank actors, one session at a time.
 
 ``cluster_host()`` is None unless ``SHARDDIT_RAY_ADDRESS`` is set (then Ray is imported, once, on
-first use). A member's rank actor starts on first use and stays for later sessions (weights it
-received stay with it); a member found dead is dropped, named in the error, and the next session
-runs on the members left. Call these from the prompt's thread, never from ComfyUI's web-server
-thread: connecting and forming a group wait (each wait bounded by ``SHARDDIT_DIST_TIMEOUT``).
+first use). The sessions' rendezvous actor (``rendezvous.RendezvousBoard``) starts on this
+machine's Ray node on first use and stays. A member's rank actor starts on first use and stays for
+later sessions (weights it received stay with it); a member found dead is dropped, named in the
+error, and the next session runs on the members left. Call these from the prompt's thread, never
+from ComfyUI's web-server thread: connecting and forming a group wait (each wait bounded by ``SHARDDIT_DIST_TIMEOUT``).
 
 It is also the sampling engine's session source (``distributed.ranks.DistRanks``):
 ``session_for`` keeps one ``session.RaySession`` open across prompts while its
@@ -17,7 +18,7 @@ import threading
 from ..distributed.config import dist_timeout
 from ..distributed.members import local_versions
 from ..units import format_gib
-from .driver import Member, check_alive, connect, list_members, start_rank
+from .driver import Member, check_alive, connect, list_members, start_board, start_rank
 from .group import failed_calls
 from .session import RaySession
 from .settings import ClusterError, ray_address
@@ -39,9 +40,24 @@ class ClusterHost:
         self.session: RaySession | None = None
         self.versions = local_versions()
         self._count = 0
+        self._board = None
+        """The sessions' rendezvous actor on this machine's Ray node (``rendezvous.RendezvousBoard``)."""
 
     def members(self) -> dict[str, Member]:
         return list_members(self.ray)
+
+    def board(self):
+        """The sessions' rendezvous actor, started the first time and again when it no longer answers."""
+        if self._board is not None and failed_calls(self.ray, {self._board.ping.remote(): "board"},
+                                                    min(self.timeout_s, 5.0)):
+            try:
+                self.ray.kill(self._board)
+            except Exception:  # noqa: BLE001, S110 - gone with its node
+                pass
+            self._board = None
+        if self._board is None:
+            self._board = start_board(self.ray, self.timeout_s)
+        return self._board
 
     def rank(self, key: str):
         """The rank actor of member ``key``, started on its node the first time."""
@@ -88,8 +104,8 @@ class ClusterHost:
             self._count += 1
             try:
                 check_alive(self.ray, actors, self.timeout_s)
-                self.session = RaySession(self.ray, actors, self.ray.util.get_node_ip_address(), groups, backend,
-                                          devices, self.timeout_s, self._count)
+                self.session = RaySession(self.ray, actors, self.board(), groups, backend, devices, self.timeout_s,
+                                          self._count)
             except ClusterError:
                 self._drop_silent(actors)
                 raise

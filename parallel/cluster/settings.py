@@ -21,13 +21,13 @@ from ..placement.devices import check_member_name, parse_device
 
 __all__ = [
     "AUTH_MODE_ENV",
-    "ClusterError",
-    "ClusterInsecure",
-    "INSTALL_HINT",
     "INSECURE_ENV",
+    "INSTALL_HINT",
     "NAME_LABEL",
     "RAY_ADDRESS_ENV",
     "RESOURCE_PREFIX",
+    "ClusterError",
+    "ClusterInsecure",
     "check_auth",
     "import_ray",
     "member_resource",
