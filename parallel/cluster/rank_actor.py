@@ -80,6 +80,14 @@ class RankWorker:
     def ping(self) -> str:
         return self.member
 
+    def open_files(self) -> int:
+        """This process's open files (-1 where ``/proc`` does not list them): gloo keeps a stranger's
+        connections to its listeners open until the session ends (``host.ClusterHost``)."""
+        try:
+            return len(os.listdir("/proc/self/fd"))
+        except OSError:
+            return -1
+
 
 def _import_pack() -> str:
     """The pack's package name in this process: ``sharddit``, imported by path from

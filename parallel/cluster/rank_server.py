@@ -20,6 +20,7 @@ from ..distributed.host import end_process_group, reset_after_failed_init
 from ..distributed.members import bind_device, device_free_bytes, make_offer
 from ..distributed.protocol import ProtocolError, from_payload, to_payload
 from ..distributed.serving import BlockServer
+from .settings import raise_fd_limit
 from .store import RayStore
 
 __all__ = ["MAX_COMMAND_BYTES", "RankServer", "session_subgroups"]
@@ -40,6 +41,7 @@ class RankServer:
 
     def __init__(self, member: str, device: str, comfyui: str = ""):
         self.member, self.device, self.comfyui = member, device, comfyui
+        raise_fd_limit()  # a stranger's held connections to gloo's ports must not exhaust this rank
         self.name = member.partition("/")[0]
         self.server: BlockServer | None = None
         self.store: RayStore | None = None

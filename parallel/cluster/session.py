@@ -42,6 +42,8 @@ class RaySession:
         self.skeletons: dict[str, set] = {n: set() for n in self.names}
         """Per member: (model key, block index) of the block skeletons it holds."""
         self._pending: dict[str, object] = {}
+        self.open_files: dict[str, int] = {}
+        """Open files of the host and of each member's rank when the session formed (``host.ClusterHost``)."""
         t0 = time.monotonic()
         self.group = form_group(ray, actors, board, timeout_s, backend, self.group_keys)
         self.groups, self.weight_groups = self.group.subgroups, self.group.weight_groups
