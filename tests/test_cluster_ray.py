@@ -3,10 +3,11 @@
 NAME --devices cpu``, here one more, ``box2``); the test process is the host's Ray driver.
 
 - box2 is listed as the member ``box2/cpu``;
-- its rank actor joins a session's groups with the host driver through a one-session store that
-  is closed once they are formed, and answers commands over Ray; the same actor serves the next
-  session; a stranger at the store (1100 connections, a slow byte, junk keys) stalls nothing;
-- a member that never joins is named within the timeout (the store's and gloo's waits bounded);
+- its rank actor joins a session's groups with the host driver through the host's rendezvous
+  actor, and answers commands over Ray; the same actor serves the next session; forming a group
+  opens no listening socket of ours (gloo's own only), its keys live in the actor and go with the
+  session;
+- a member that never joins is named within the timeout (the rendezvous' and gloo's waits bounded);
 - a client with a wrong token can neither connect nor add a node;
 - a killed node is reported, naming the member, within the timeout.
 Ray starts slowly on two cores: one cluster for every cluster test; the tests here run in file
@@ -15,15 +16,13 @@ order and the last one kills box2.
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
-from datetime import timedelta
 
 import pytest
 from harness import dist_procs
-from harness.ray_cluster import listening, wait_for
+from harness.ray_cluster import wait_for
 from harness.server import REPO
 
 pytestmark = [pytest.mark.cluster, pytest.mark.no_blas]
@@ -91,10 +90,9 @@ def _check(session):
     assert answer == {"op": "holding", "owned": 0, "ring": 0, "blocks": []}, answer
 
 
-def test_a_rank_on_the_second_node_joins_a_session_through_a_store_closed_once_formed(cluster):
+def test_a_rank_on_the_second_node_joins_a_session_through_the_rendezvous_actor(cluster):
     """(The data plane itself: bit-identical forwards over members, test_cluster_sequence.py.)"""
     import torch.distributed as dist
-
     from sharddit.parallel.cluster.driver import list_members
     from sharddit.parallel.cluster.host import ClusterHost
 
@@ -107,7 +105,6 @@ def test_a_rank_on_the_second_node_joins_a_session_through_a_store_closed_once_f
     try:
         assert session.group.ranks == {"box2/cpu": 1} and dist.get_world_size() == 2
         assert list(session.groups) == [(0, 1)] and list(session.weight_groups) == ["all"]
-        assert not listening(session.group.store_host, session.group.store_port), "the rendezvous store is still open"
         _check(session)
     finally:
         host.close_session()
@@ -115,62 +112,59 @@ def test_a_rank_on_the_second_node_joins_a_session_through_a_store_closed_once_f
     assert not dist.is_initialized()
 
 
-def test_a_stranger_at_the_rendezvous_store_neither_stalls_nor_redirects_the_group(cluster, monkeypatch):
-    """Whoever finds the one-session store's port (here: told it) writes the keys gloo would use
-    without the random prefix, holds one connection that sent a single byte and 100 idle ones
-    (from another process); the group still forms within the timeout and the member answers in
-    it. (A thousand held connections slow the store's accepts to minutes: the store is not yet
-    off the network, issue 32's note.)"""
-    import torch.distributed as dist
+def _listening(pid) -> set[int]:
+    """The TCP ports process ``pid`` listens on now."""
+    import psutil
 
-    from sharddit.parallel.cluster import group as group_mod
+    return {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+
+
+def test_forming_a_group_opens_no_listening_socket_but_gloos_and_its_keys_live_in_the_rendezvous_actor(
+        cluster, monkeypatch):
+    """While the host forms a session's group (sampled at each of its rendezvous reads), every port
+    its process listens on that it did not before is gloo's own: its address is among the values the
+    host published in the rendezvous actor (gloo's pair addresses carry the port). Those keys live
+    in the actor only, in the session's space, and go when the session closes (a late write is
+    refused)."""
+    import struct
+
+    import torch.distributed as dist
+    from sharddit.parallel.cluster import store as rendezvous
     from sharddit.parallel.cluster.host import ClusterHost
 
-    ray, held, strangers, ready = cluster["ray"], [], [], []
-    real_open = group_mod.open_store
+    ray, host = cluster["ray"], ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
+    before, seen, spaces = _listening(os.getpid()), set(), []
+    real_get = rendezvous.RayStore.get
 
-    def open_with_stranger(host, timeout_s):
-        server, prefix = real_open(host, timeout_s)
-        assert host == "127.0.0.1" or not listening("127.0.0.1", server.port), "the store listens on every interface"
-        junk = dist.TCPStore(host, server.port, None, False, timedelta(seconds=20), use_libuv=True)
-        for key in ["0//cpu//0/0", "0//cpu//0/1", "/0//cpu//0/0", "/0//cpu//0/1"]:  # gloo's rank addresses (torch
-            junk.set(key, "[" * 3000)                                          # 2.13) with no or an empty prefix
-        held.append(socket.create_connection((host, server.port), timeout=5))
-        held[0].sendall(b"\x01")  # the start of a request, never finished
-        held.append(junk)
-        strangers.append(subprocess.Popen([sys.executable, "-c", _HOLD, host, str(server.port), "100"],
-                                          stdout=subprocess.PIPE, text=True))
-        assert strangers[0].stdout.readline().strip() == "held 100"
-        ready.append(time.monotonic())
-        return server, prefix
+    def get_and_look(store, key):
+        seen.update(_listening(os.getpid()))
+        spaces.append(store.space)
+        return real_get(store, key)
 
-    monkeypatch.setattr(group_mod, "open_store", open_with_stranger)
-    host = ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)
+    monkeypatch.setattr(rendezvous.RayStore, "get", get_and_look)
     try:
         session = _open(host)
-        formed = time.monotonic() - ready[0]  # from the moment the stranger holds its connections
-        print(f"formed {formed:.1f} s after the stranger took hold")
         try:
-            assert formed < TIMEOUT_S and len(held) == 2, formed
+            board, space = session.group.board, session.group.space
+            held = ray.get(board.items.remote(space), timeout=TIMEOUT_S)
+            assert spaces and set(spaces) == {space} and len(held) >= 4, (spaces, sorted(held))  # gloo's keys
+            opened = seen - before
+            assert opened, "no listening port seen during formation: gloo's own listener should be"
+            values = b"".join(held.values())
+            strange = sorted(p for p in opened if struct.pack(">H", p) not in values)
+            assert not strange, f"ports listening during formation that gloo did not publish: {strange}"
             _check(session)
         finally:
             host.close_session()
+        gone = wait_for("the session's space dropped", lambda: space not in ray.get(board.open_spaces.remote(),
+                                                                                       timeout=TIMEOUT_S), 10)
+        assert gone
+        late = rendezvous.RayStore(ray, board, space, 2.0)
+        with pytest.raises(dist.DistStoreError, match=r"rendezvous on Ray failed in set .*is closed"):
+            late.set("0//cpu//0/0", b"[" * 3000)
     finally:
-        for proc in strangers:
-            proc.kill()
-            proc.wait(10)
-        if held:
-            held[0].close()
         for actor in host.ranks.values():
             ray.kill(actor)
-
-
-_HOLD = """import socket, sys, time
-host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-held = [socket.create_connection((host, port), timeout=5) for _ in range(n)]
-print(f"held {len(held)}", flush=True)
-time.sleep(120)
-"""
 
 
 def test_the_host_keeps_a_members_rank_across_sessions_and_names_an_unknown_member(cluster):
@@ -196,19 +190,22 @@ def test_the_host_keeps_a_members_rank_across_sessions_and_names_an_unknown_memb
 
 def test_a_member_that_never_joins_is_named_within_the_timeout(cluster):
     import torch.distributed as dist
-
-    from sharddit.parallel.cluster.driver import list_members, start_rank
+    from sharddit.parallel.cluster.driver import list_members, start_board, start_rank
     from sharddit.parallel.cluster.group import form_group
     from sharddit.parallel.cluster.settings import ClusterError
 
     ray = cluster["ray"]
+    board = start_board(ray, TIMEOUT_S)
     actor = start_rank(ray, list_members(ray)["box2/cpu"], TIMEOUT_S)
-    ray.kill(actor)  # its join never runs: the host's store wait (and gloo's) must end on the timeout
+    ray.kill(actor)  # its join never runs: the host's rendezvous wait (and gloo's) must end on the timeout
     t0 = time.monotonic()
     with pytest.raises(ClusterError, match=r"did not form \(member box2/cpu: (ActorDiedError|RayActorError)"):
-        form_group(ray, {"box2/cpu": actor}, ray.util.get_node_ip_address(), 4.0, "gloo", [(0, 1)])
+        form_group(ray, {"box2/cpu": actor}, board, 4.0, "gloo", [(0, 1)])
     assert time.monotonic() - t0 < 4.0 + 6.0
     assert not dist.is_initialized()
+    wait_for("the failed session's keys dropped", lambda: ray.get(board.open_spaces.remote(), timeout=TIMEOUT_S) == [],
+             10)
+    ray.kill(board)
 
 
 def test_a_client_with_a_wrong_token_can_neither_connect_nor_add_a_node(cluster):

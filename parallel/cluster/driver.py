@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..distributed.config import parse_addr
 from ..distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
-from . import rank_actor
+from . import rank_actor, rendezvous
 from .group import failed_calls
 from .settings import (
     NAME_LABEL,
@@ -26,7 +26,8 @@ from .settings import (
     parse_member_resource,
 )
 
-__all__ = ["Member", "check_alive", "connect", "list_members", "members_from_nodes", "probe_free", "start_rank"]
+__all__ = ["Member", "check_alive", "connect", "list_members", "members_from_nodes", "probe_free", "start_board",
+           "start_rank"]
 
 log = logging.getLogger(__name__)
 NAMESPACE = "sharddit"
@@ -123,6 +124,25 @@ def start_rank(ray, member: Member, timeout_s: float):
                            f"{member.node_id[:12]}") from None
     log.info("[ShardDiT] member %s: rank actor pid %s on %s", member.key, where["pid"], where["host"])
     return actor
+
+
+def start_board(ray, timeout_s: float):
+    """Start the sessions' rendezvous actor (``rendezvous.RendezvousBoard``, its module shipped by
+    value) on this process's own Ray node; the handle once it answers, ClusterError after ``timeout_s``.
+    Every key of a session's rendezvous lives in it: no port of ours listens for it."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[rendezvous.__name__])
+    node_id = ray.get_runtime_context().get_node_id()
+    board = ray.remote(rendezvous.RendezvousBoard).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), num_cpus=0, max_restarts=0).remote()
+    try:
+        ray.get(board.ping.remote(), timeout=timeout_s)
+    except Exception as err:  # noqa: BLE001 - GetTimeoutError, or the actor died: both end the same way
+        ray.kill(board)
+        raise ClusterError(f"[ShardDiT] the sessions' rendezvous actor did not start on this machine's Ray node "
+                           f"within {timeout_s:g} s ({type(err).__name__}: {str(err)[:200]}): see `ray status`") from None
+    return board
 
 
 def check_alive(ray, ranks: dict[str, object], timeout_s: float) -> None:

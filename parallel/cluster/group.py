@@ -1,17 +1,19 @@
 """The per-session torch.distributed group of the host (rank 0) and its rank actors.
 
-Its rendezvous never touches a store a stranger can name: the host opens a fresh libuv TCPStore on
-a port the OS picks, on the address the members reach it by only, puts every key under a random 128-bit prefix, hands both to the actors over
-Ray only (an authenticated RPC), and closes the store as soon as the group is formed. Every wait
-(the store's, gloo's connect, the actors' replies) is bounded by ``timeout_s``
-(``SHARDDIT_DIST_TIMEOUT``). The group is torch's default group of each process: one session at a
-time (``session.RaySession``).
+Its rendezvous never touches a port of ours: every key lives in the host's rendezvous actor on Ray
+(``rendezvous.RendezvousBoard``, on the host's own node), in a fresh space per session, and every
+process reaches it through a ``store.RayStore``, over Ray's token-authenticated calls only. The
+space stays open while the session lives (NCCL's communicators meet through it at their first
+collective) and is dropped when the session closes or fails to form. Every wait (the store's,
+gloo's connect, the actors' replies) is bounded by ``timeout_s`` (``SHARDDIT_DIST_TIMEOUT``). The
+group is torch's default group of each process: one session at a time (``session.RaySession``).
+The only listening sockets a session adds are gloo's own (NCCL's, on GPUs), in the host and in each
+member's rank actor.
 """
 from __future__ import annotations
 
 import datetime
 import secrets
-import socket
 import time
 
 import torch.distributed as dist
@@ -19,62 +21,61 @@ import torch.distributed as dist
 from ..distributed.host_side import reset_after_failed_init
 from .rank_server import session_subgroups
 from .settings import ClusterError
+from .store import RayStore
 
-__all__ = ["SessionGroup", "failed_calls", "form_group", "open_store"]
-
-
-def open_store(host: str, timeout_s: float):
-    """A fresh libuv TCPStore server listening on ``host`` only (TCPStore alone listens on every
-    interface), on a port the OS picks, and a random key prefix."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.bind((host, 0))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-    except BaseException:
-        sock.close()
-        raise
-    server = dist.TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout_s), wait_for_workers=False,
-                           use_libuv=True, master_listen_fd=sock.detach())  # the store owns the socket now
-    return server, f"sharddit/{secrets.token_hex(16)}/"
+__all__ = ["SessionGroup", "failed_calls", "form_group"]
 
 
 class SessionGroup:
     """The formed group: ``ranks`` maps each member ``NAME/DEVICE`` to its rank (the host is 0);
-    ``subgroups`` each exchange group by its rank tuple, ``weight_groups`` each weight group."""
+    ``subgroups`` each exchange group by its rank tuple, ``weight_groups`` each weight group;
+    ``board`` and ``space``: where its rendezvous keys live (``close`` drops them)."""
 
-    def __init__(self, actors: dict[str, object]):
+    def __init__(self, actors: dict[str, object], board, space: str):
         self.ranks = {key: r + 1 for r, key in enumerate(actors)}
         self.world = len(actors) + 1
         self.subgroups: dict[tuple, object] = {}
         self.weight_groups: dict[str, object] = {}
+        self.board, self.space = board, space
+        self.store = None
+        """This process's ``store.RayStore`` of the session, held while it lives (c10d keeps a
+        reference to its C++ side only: were the Python object freed, every later call of the
+        groups' stores, NCCL's first connect included, would fail as "Not implemented")."""
+
+    def close(self) -> None:
+        """Drop the session's rendezvous space (not waited for: the board refuses it from now on)."""
+        try:
+            self.board.close.remote(self.space)
+        except Exception:  # noqa: BLE001, S110 - the board went with its node: nothing is left to drop
+            pass
 
 
-def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, backend: str,
-               group_keys) -> SessionGroup:
+def form_group(ray, actors: dict[str, object], board, timeout_s: float, backend: str, group_keys) -> SessionGroup:
     """Form a sampling session's group of the host (rank 0) and ``actors`` (``{member: handle}``,
     ranks 1..n in that order): gloo, each member joining through its rank server
     (``rank_server.RankServer.join``), then the session's subgroups on ``backend``
-    (``rank_server.session_subgroups``: the exchange groups ``group_keys``, then the weight groups;
-    ``new_group`` meets through the same store, so every one is made here, before it closes).
-    ``host`` is this machine's address the members can reach. ClusterError naming the members that
-    did not join within ``timeout_s``; the store is closed either way."""
+    (``rank_server.session_subgroups``: the exchange groups ``group_keys``, then the weight groups),
+    all meeting through a fresh space of ``board`` (the host's ``rendezvous.RendezvousBoard``).
+    ClusterError naming the members that did not join within ``timeout_s`` (the space is dropped)."""
     if dist.is_initialized():
         raise ClusterError("[ShardDiT] a distributed session is already open in this process (torch.distributed's "
                            "default group): close it before forming another")
-    group = SessionGroup(actors)
+    space = secrets.token_hex(16)  # one session's keys apart from the last one's (late writes are refused)
+    group = SessionGroup(actors, board, space)
     timeout = datetime.timedelta(seconds=timeout_s)
-    server, prefix = open_store(host, timeout_s)
-    group.store_host, group.store_port = host, server.port  # closed once formed (tests connect to check)
     start = time.monotonic()
     keys = [tuple(g) for g in group_keys]
     try:
-        refs = {a.join_session.remote(host, server.port, prefix, group.ranks[k], group.world, timeout_s, backend,
-                                      keys): k for k, a in actors.items()}
-        client = dist.TCPStore(host, server.port, None, False, timeout, use_libuv=True)
         try:
-            dist.init_process_group("gloo", store=dist.PrefixStore(prefix, client), rank=0, world_size=group.world,
-                                    timeout=timeout)
+            ray.get(board.open.remote(space), timeout=timeout_s)
+        except Exception as err:  # noqa: BLE001 - the board's node is gone, or it is silent
+            raise ClusterError(f"[ShardDiT] the sessions' rendezvous actor did not answer within {timeout_s:g} s "
+                               f"({type(err).__name__}): see `ray status`; the next prompt starts a new one") from None
+        refs = {a.join_session.remote(board, space, group.ranks[k], group.world, timeout_s, backend, keys): k
+                for k, a in actors.items()}
+        try:
+            group.store = RayStore(ray, board, space, timeout_s)  # held: torch keeps only its C++ half
+            dist.init_process_group("gloo", store=group.store, rank=0, world_size=group.world, timeout=timeout)
             made = [dist.new_group(list(g), backend=backend, timeout=timeout)
                     for g in session_subgroups(group.world, keys)]
             group.subgroups = dict(zip(keys, made))
@@ -87,10 +88,9 @@ def form_group(ray, actors: dict[str, object], host: str, timeout_s: float, back
         left = max(1.0, timeout_s - (time.monotonic() - start))
         _raise_missing(ray, refs, left, None)
     except BaseException:
+        group.close()
         reset_after_failed_init()  # also a failed init's group count: the next session's groups must match
         raise
-    finally:
-        del server  # the rendezvous store stops listening: the group is formed, or failed
     return group
 
 

@@ -1,10 +1,11 @@
 """The ComfyUI host's side of the cluster: members, their rank actors, one session at a time.
 
 ``cluster_host()`` is None unless ``SHARDDIT_RAY_ADDRESS`` is set (then Ray is imported, once, on
-first use). A member's rank actor starts on first use and stays for later sessions (weights it
-received stay with it); a member found dead is dropped, named in the error, and the next session
-runs on the members left. Call these from the prompt's thread, never from ComfyUI's web-server
-thread: connecting and forming a group wait (each wait bounded by ``SHARDDIT_DIST_TIMEOUT``).
+first use). The sessions' rendezvous actor (``rendezvous.RendezvousBoard``) starts on this
+machine's Ray node on first use and stays. A member's rank actor starts on first use and stays for
+later sessions (weights it received stay with it); a member found dead is dropped, named in the
+error, and the next session runs on the members left. Call these from the prompt's thread, never
+from ComfyUI's web-server thread: connecting and forming a group wait (each wait bounded by ``SHARDDIT_DIST_TIMEOUT``).
 
 It is also the sampling engine's session source (``distributed.ranks.DistRanks``):
 ``session_for`` keeps one ``session.RaySession`` open across prompts while its
@@ -12,17 +13,24 @@ members and groups stay the same, ``check_names`` / ``workers`` give the members
 """
 from __future__ import annotations
 
+import logging
+import os
 import threading
 
 from ..distributed.config import dist_timeout
 from ..distributed.members import local_versions
 from ..units import format_gib
-from .driver import Member, check_alive, connect, list_members, start_rank
+from .driver import Member, check_alive, connect, list_members, start_board, start_rank
 from .group import failed_calls
 from .session import RaySession
-from .settings import ClusterError, ray_address
+from .settings import ClusterError, raise_fd_limit, ray_address
 
-__all__ = ["ClusterHost", "cluster_host", "describe_members"]
+__all__ = ["STRAY_FILES", "ClusterHost", "cluster_host", "describe_members", "open_files"]
+
+log = logging.getLogger("sharddit")
+STRAY_FILES = 256
+"""Open files a session's process may gain while the session lives before the host forms the
+session again (``ClusterHost._stray_connections``); a session itself opens a handful."""
 
 _lock = threading.Lock()
 _host: ClusterHost | None = None
@@ -33,15 +41,31 @@ class ClusterHost:
 
     def __init__(self, address: str, timeout_s: float):
         self.address, self.timeout_s = address, timeout_s
+        raise_fd_limit()  # a stranger's held connections to gloo's ports must not exhaust ComfyUI
         self.ray = connect(address, timeout_s)
         self.ranks: dict[str, object] = {}
         """Member ``NAME/DEVICE`` -> its rank actor, started on first use."""
         self.session: RaySession | None = None
         self.versions = local_versions()
         self._count = 0
+        self._board = None
+        """The sessions' rendezvous actor on this machine's Ray node (``rendezvous.RendezvousBoard``)."""
 
     def members(self) -> dict[str, Member]:
         return list_members(self.ray)
+
+    def board(self):
+        """The sessions' rendezvous actor, started the first time and again when it no longer answers."""
+        if self._board is not None and failed_calls(self.ray, {self._board.ping.remote(): "board"},
+                                                    min(self.timeout_s, 5.0)):
+            try:
+                self.ray.kill(self._board)
+            except Exception:  # noqa: BLE001, S110 - gone with its node
+                pass
+            self._board = None
+        if self._board is None:
+            self._board = start_board(self.ray, self.timeout_s)
+        return self._board
 
     def rank(self, key: str):
         """The rank actor of member ``key``, started on its node the first time."""
@@ -83,17 +107,47 @@ class ClusterHost:
         if s is not None and (s.broken or s.names != tuple(names) or s.group_keys != tuple(groups)
                               or s.backend != backend):
             self.close_session()
+        elif s is not None:
+            stray = self._stray_connections(s)
+            if stray:
+                log.warning("[ShardDiT] session %d: gloo holds %s connections nobody of the session opened (a "
+                            "stranger at its ports?); forming the session again to close them (its members' "
+                            "weights are sent again)", s.sid, stray)
+                self.close_session()
         if self.session is None:
             actors = {key: self.rank(key) for key in names}
             self._count += 1
             try:
                 check_alive(self.ray, actors, self.timeout_s)
-                self.session = RaySession(self.ray, actors, self.ray.util.get_node_ip_address(), groups, backend,
-                                          devices, self.timeout_s, self._count)
+                self.session = RaySession(self.ray, actors, self.board(), groups, backend, devices, self.timeout_s,
+                                          self._count)
+                self.session.open_files = self._open_files(self.session)
             except ClusterError:
                 self._drop_silent(actors)
                 raise
         return self.session
+
+    def _open_files(self, s: RaySession) -> dict[str, int]:
+        """Open files of this process and of each member's rank actor now (-1 where unknown)."""
+        refs = {s.actors[m].open_files.remote(): m for m in s.names}
+        ready, _ = self.ray.wait(list(refs), num_returns=len(refs), timeout=min(self.timeout_s, 5.0))
+        counts = {m: -1 for m in s.names}
+        for ref in ready:
+            try:
+                counts[refs[ref]] = int(self.ray.get(ref, timeout=0))
+            except Exception:  # noqa: BLE001, S110 - a lost member: check_alive names it
+                pass
+        return {"the host": open_files(), **counts}
+
+    def _stray_connections(self, s: RaySession) -> str:
+        """Where the open session's processes hold ``STRAY_FILES`` or more open files more than when
+        it formed ("the host 1100, member box2/cpu 1100"), or "". Gloo keeps every connection made to
+        its listeners open until its process group ends, a stranger's too, even once the stranger
+        has closed it: forming the session again is what closes them."""
+        then, now = getattr(s, "open_files", {}), self._open_files(s)
+        grown = {k: now[k] - then[k] for k in now if then.get(k, -1) >= 0 and now[k] >= 0}
+        return ", ".join(f"{k if k == 'the host' else 'member ' + k} {n}" for k, n in grown.items()
+                         if n >= STRAY_FILES)
 
     def close_session(self) -> None:
         """Close the open session; after a failure, forget the members whose actors died (the next
@@ -113,6 +167,14 @@ class ClusterHost:
                 self.ray.kill(self.ranks.pop(key, actors[key]))
             except Exception:  # already gone with its node
                 pass
+
+
+def open_files() -> int:
+    """This process's open files (-1 where ``/proc`` does not list them)."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return -1
 
 
 def describe_members(address: str, offers: dict[str, dict]) -> str:

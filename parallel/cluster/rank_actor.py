@@ -5,8 +5,8 @@ runs ``ray start`` from ComfyUI's Python, where the pack is a folder, not an imp
 So it imports only the standard library, torch and Ray, never the rest of the pack.
 
 The actor imports the pack from its node (``SHARDDIT_PACK_DIR``) and hands everything to the pack's
-``rank_server.RankServer``: it joins the session's process group with the address and key prefix
-the host handed it over Ray, then serves the host's commands. Every wait is bounded.
+``rank_server.RankServer``: it joins the session's process group through the host's rendezvous
+actor, whose handle the host handed it over Ray, then serves the host's commands. Every wait is bounded.
 """
 from __future__ import annotations
 
@@ -64,10 +64,10 @@ class RankWorker:
         """This member's offer (device, free bytes, GPU, versions)."""
         return self._server().offer()
 
-    def join_session(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float,
-                     backend: str, group_keys: list) -> int:
-        """Join a sampling session (``RankServer.join``)."""
-        return self._server().join(host, port, prefix, rank, world, timeout_s, backend, group_keys)
+    def join_session(self, board, space: str, rank: int, world: int, timeout_s: float, backend: str,
+                     group_keys: list) -> int:
+        """Join a sampling session through the host's rendezvous actor ``board`` (``RankServer.join``)."""
+        return self._server().join(board, space, rank, world, timeout_s, backend, group_keys)
 
     def command(self, payload: bytes) -> bytes:
         """One command of the session (``RankServer.command``): payload in, payload out."""
@@ -79,6 +79,14 @@ class RankWorker:
 
     def ping(self) -> str:
         return self.member
+
+    def open_files(self) -> int:
+        """This process's open files (-1 where ``/proc`` does not list them): gloo keeps a stranger's
+        connections to its listeners open until the session ends (``host.ClusterHost``)."""
+        try:
+            return len(os.listdir("/proc/self/fd"))
+        except OSError:
+            return -1
 
 
 def _import_pack() -> str:

@@ -20,6 +20,8 @@ from ..distributed.host_side import end_process_group, reset_after_failed_init
 from ..distributed.members import bind_device, device_free_bytes, make_offer
 from ..distributed.protocol import ProtocolError, from_payload, to_payload
 from ..distributed.serving import BlockServer
+from .settings import raise_fd_limit
+from .store import RayStore
 
 __all__ = ["MAX_COMMAND_BYTES", "RankServer", "session_subgroups"]
 
@@ -39,27 +41,29 @@ class RankServer:
 
     def __init__(self, member: str, device: str, comfyui: str = ""):
         self.member, self.device, self.comfyui = member, device, comfyui
+        raise_fd_limit()  # a stranger's held connections to gloo's ports must not exhaust this rank
         self.name = member.partition("/")[0]
         self.server: BlockServer | None = None
+        self.store: RayStore | None = None
         self.backend = "gloo"
 
     def offer(self) -> dict:
         """What this member offers: its device, free bytes, GPU and versions."""
         return make_offer(self.name, self.device, device_free_bytes(self.device), self.comfyui)
 
-    def join(self, host: str, port: int, prefix: str, rank: int, world: int, timeout_s: float, backend: str,
-             group_keys) -> int:
-        """Join the session's group (gloo) as ``rank`` of ``world`` through the host's one-session
-        store, then its subgroups (``session_subgroups``, on ``backend``); returns the rank."""
+    def join(self, board, space: str, rank: int, world: int, timeout_s: float, backend: str, group_keys) -> int:
+        """Join the session's group (gloo) as ``rank`` of ``world``, meeting the others through the
+        host's rendezvous actor ``board`` (its session space ``space``: ``store.RayStore``, over
+        Ray only), then its subgroups (``session_subgroups``, on ``backend``); returns the rank."""
+        import ray  # this runs in a Ray actor
         self.leave()
         if self.device.startswith("cuda"):
             bind_device(self.device)
         timeout = datetime.timedelta(seconds=timeout_s)
         keys = [tuple(g) for g in group_keys]
         try:
-            store = dist.TCPStore(host, port, None, False, timeout, use_libuv=True)
-            dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store), rank=rank, world_size=world,
-                                    timeout=timeout)
+            self.store = RayStore(ray, board, space, timeout_s)  # held while the session lives (group.py)
+            dist.init_process_group("gloo", store=self.store, rank=rank, world_size=world, timeout=timeout)
             made = [dist.new_group(list(g), backend=backend, timeout=timeout) for g in session_subgroups(world, keys)]
         except BaseException:
             reset_after_failed_init()  # the next session's group names must match the host's
@@ -96,6 +100,7 @@ class RankServer:
             self.server = None
         if dist.is_initialized():
             end_process_group(failed and self.backend == "nccl")
+        self.store = None
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return True

@@ -28,9 +28,10 @@ _REPLY_LIMIT = 1 << 20
 
 
 class RaySession:
-    """The host (rank 0) and members ``names`` (``NAME/DEVICE``, ranks 1..n in that order)."""
+    """The host (rank 0) and members ``names`` (``NAME/DEVICE``, ranks 1..n in that order), meeting
+    through the host's rendezvous actor ``board`` (``group.form_group``)."""
 
-    def __init__(self, ray, actors: dict[str, object], host: str, group_keys, backend: str, devices: dict[str, str],
+    def __init__(self, ray, actors: dict[str, object], board, group_keys, backend: str, devices: dict[str, str],
                  timeout_s: float, sid: int):
         self.ray, self.names, self.group_keys, self.backend = ray, tuple(actors), tuple(group_keys), backend
         self.actors, self.devices, self.timeout_s, self.sid = actors, devices, timeout_s, sid
@@ -41,8 +42,10 @@ class RaySession:
         self.skeletons: dict[str, set] = {n: set() for n in self.names}
         """Per member: (model key, block index) of the block skeletons it holds."""
         self._pending: dict[str, object] = {}
+        self.open_files: dict[str, int] = {}
+        """Open files of the host and of each member's rank when the session formed (``host.ClusterHost``)."""
         t0 = time.monotonic()
-        self.group = form_group(ray, actors, host, timeout_s, backend, self.group_keys)
+        self.group = form_group(ray, actors, board, timeout_s, backend, self.group_keys)
         self.groups, self.weight_groups = self.group.subgroups, self.group.weight_groups
         log.info("[ShardDiT] session %d open on Ray with %s in %.1f s", sid, ", ".join(self.names),
                  time.monotonic() - t0)
@@ -119,4 +122,5 @@ class RaySession:
             for a in self.actors.values():
                 a.leave.remote()  # best effort: a dead member's call just fails
         end_process_group(self.broken and self.backend == "nccl")
+        self.group.close()  # its rendezvous keys go
         log.info("[ShardDiT] session %d closed%s", self.sid, " (after a failure)" if self.broken else "")

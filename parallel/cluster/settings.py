@@ -21,17 +21,18 @@ from ..placement.devices import check_member_name, parse_device
 
 __all__ = [
     "AUTH_MODE_ENV",
-    "ClusterError",
-    "ClusterInsecure",
-    "INSTALL_HINT",
     "INSECURE_ENV",
+    "INSTALL_HINT",
     "NAME_LABEL",
     "RAY_ADDRESS_ENV",
     "RESOURCE_PREFIX",
+    "ClusterError",
+    "ClusterInsecure",
     "check_auth",
     "import_ray",
     "member_resource",
     "parse_member_resource",
+    "raise_fd_limit",
     "ray_address",
 ]
 
@@ -78,6 +79,36 @@ def check_auth(role: str, env=os.environ) -> bool:
         f"could join the cluster and run code on it. Make a token once (ray get-auth-token --generate), give it to "
         f"every machine (~/.ray/auth_token or RAY_AUTH_TOKEN) and set {AUTH_MODE_ENV}=token on each; or set "
         f"{INSECURE_ENV}=1 to run without authentication on a network only you can reach")
+
+
+FD_LIMIT_WANTED = 65536
+"""The open-files soft limit a cluster role raises itself to (up to the hard limit): gloo's listeners
+accept every connection, a stranger's too, and keep it open until it says who it is, so 1100 held
+connections must not exhaust a process left at the common soft limit of 1024 (the process would fail
+to accept ComfyUI's own HTTP requests, or abort)."""
+
+
+def raise_fd_limit(wanted: int = FD_LIMIT_WANTED) -> tuple[int, int]:
+    """Raise this process's soft limit on open files towards ``wanted`` (never above the hard limit,
+    never lowered); returns (soft, hard) afterwards. A no-op where ``resource`` is missing."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return (-1, -1)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as err:
+            log.warning("[ShardDiT] could not raise the open-files limit from %d to %d (%s): a stranger holding "
+                        "many connections to gloo's ports could exhaust this process; raise `ulimit -n`", soft,
+                        target, err)
+    if soft != resource.RLIM_INFINITY and soft < 4096:
+        log.warning("[ShardDiT] this process may open only %d files (hard limit %d): a stranger holding many "
+                    "connections to gloo's ports could exhaust it; raise the hard limit (`ulimit -Hn`)", soft, hard)
+    return soft, hard
 
 
 def import_ray():
