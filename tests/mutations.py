@@ -266,6 +266,21 @@ MUTATIONS = [
      _OVERLAP + "test_auto_prices_the_pipeline_only_where_every_rank_is_a_gpu_of_this_machine", False),
     ("parallel/cost/workers.py", "pipelined=False)  # worker processes", "pipelined=True)  # worker processes",
      _OVERLAP + "test_worker_processes_are_priced_with_the_whole_exchange", False),
+    # issue 32: rendezvous through a Ray actor, strangers at gloo's ports
+    ("parallel/cluster/group.py",
+     "    space = secrets.token_hex(16)  # one session's keys apart from the last one's (late writes are refused)",
+     "    space = secrets.token_hex(16); _open = dist.TCPStore(\"127.0.0.1\", 0, None, True, "
+     "datetime.timedelta(seconds=timeout_s), wait_for_workers=False, use_libuv=True)",
+     "tests/test_cluster_ray.py::test_forming_a_group_opens_no_listening_socket_but_gloos_and_its_keys_live_in_the_"
+     "rendezvous_actor", CLUSTER),
+    ("parallel/cluster/group.py", "            self.board.close.remote(self.space)", "            pass",
+     "tests/test_cluster_ray.py::test_a_member_that_never_joins_is_named_within_the_timeout", CLUSTER),
+    ("parallel/cluster/host.py", "            if stray:", "            if False:",
+     "tests/test_cluster_attack_comfy.py::test_a_stranger_at_every_port_of_the_host_and_member_changes_nothing", CLUSTER),
+    ("parallel/cluster/rank_server.py",
+     "        raise_fd_limit()  # a stranger's held connections to gloo's ports must not exhaust this rank",
+     "        pass",
+     "tests/test_cluster_attack_comfy.py::test_a_stranger_at_every_port_of_the_host_and_member_changes_nothing", CLUSTER),
 ]
 
 

@@ -3,7 +3,7 @@
 For ``plan --devices cuda:0=24GiB,box2/cuda:0=24GiB``: every rank owns an equal share of the blocks
 (``devices.with_worker_shares``); a worker device must hold its share plus four blocks (two arriving,
 two of activations), or every block plus two under ``SHARDDIT_DIST_WEIGHTS=all`` (the rule of
-``distributed/host.choose_worker_weights``, which refuses a prompt on the same numbers). Per step each
+``distributed/host_side.choose_worker_weights``, which refuses a prompt on the same numbers). Per step each
 worker receives over the network the blocks it does not own (none under ``all``), the Ulysses
 exchanges (cfg 1: tokens split inside a group) and its part of the hidden state's scatter:
 ``cost/model.estimate_sequence(...).bytes_per_device`` with the ranks' ownership and ``replicas``.
@@ -119,7 +119,7 @@ def compute_worker_needs(mode: str, workers, ranges, block_bytes) -> tuple[bool,
 
     ``workers``: (name, device, free bytes or None); ``ranges``: (start, stop) of each worker's
     share, in the same order. ``auto`` keeps every block when every worker's stated free memory
-    holds every block plus two, else shares (as ``distributed/host.choose_worker_weights``)."""
+    holds every block plus two, else shares (as ``distributed/host_side.choose_worker_weights``)."""
     if mode not in ("auto", "share", "all"):
         raise ValueError(f"[ShardDiT] dist weights {mode!r} must be auto, share or all")
     biggest, total = max(block_bytes, default=0), sum(block_bytes)

@@ -135,7 +135,7 @@ def attach_workers(engine, devices: str, remote, n_local: int, owners=None, vers
 
 
 def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:
-    """``distributed/host.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
+    """``distributed/host_side.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
     members = [(member_key(n, d), d) for n, d in remote]
     offers = get_cluster(devices).check_names([m for m, _ in members])
     keep_all, why = choose_worker_weights(dist_weights(), members, plan.block_ranges[n_local:], block_bytes, offers)
