@@ -12,19 +12,14 @@ import threading
 import pytest
 import torch
 from harness.numerics import assert_split_close
+from harness.seq_models import MM, MM_SPEC, WAN, WAN_SPEC
 from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
 
 from sharddit.parallel.sequence.engine import attach_sequence_engine
-from sharddit.parallel.sequence.split import TokenSpec, even_ranges, plan_groups
+from sharddit.parallel.sequence.split import even_ranges, plan_groups
 from sharddit.parallel.sequence.threads import RankThreadError
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
 
-WAN = BlockLayout(("blocks",), (("x",),))
-WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
-MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
-MM_SPEC = (TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",
-                     must_be_none=("modulation_dims_img",)),
-           TokenSpec({"x": 1, "pe": 2}, tail_stream="txt", must_be_none=("modulation_dims",)))
 
 
 def _shard(model, layout, specs, ranks):

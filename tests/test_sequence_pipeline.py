@@ -15,14 +15,14 @@ import dataclasses
 import pytest
 import torch
 from harness.numerics import assert_split_close
+from harness.seq_models import MM, MM_SPEC, WAN, WAN_SPEC
 from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
 from sharddit.parallel.sequence import stream as seq_stream
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.record import RecordingOps
 from sharddit.parallel.sequence.split import (
     PIPELINE_CHUNKS,
-    TokenSpec,
     even_ranges,
     head_chunks,
     pipeline_schedule,
@@ -31,12 +31,6 @@ from sharddit.parallel.sequence.split import (
 from sharddit.parallel.sequence.stream import EXCHANGE_WAITS, without_wait
 from sharddit.parallel.sequence.threads import ThreadExchange
 
-WAN = BlockLayout(("blocks",), (("x",),))
-WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
-MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
-MM_SPEC = (TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",
-                     must_be_none=("modulation_dims_img",)),
-           TokenSpec({"x": 1, "pe": 2}, tail_stream="txt", must_be_none=("modulation_dims",)))
 GPUS = ("cuda:0", "cuda:1", "cuda:2")
 
 

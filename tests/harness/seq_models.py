@@ -8,6 +8,12 @@ from sharddit.parallel.sequence.split import TokenSpec
 
 WAN = BlockLayout(("blocks",), (("x",),))
 WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)
+"""The Wan-like toy's block list and token split (``SeqToyDiT``)."""
+MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
+MM_SPEC = (TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",
+                     must_be_none=("modulation_dims_img",)),
+           TokenSpec({"x": 1, "pe": 2}, tail_stream="txt", must_be_none=("modulation_dims",)))
+"""The HunyuanVideo-like toy's (``SeqToyMMDiT``): double blocks with the text replicated, then single."""
 
 
 def engine_for(model, ranks):
