@@ -133,7 +133,7 @@ def test_broken_model_file_named_with_the_fix(comfy_server, tiny_models, broken_
     server = comfy_server
     graph = _loader_graph(tiny_models, "ShardDiTLoadDiffusionModel", unet_name=broken_files + name)
     pid = server.queue_prompt(graph)
-    with pytest.raises(Exception) as err:
+    with pytest.raises(Exception):
         server.wait(pid, timeout=120)
     msg = [m for m in server.history(pid)[pid]["status"]["messages"] if m[0] == "execution_error"][0][1]
     text = msg["exception_message"]

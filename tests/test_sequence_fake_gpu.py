@@ -9,7 +9,6 @@ output home, bytes streamed per rank = the blocks it does not own, exchanges per
 deliberately broken exchange is caught.
 """
 import pytest
-import torch
 from test_specs_fake_gpu import CASES, HOME, _forward, _model, _plan, comfy, models  # noqa: F401
 
 from sharddit.parallel.sequence import threads as seq_workers

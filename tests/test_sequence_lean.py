@@ -159,5 +159,7 @@ def test_auto_prices_sequence_lean_where_it_runs_lean():
     assert lean.mode == batched.mode == "sequence"
     assert "sequence lean: cond and uncond together do not fit" in lean.reason
     assert "lean" not in batched.reason
-    speed = lambda r: float(re.search(r"predicted ([\d.]+)×", r).group(1))
+    def speed(reason):
+        return float(re.search(r"predicted ([\d.]+)×", reason).group(1))
+
     assert 1 < speed(lean.reason) < speed(batched.reason)

@@ -210,7 +210,7 @@ def test_ui_and_api_twins_describe_the_same_graph(pair, table):
 def test_ui_links_are_consistent(pair, table):
     ui, _ = _load(pair)
     nodes = {n["id"]: n for n in ui["nodes"]}
-    assert ui["last_node_id"] >= max(nodes) and ui["last_link_id"] >= max((l[0] for l in ui["links"]), default=0)
+    assert ui["last_node_id"] >= max(nodes) and ui["last_link_id"] >= max((link[0] for link in ui["links"]), default=0)
     for lid, (src, src_slot, dst, dst_slot, typ) in wt.ui_links(ui).items():
         assert src in nodes and dst in nodes, f"link {lid} points at a missing node"
         out = nodes[src]["outputs"][src_slot]

@@ -67,7 +67,9 @@ def _to_layer(layer, args, kwargs):
     getattr(layer, _SOURCES_ATTR).append(source)
     if source is None or all(t.device == device for t in tensors_in((args, kwargs))):
         return None
-    move = lambda t: t.to(device)
+    def move(t):
+        return t.to(device)
+
     return map_tensors(move, args), map_tensors(move, kwargs)
 
 

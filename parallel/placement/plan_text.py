@@ -105,7 +105,7 @@ def format_component_note(name: str, device: str, kind: str, need: int, usable: 
 
 def format_plan_table(plan, inventory) -> str:
     """Table: device | name | free GiB | holds | planned GiB, then the notes."""
-    loads = {l.device: l for l in plan.loads}
+    loads = {load.device: load for load in plan.loads}
     devices = list(inventory.names) + [d for d in loads if d not in inventory.names]
     rows = [("device", "name", "free GiB", "holds", "planned GiB")]
     for device in devices:

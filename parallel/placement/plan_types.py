@@ -145,7 +145,7 @@ class Plan:
             "vae": self.vae_device,
             "home": self.home_device,
             "blocks": [[r.device, r.start, r.stop] for r in self.block_ranges],
-            "loads": {l.device: {"weights": l.weight_bytes, "activations": l.activation_bytes} for l in self.loads},
+            "loads": {ld.device: {"weights": ld.weight_bytes, "activations": ld.activation_bytes} for ld in self.loads},
             "notes": list(self.notes),
         }
 
