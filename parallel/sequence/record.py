@@ -11,6 +11,11 @@ it, a free, its allocation on a GPU place: ``empty_like``) that this model does 
 every host->GPU copy that reads pageable memory.
 Places are names the test gives (``"cuda:1"``, ``"cpu"``: pageable host memory,
 ``"cpu-pinned"``); ``put(module, place)`` says where a module's tensors live.
+
+A stand-in for tests that ships in the product on purpose: the engine never uses it at run time, but
+``benchmarks/resident_bytes.py`` (run from a user's install, without the tests) counts the ring's
+copies with it, as ``tests/test_stream_order.py`` and ``tests/test_sequence_pipeline.py`` check the
+order rules with it.
 """
 from __future__ import annotations
 
