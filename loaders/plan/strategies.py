@@ -100,18 +100,22 @@ class StrategyReport:
     def ok(self) -> bool:
         return self.chosen is not None and self.fits.get(self.chosen, False)
 
-    def core_fits(self) -> str:
-        """When no ShardDiT mode fits but one of core's own options does (``BASELINES``): a sentence
-        naming it, its devices and its predicted speed, so the verdict agrees with its row; else ''."""
+    def fitting_core(self) -> str | None:
+        """The first of core's own options (``BASELINES``) whose row fits, when no ShardDiT mode does;
+        else None. The verdict (``core_fits``) and ``auto``'s line both say it, so they agree with the rows."""
         if self.ok:
+            return None
+        return next((name for name in BASELINES if self.fits.get(name) and name in self.costs), None)
+
+    def core_fits(self) -> str:
+        """``fitting_core`` as a sentence naming its devices and its predicted speed; '' without one."""
+        name = self.fitting_core()
+        if name is None:
             return ""
-        for name in BASELINES:
-            if self.fits.get(name) and name in self.costs:
-                how = _DEVICE_NOTES.get(name, "").strip(" ()")
-                return (f"core's own {name} fits these GPUs ({how}; on {','.join(self.devices.get(name, []))}, "
-                        f"predicted {self.costs[name].speedup:.2f}× vs 1 GPU): run the model with core's nodes "
-                        "alone, without ShardDiT")
-        return ""
+        how = _DEVICE_NOTES.get(name, "").strip(" ()")
+        return (f"core's own {name} fits these GPUs ({how}; on {','.join(self.devices.get(name, []))}, "
+                f"predicted {self.costs[name].speedup:.2f}× vs 1 GPU): run the model with core's nodes "
+                "alone, without ShardDiT")
 
     def to_text(self) -> str:
         batch = "cond + uncond every step (sequence splits them first)" if self.cfg > 1 else "cond only, batch 1"
@@ -260,10 +264,6 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
         costs[name], peaks[name], fits[name], devices[name] = row.cost, row.peak, row.fits, list(row.devices)
     costs = _rebase(costs)
     chosen, reason = _choose(parallel, costs, fits)
-    if chosen is None or not fits.get(chosen, False):
-        core_ok = [k for k in BASELINES if fits.get(k)]
-        if core_ok:
-            reason = f"{reason}; core's own {core_ok[0]} fits (its row)"
     if lean_note and chosen == "sequence":
         reason = f"{reason}; {lean_note}"
     if speed_note and chosen == "sequence":
@@ -282,6 +282,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
                          baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices,
                          core_note=absent_note(), sequence_lean=bool(lean_note),
                          sequence_note=f"no sequence row: {blocks_only}" if seq_specs is None and len(gpus) > 1 else "")
+    if out.fitting_core():
+        out.reason = f"{out.reason}; core's own {out.fitting_core()} fits (its row)"
     log.info("[ShardDiT] %s", out.decision_line())
     return out
 
