@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     from sharddit.parallel.distributed.ranks import attach_remote_ranks
     from sharddit.parallel.sequence.engine import attach_sequence_engine
     from sharddit.parallel.sequence.split import TokenSpec
-    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.blocks.sharding import attach_block_sharding
+    from sharddit.parallel.blocks.routing import BlockLayout
 
     dim, heads, n_blocks, text = 1024, 16, 4, 512
     tmp = tempfile.TemporaryDirectory(prefix="sdb")  # short: Ray's socket paths fit 107 bytes

@@ -127,7 +127,7 @@ def _wan_width(sz, cuda: bool):
 
 
 def section_memory(sz, cuda: bool):
-    from sharddit.parallel.blocks.sharding import BlockLayout
+    from sharddit.parallel.blocks.routing import BlockLayout
     from sharddit.parallel.placement.sizing import compute_block_bytes
 
     home, model, args = _wan_width(sz, cuda)

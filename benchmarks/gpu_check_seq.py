@@ -29,16 +29,16 @@ WAN_TOKEN_DIMS = {"x": 1, "e": 1, "freqs": 1}
 def toy_factors():
     """The toy's own activation factors (``parallel/cost/memory.ActivationFactors``), for the
     ``memory`` section's plan. Not Wan's: the toy's block keeps ``h``, ``qkv``, ``q``, ``k`` alive
-    through its FFN (ComfyUI's Wan block frees them), so Wan's factors under-plan it by ~1.11x, and a
-    check against them would fail for that reason alone. Measured on CPU (fp32, the fake-GPU memory
-    tracker of the simulator, ``tracked_memory``) in units of a rank's hidden state: block 13.57 at
-    widths 512 and 1024 (4096 tokens, batch 2 on two ranks), Ulysses 1.01 (batch 1), with Wan's home
-    terms; block +5 % (cuBLAS workspaces, which the tracker does not see). The section's forward
-    tracked on CPU then comes to 0.97-0.99 of this plan at widths 256 and 512 (2048 and 4096 tokens);
-    ``tests/test_gpu_check_dry.py`` measures it again."""
+    through its FFN (ComfyUI's Wan block frees them), so Wan's factors under-plan it, and a check
+    against them would fail for that reason alone. Measured on CPU (fp32, the fake-GPU memory tracker
+    of the simulator, ``tracked_memory``: each rank thread's own peak, summed, as when the two ranks'
+    peaks meet) in units of a rank's hidden state: block 15.85 at widths 256 and 512 (2048 and 4096
+    tokens, batch 1 on two ranks), with Wan's Ulysses and home terms; block +5 % (cuBLAS workspaces,
+    which the tracker does not see). The section's forward tracked on CPU then comes to 0.97 of this
+    plan at both widths; ``tests/test_gpu_check_dry.py`` measures it again."""
     from sharddit.parallel.cost.memory import ActivationFactors
 
-    return ActivationFactors(block=14.2, ulysses=1.05, home_hidden=1.05, rope=0.05)
+    return ActivationFactors(block=16.6, ulysses=1.05, home_hidden=1.05, rope=0.05)
 
 
 def pack():
@@ -47,7 +47,8 @@ def pack():
     from sharddit.parallel.sequence import stream as seq_stream
     from sharddit.parallel.sequence.engine import attach_sequence_engine
     from sharddit.parallel.sequence.split import TokenSpec
-    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.blocks.sharding import attach_block_sharding
+    from sharddit.parallel.blocks.routing import BlockLayout
 
     return SeqToyDiT, seq_stream, attach_sequence_engine, TokenSpec, BlockLayout, attach_block_sharding
 
@@ -159,7 +160,7 @@ def tracked_memory(model, args, ranks, where: str, home) -> tuple[int, int]:
         ring = run.ring_bytes()
     finally:
         run.close()
-    return tracker.report()[str(torch.device(home))].peak_activations, ring
+    return tracker.report()[str(torch.device(home))].coinciding_activations, ring
 
 
 def sync(device) -> None:

@@ -26,7 +26,8 @@ def main() -> int:
     import_pack()
     from harness.toy_seq import SeqToyMMDiT
 
-    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.blocks.sharding import attach_block_sharding
+    from sharddit.parallel.blocks.routing import BlockLayout
     from sharddit.parallel.sequence.engine import attach_sequence_engine
     from sharddit.parallel.sequence.record import RecordingOps
     from sharddit.parallel.sequence.split import TokenSpec

@@ -211,7 +211,7 @@ def _family(args, heads: int, n_blocks: int):
     from harness.toy_families import AV_SPEC, PACKED_SPEC, AVToy, PackedToy, TextThenVisualToy
     from harness.toy_seq import SeqToyDiT
 
-    from sharddit.parallel.blocks.sharding import BlockLayout
+    from sharddit.parallel.blocks.routing import BlockLayout
     from sharddit.parallel.sequence.split import TokenSpec
 
     b, d = args.batch, args.dim

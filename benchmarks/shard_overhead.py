@@ -101,7 +101,8 @@ def main(argv=None) -> float:
     if opts.threads:
         torch.set_num_threads(opts.threads)
     import_pack()
-    from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+    from sharddit.parallel.blocks.sharding import attach_block_sharding
+    from sharddit.parallel.blocks.routing import BlockLayout
 
     torch.manual_seed(0)
     model = WanLikeDiT().eval()

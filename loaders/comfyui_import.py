@@ -12,13 +12,14 @@ import logging
 import os
 import sys
 from pathlib import Path
+from ..parallel.errors import RunError
 
 __all__ = ["ComfyUINotFound", "dynamic_vram_status", "find_comfyui", "import_comfyui"]
 
 PACK_DIR = Path(__file__).resolve().parents[1]
 
 
-class ComfyUINotFound(RuntimeError):
+class ComfyUINotFound(RunError):
     """No ComfyUI tree: the message says how to set COMFYUI_PATH."""
 
 
@@ -29,13 +30,13 @@ def find_comfyui() -> Path:
         root = Path(env).expanduser().resolve()
         if not (root / "comfy" / "model_detection.py").is_file():
             raise ComfyUINotFound(
-                f"[ShardDiT] COMFYUI_PATH={env!r} is not a ComfyUI folder (no comfy/model_detection.py "
+                f"COMFYUI_PATH={env!r} is not a ComfyUI folder (no comfy/model_detection.py "
                 "in it): set COMFYUI_PATH to the folder that holds ComfyUI's main.py and comfy/")
         return root
     if PACK_DIR.parent.name == "custom_nodes" and (PACK_DIR.parents[1] / "comfy").is_dir():
         return PACK_DIR.parents[1]
     raise ComfyUINotFound(
-        f"[ShardDiT] cannot find ComfyUI: the pack at {PACK_DIR} is not inside ComfyUI/custom_nodes/ and "
+        f"cannot find ComfyUI: the pack at {PACK_DIR} is not inside ComfyUI/custom_nodes/ and "
         "COMFYUI_PATH is not set. Set it to your ComfyUI folder (the one with main.py and comfy/), e.g. "
         f"COMFYUI_PATH=/path/to/ComfyUI python {PACK_DIR} plan ...")
 
@@ -60,7 +61,7 @@ def import_comfyui(use_cuda: bool = False, quiet: bool = False, dynamic_vram: bo
         if err.name and err.name.split(".")[0] in ("comfy", "comfy_api", "folder_paths"):
             raise
         raise ComfyUINotFound(
-            f"[ShardDiT] ComfyUI at {root} needs the Python package {err.name!r}, which {sys.executable} "
+            f"ComfyUI at {root} needs the Python package {err.name!r}, which {sys.executable} "
             f"lacks: run with ComfyUI's own Python, or install its requirements into this one "
             f"(pip install -r {root / 'requirements.txt'})") from None
 

@@ -11,7 +11,7 @@ from ..parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ..parallel.cost.inputs import DEFAULT_LINK_GBPS
 from ..parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 
-__all__ = ["CheckedCombo", "DEFAULT_DEVICES", "DEFAULT_PARALLEL", "DEFAULT_RESERVE_VRAM_GB", "DEVICES_TOOLTIP",
+__all__ = ["CheckedCombo", "DEVICES_TOOLTIP",
            "cfg_input", "devices_input", "gpu_input", "link_gbps_input", "parallel_input", "reserve_vram_input",
            "validate_one"]
 

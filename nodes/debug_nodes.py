@@ -5,10 +5,12 @@ In the UI the node shows a picture of the plan (ComfyUI's image preview) and the
 from comfy_api.latest import io, ui
 
 from ..loaders.comfy.models.checks import check_device_entries
-from ..loaders.plan import dry_run, node_logic, presets
+from ..loaders.plan import node_logic, presets, setup
 from ..parallel.placement.inventory import read_hidden_note
-from .common_inputs import (DEFAULT_PARALLEL, DEFAULT_PLAN_CFG, CheckedCombo, cfg_input, devices_input, gpu_input,
-                            link_gbps_input, parallel_input, reserve_vram_input, validate_one)
+from .common_inputs import (
+    DEFAULT_PLAN_CFG, CheckedCombo, cfg_input, devices_input, gpu_input, link_gbps_input, parallel_input,
+    reserve_vram_input, validate_one)
+from ..parallel.cost.mode import DEFAULT_PARALLEL
 
 CATEGORY = "sharddit/debug"
 PLAN_DEVICES_TOOLTIP = (
@@ -39,7 +41,7 @@ class ShardDiTPlan(io.ComfyNode):
                 CheckedCombo("batch", options=list(node_logic.BATCH_CHOICES), default="auto", tooltip=(
                     "'2': cond+uncond in one batch; '1': one at a time; 'auto': 2 if it fits, else 1 "
                     "(what ComfyUI's sampler does).")),
-                CheckedCombo("dtype", options=list(dry_run.DTYPES), default="bf16",
+                CheckedCombo("dtype", options=list(setup.DTYPES), default="bf16",
                              tooltip="Weight dtype; fp8 = 1-byte weights computed in bf16."),
                 reserve_vram_input(),
                 parallel_input(),

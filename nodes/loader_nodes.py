@@ -3,15 +3,9 @@ import folder_paths
 from comfy_api.latest import io
 
 from ..loaders.comfy.loading import component_loading, model_loading, text_encoder_split
-from .common_inputs import (
-    DEFAULT_DEVICES,
-    DEFAULT_PARALLEL,
-    CheckedCombo,
-    devices_input,
-    parallel_input,
-    reserve_vram_input,
-    validate_one,
-)
+from .common_inputs import CheckedCombo, devices_input, parallel_input, reserve_vram_input, validate_one
+from ..parallel.placement.plan_types import DEFAULT_DEVICES
+from ..parallel.cost.mode import DEFAULT_PARALLEL
 
 CATEGORY = "sharddit/loaders"
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from .cost.inputs import BlockShape, ModelShape, latent_frames
 from .sequence.split import TokenSpec
+from .errors import InputError
 
 __all__ = ["FAMILIES", "Family", "Geometry", "activation_variant", "family_of", "geometry_of", "get_family", "shape_from_config",
            "shape_from_spec", "shape_of_unet"]
@@ -313,7 +314,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in _ENTRIES}
 def get_family(name: str) -> Family:
     """The entry named ``name``; ValueError lists the known names."""
     if name not in FAMILIES:
-        raise ValueError(f"[ShardDiT] model family {name!r} is not known: use one of {', '.join(FAMILIES)}")
+        raise InputError(f"model family {name!r} is not known: use one of {', '.join(FAMILIES)}")
     return FAMILIES[name]
 
 
@@ -331,7 +332,7 @@ def family_of(unet: dict, what: str) -> str:
         if image_model in family.image_models and family.geometry is not None:
             return family.name
     known = ", ".join(f.title for f in FAMILIES.values() if f.geometry is not None)
-    raise ValueError(f"[ShardDiT] {what!r} is a {image_model!r} model; the simulator knows {known}")
+    raise InputError(f"{what!r} is a {image_model!r} model; the simulator knows {known}")
 
 
 def geometry_of(family: str, unet: dict) -> Geometry:
@@ -343,7 +344,7 @@ def shape_from_config(name: str, family: str, unet_config: dict, spatial: int, t
     """The cost model's ``ModelShape`` from ComfyUI's ``unet_config``, by ``family``'s entry."""
     fam = get_family(family)
     if fam.cost_shape is None:
-        raise ValueError(f"[ShardDiT] model family {family!r} has no cost shape: the cost model knows "
+        raise InputError(f"model family {family!r} has no cost shape: the cost model knows "
                          f"{', '.join(f.name for f in FAMILIES.values() if f.cost_shape)}")
     return fam.cost_shape(name, unet_config, spatial, temporal, text_tokens, clip_tokens)
 

@@ -22,6 +22,7 @@ workspaces. Callers plan headroom for them.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from .tensor_map import taken
+from .errors import RunError
 
 __all__ = [
     "DeviceMemory",
@@ -186,6 +188,10 @@ class DeviceMemory:
     """Largest sum of live non-weight storages on the device at any moment."""
     live_activations: int = 0
     """Non-weight storages still alive when the report was taken (inputs, outputs)."""
+    coinciding_activations: int = 0
+    """The sum of each thread's own peak on the device (a storage counts to the thread that made
+    it): the peak if every thread's peaks met, which another interleaving of the same threads can
+    reach; ``peak_activations`` is only the interleaving this run happened to take."""
 
     @property
     def peak_total(self) -> int:
@@ -212,6 +218,10 @@ class MemoryTracker(TorchDispatchMode):
         self._live: dict[int, tuple[str, int]] = {}
         self._current: dict[str, int] = {}
         self._peak: dict[str, int] = {}
+        self._thread_current: dict[tuple[str, int], int] = {}
+        self._thread_peak: dict[tuple[str, int], int] = {}
+        self._thread = threading.local()  # a number per thread (an ident can be reused once one ends)
+        self._threads = itertools.count()
         self._lock = threading.RLock()
         for m in modules:
             self.add_weights(m)
@@ -253,24 +263,34 @@ class MemoryTracker(TorchDispatchMode):
             if key in self._live or key in self._owned:
                 return
             dev, nbytes = str(t.device), storage.nbytes()
-            self._live[key] = (dev, nbytes)
+            if not hasattr(self._thread, "number"):
+                self._thread.number = next(self._threads)
+            who = (dev, self._thread.number)
+            self._live[key] = (dev, nbytes, who)
             cur = self._current.get(dev, 0) + nbytes
             self._current[dev] = cur
             if cur > self._peak.get(dev, 0):
                 self._peak[dev] = cur
+            mine = self._thread_current.get(who, 0) + nbytes
+            self._thread_current[who] = mine
+            if mine > self._thread_peak.get(who, 0):
+                self._thread_peak[who] = mine
         weakref.finalize(storage, self._release, key)
 
     def _release(self, key: int) -> None:
         with self._lock:
             entry = self._live.pop(key, None)
             if entry is not None:
-                self._current[entry[0]] -= entry[1]
+                dev, nbytes, who = entry
+                self._current[dev] -= nbytes
+                self._thread_current[who] -= nbytes
 
     def report(self) -> dict[str, DeviceMemory]:
         """Per device: weights, peak activations, activations still alive now."""
         devs = sorted(set(self._weights) | set(self._peak))
         return {
-            d: DeviceMemory(self._weights.get(d, 0), self._peak.get(d, 0), self._current.get(d, 0))
+            d: DeviceMemory(self._weights.get(d, 0), self._peak.get(d, 0), self._current.get(d, 0),
+                            sum(p for (dev, _), p in self._thread_peak.items() if dev == d))
             for d in devs
         }
 
@@ -299,8 +319,8 @@ def flash_attention_standin(q, k, v, heads, mask=None, attn_precision=None,
     q, k, v = (taken(t) for t in (q, k, v))
     for name, t in (("k", k), ("v", v), ("mask", mask)):
         if t is not None and t.device != q.device:
-            raise RuntimeError(
-                f"[ShardDiT] attention got q on {q.device} but {name} on {t.device}: "
+            raise RunError(
+                f"attention got q on {q.device} but {name} on {t.device}: "
                 "Expected all tensors to be on the same device"
             )
     if skip_reshape:

@@ -129,7 +129,7 @@ def test_forming_a_group_opens_no_listening_socket_but_gloos_and_its_keys_live_i
     import struct
 
     import torch.distributed as dist
-    from sharddit.parallel.cluster import store as rendezvous
+    from sharddit.parallel.cluster import group as rendezvous
     from sharddit.parallel.cluster.host import ClusterHost
 
     ray, host = cluster["ray"], ClusterHost(f"127.0.0.1:{cluster['port']}", TIMEOUT_S)

@@ -71,7 +71,7 @@ def _loads_from_disk(monkeypatch):
 if _core_has_multigpu_nodes():
 
     def test_cfg_split_after_shardDiT_is_refused_at_once(env, wan_file, two_devices, monkeypatch):
-        sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+        sm = pack_module(env, "loaders.comfy.shard.hooks")
         base = _unet(env, wan_file)
         latent = torch.zeros(LATENT)
         ref = stock(env, base, latent, {})

@@ -7,12 +7,18 @@ from sharddit.parallel.placement.devices import (
     DEVICE_FORM,
     DEVICES_FORM,
     DeviceEntry,
-    DeviceList,
+    DevicePlan,
     check_devices_exist,
     parse_component_device,
     parse_device,
-    parse_devices,
+    parse_device_plan,
 )
+
+
+def local_and_members(text):
+    """(this machine's part as text, the workers' members) of the one parser's plan."""
+    plan = parse_device_plan(text)
+    return plan.local, plan.members
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 
@@ -20,27 +26,27 @@ pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MK
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("auto", DeviceList(auto=True)),
-        (" AUTO ", DeviceList(auto=True)),
-        ("cpu", DeviceList(False, (DeviceEntry("cpu"),))),
-        ("cuda:0,cuda:1", DeviceList(False, (DeviceEntry("cuda:0"), DeviceEntry("cuda:1")))),
-        (" cuda:1 , CUDA:0 ", DeviceList(False, (DeviceEntry("cuda:1"), DeviceEntry("cuda:0")))),
-        ("cpu,cpu", DeviceList(False, (DeviceEntry("cpu"), DeviceEntry("cpu")))),
-        ("cuda:0,cuda:0,cuda:1", DeviceList(False, (DeviceEntry("cuda:0"), DeviceEntry("cuda:0"), DeviceEntry("cuda:1")))),
-        ("cuda:0:3,cuda:1:1", DeviceList(False, (DeviceEntry("cuda:0", 3.0), DeviceEntry("cuda:1", 1.0)))),
-        ("cuda:0 : 2.5 , cpu:1", DeviceList(False, (DeviceEntry("cuda:0", 2.5), DeviceEntry("cpu", 1.0)))),
-        ("cuda:007", DeviceList(False, (DeviceEntry("cuda:7"),))),
+        ("auto", DevicePlan(auto=True)),
+        (" AUTO ", DevicePlan(auto=True)),
+        ("cpu", DevicePlan(False, (DeviceEntry("cpu"),))),
+        ("cuda:0,cuda:1", DevicePlan(False, (DeviceEntry("cuda:0"), DeviceEntry("cuda:1")))),
+        (" cuda:1 , CUDA:0 ", DevicePlan(False, (DeviceEntry("cuda:1"), DeviceEntry("cuda:0")))),
+        ("cpu,cpu", DevicePlan(False, (DeviceEntry("cpu"), DeviceEntry("cpu")))),
+        ("cuda:0,cuda:0,cuda:1", DevicePlan(False, (DeviceEntry("cuda:0"), DeviceEntry("cuda:0"), DeviceEntry("cuda:1")))),
+        ("cuda:0:3,cuda:1:1", DevicePlan(False, (DeviceEntry("cuda:0", 3.0), DeviceEntry("cuda:1", 1.0)))),
+        ("cuda:0 : 2.5 , cpu:1", DevicePlan(False, (DeviceEntry("cuda:0", 2.5), DeviceEntry("cpu", 1.0)))),
+        ("cuda:007", DevicePlan(False, (DeviceEntry("cuda:7"),))),
     ],
 )
-def test_parse_devices_valid(text, expected):
-    assert parse_devices(text) == expected
+def test_parse_device_plan_valid(text, expected):
+    assert parse_device_plan(text) == expected
 
 
 def test_device_list_properties():
-    parsed = parse_devices("cuda:1:2,cuda:0:1,cuda:1:1")
+    parsed = parse_device_plan("cuda:1:2,cuda:0:1,cuda:1:1")
     assert parsed.weighted
     assert parsed.unique_devices == ("cuda:1", "cuda:0")
-    assert not parse_devices("cpu,cpu").weighted
+    assert not parse_device_plan("cpu,cpu").weighted
 
 
 @pytest.mark.parametrize(
@@ -64,14 +70,14 @@ def test_device_list_properties():
         ("cuda:0:3,cuda:1", "devices 'cuda:0:3,cuda:1': 'cuda:1' has no weight while others do; give every device a weight or none"),
     ],
 )
-def test_parse_devices_invalid(text, message):
+def test_parse_device_plan_invalid(text, message):
     with pytest.raises(ValueError, match=re.escape(f"{message}") + ".*" + re.escape(f"accepted: {DEVICES_FORM}")):
-        parse_devices(text)
+        parse_device_plan(text)
 
 
-def test_parse_devices_not_a_string():
+def test_parse_device_plan_not_a_string():
     with pytest.raises(ValueError, match=re.escape(f"devices ['cuda:0'] is not a string; accepted: {DEVICES_FORM}")):
-        parse_devices(["cuda:0"])
+        parse_device_plan(["cuda:0"])
 
 
 def test_parse_device_and_component_device():
@@ -101,36 +107,33 @@ def test_check_devices_exist():
         check_devices_exist(["cuda:0"], ("cpu",))
 
 
-def test_split_worker_devices():
-    from sharddit.parallel.placement.devices import split_worker_devices
-    assert split_worker_devices("cpu,cpu") == ("cpu,cpu", ())
-    assert split_worker_devices("cpu, w1/CPU") == ("cpu", (("w1", "cpu"),))
-    assert split_worker_devices("cuda:0,cuda:1,box-2/cuda:1") == ("cuda:0,cuda:1", (("box-2", "cuda:1"),))
+def test_local_and_members_of_a_plan():
+    assert local_and_members("cpu,cpu") == ("cpu,cpu", ())
+    assert local_and_members("cpu, w1/CPU") == ("cpu", (("w1", "cpu"),))
+    assert local_and_members("cuda:0,cuda:1,box-2/cuda:1") == ("cuda:0,cuda:1", (("box-2", "cuda:1"),))
     with pytest.raises(ValueError, match="only worker devices"):
-        split_worker_devices("w1/cpu")
+        local_and_members("w1/cpu")
     with pytest.raises(ValueError, match="NAME/DEVICE"):
-        split_worker_devices("cpu,/cpu")
+        local_and_members("cpu,/cpu")
     with pytest.raises(ValueError, match="not a device"):
-        split_worker_devices("cpu,w1/gpu0")
+        local_and_members("cpu,w1/gpu0")
     with pytest.raises(ValueError, match="no weight"):
-        split_worker_devices("cpu,w1/cuda:0:2")
+        local_and_members("cpu,w1/cuda:0:2")
 
 
 @pytest.mark.parametrize("text", ["w1/cpu,w1/cpu", "cpu,w1/cpu,w1/CPU", "w1/cuda:0, w2/cuda:0,w1/cuda:0"])
 def test_a_worker_device_listed_twice_is_refused_first(text):
     """One member ``NAME/DEVICE`` is one rank: listed twice it cannot run. Refused before the
     "only worker devices" rule, whose suggested fix would otherwise carry the repeat along."""
-    from sharddit.parallel.placement.devices import split_worker_devices
     with pytest.raises(ValueError, match=r"lists the worker device '\w+/\w+(:\d)?' 2 times.*list it once"):
-        split_worker_devices(text)
+        local_and_members(text)
 
 
 @pytest.mark.parametrize("text", ["w1/cpu", "w1/cuda:0,w2/cuda:1"])
 def test_the_fix_for_only_worker_devices_is_accepted(text):
     import re
 
-    from sharddit.parallel.placement.devices import split_worker_devices
     with pytest.raises(ValueError, match="only worker devices") as err:
-        split_worker_devices(text)
+        local_and_members(text)
     fix = re.search(r"e\.g\. '([^']+)'", str(err.value)).group(1)
-    assert split_worker_devices(fix)[1] == split_worker_devices("cpu," + text)[1]
+    assert local_and_members(fix)[1] == local_and_members("cpu," + text)[1]

@@ -3,10 +3,10 @@ device list and the worker memory check (pure, CPU)."""
 import pytest
 import torch
 from harness.toy_seq import SeqToyDiT
-from sharddit.parallel.placement.devices import with_worker_shares
+from sharddit.parallel.placement.devices import parse_device_plan
 from sharddit.parallel.distributed.weights import (WeightLayout, WeightRing, bind_flat, block_tensors, empty_block,
                                            pack_block, same_version, skeleton, unpack_into, weights_version)
-from sharddit.parallel.distributed.host_side import check_worker_room
+from sharddit.parallel.distributed.members import check_worker_room
 from sharddit.parallel.distributed.ranks import even_owners, transfer_group
 
 
@@ -84,11 +84,17 @@ def test_owners_and_transfer_groups():
 
 
 def test_worker_shares_of_a_device_list():
-    assert with_worker_shares("cuda:0,cuda:1", 2) == "cuda:0:1,cuda:1:1,cpu:1,cpu:1"
-    assert with_worker_shares("cuda:0:3,cuda:1:1", 1) == "cuda:0:3,cuda:1:1,cpu:2"
-    assert with_worker_shares("cpu", 0) == "cpu" and with_worker_shares("auto", 0) == "auto"
+    def shares(text):
+        return parse_device_plan(text).with_worker_shares()
+
+    assert shares("cuda:0,cuda:1,w1/cpu,w2/cpu").text == "cuda:0:1,cuda:1:1,cpu:1,cpu:1"
+    assert shares("cuda:0:3,cuda:1:1,w1/cuda:0") == parse_device_plan("cuda:0:3,cuda:1:1,cpu:2")
+    assert shares("cuda:0:3,cuda:1:1,w1/cuda:0").text == "cuda:0:3,cuda:1:1,cpu:2"
+    assert shares("cpu").text == "cpu" and shares(" AUTO ").text == " AUTO " and shares("auto").auto
+    assert shares("cuda:0, w1/cpu").members == () and parse_device_plan("cuda:0").with_worker_shares(2).text == (
+        "cuda:0:1,cpu:1,cpu:1")
     with pytest.raises(ValueError, match="auto"):
-        with_worker_shares("auto", 1)
+        shares("auto,w1/cpu")
 
 
 def test_worker_short_of_memory_is_named_with_the_gib_missing():
@@ -108,7 +114,7 @@ def test_worker_short_of_memory_is_named_with_the_gib_missing():
 def test_workers_keep_every_block_only_when_every_one_has_room():
     from types import SimpleNamespace as R
 
-    from sharddit.parallel.distributed.host_side import choose_worker_weights
+    from sharddit.parallel.distributed.members import choose_worker_weights
     gib = 2**30
     blocks = [gib] * 8  # 8 GiB of blocks; a share of 4 + 4 blocks of room = 8 GiB, every block + 2 = 10 GiB
     remote = (("w1", "cuda:0"), ("w2", "cuda:0"))

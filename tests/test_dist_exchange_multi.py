@@ -112,11 +112,15 @@ def _parts():
     return [torch.zeros(2), torch.ones(2), torch.full((2,), 2.0)]
 
 
+def _expect():
+    return [[(torch.float32, (2,))]] * 3
+
+
 def test_aborted_pool_stops_a_local_wait_at_once():
     timeout_s = 30.0  # the abort, not this timeout, must end the wait: bounds below are half of it
     pool = RankThreads(["cpu", "cpu"], timeout_s=timeout_s)
     ex = _local_only(timeout_s, pool)
-    waiting = pool.submit(0, lambda: ex.all_to_all(0, _parts()))
+    waiting = pool.submit(0, lambda: ex.all_to_all(0, _parts(), _expect()))
     time.sleep(0.2)
 
     def fail():
@@ -136,12 +140,14 @@ def test_missing_local_thread_times_out_then_fails_fast():
     timeout_s = 2.0
     ex = _local_only(timeout_s)
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"position 0 waited 2 s for position\(s\) \[1\] of this process"):
-        ex.all_to_all(0, _parts())
+    with pytest.raises(TimeoutError, match=r"^\[ShardDiT\] attention exchange 0: position 0 waited 2 s for "
+                                           r"position\(s\) \[1\] of this process$"):
+        ex.all_to_all(0, _parts(), _expect())
     assert 0.9 * timeout_s <= time.monotonic() - start < 2 * timeout_s  # one timeout, not two
     start = time.monotonic()
-    with pytest.raises(DistPeerError, match="an earlier one failed"):
-        ex.all_to_all(1, _parts())
+    with pytest.raises(DistPeerError, match=r"^\[ShardDiT\] attention exchange \d+ not started: an earlier one failed "
+                                            r"\(attention exchange 0: position 0 waited"):  # the prefix once
+        ex.all_to_all(1, _parts(), _expect())
     assert time.monotonic() - start < timeout_s / 2  # fails fast: no second wait
 
 
@@ -158,7 +164,7 @@ def test_failed_transfer_reaches_every_local_thread():
 
     def call(p):
         try:
-            ex.all_to_all(p, _parts())
+            ex.all_to_all(p, _parts(), _expect())
         except Exception as e:  # noqa: BLE001
             errors[p] = e
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace as R
 import pytest
 from sharddit.parallel.families import shape_from_config
 from sharddit.parallel.cost.model import Workload
-from sharddit.parallel.distributed.host_side import choose_worker_weights
+from sharddit.parallel.distributed.members import choose_worker_weights
 from sharddit.parallel.cost.workers import compute_network_step, compute_worker_needs, parse_net_gbps, split_worker_spec
 
 GiB = 2**30
@@ -17,8 +17,10 @@ def test_worker_spec_splits_host_devices_from_worker_devices_with_their_free_mem
     assert split_worker_spec("cuda:0=24GiB,box2/cuda:0=20GiB,box3/cuda:1") == (
         "cuda:0=24GiB", (("box2", "cuda:0", 20 * GiB), ("box3", "cuda:1", None)))
     assert split_worker_spec("cuda:0,cuda:1") == ("cuda:0,cuda:1", ())
-    with pytest.raises(ValueError, match=r"'box2/cuda:0=lots'.*'lots' is not a size like '24GiB'"):
+    with pytest.raises(ValueError, match=r"^\[ShardDiT\] devices 'cuda:0=24GiB,box2/cuda:0=lots': 'box2/cuda:0=lots': "
+                                         r"size 'lots' is not a size like '24GiB'") as err:
         split_worker_spec("cuda:0=24GiB,box2/cuda:0=lots")
+    assert str(err.value).count("[ShardDiT]") == 1, str(err.value)
     with pytest.raises(ValueError, match=r"lists only worker devices.*e\.g\. 'cpu,box2/cuda:0"):
         split_worker_spec("box2/cuda:0=24GiB")
     with pytest.raises(ValueError, match=r"'bad name/cuda:0' is not NAME/DEVICE"):

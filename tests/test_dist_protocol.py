@@ -14,7 +14,7 @@ from harness import dist_toys  # noqa: F401 - the toys' block builders
 from harness.toy_seq import SeqToyDiT
 from sharddit.loaders.comfy.remote import worker_blocks
 from sharddit.parallel.distributed.weights import WeightLayout
-from sharddit.parallel.distributed.wire import HEADER, pack_parts, part_sizes, unpack_parts
+from sharddit.parallel.distributed.wire import expect_sizes, pack_parts, unpack_expected
 from sharddit.parallel.distributed import protocol
 from sharddit.parallel.distributed.block_specs import (
     INSECURE_ENV,
@@ -119,21 +119,15 @@ def test_an_oversized_tensor_description_is_refused_before_allocation():
         from_payload(_payload(head), 2**30)
 
 
-def test_exchange_headers_are_bounded_before_allocation():
+def test_exchange_parts_are_raw_bytes_sized_by_what_the_receiver_expects():
+    """No header crosses the wire: the receiver sizes its buffer from ``expect`` and rebuilds each
+    item bit for bit; a peer cannot announce a size."""
     parts = [(torch.randn(2, 3), None, torch.arange(4))]
-    header, data, sizes = pack_parts(parts, [0], "cpu")
-    assert part_sizes(header) == sizes
-    got = unpack_parts(header, data, "cpu")[0]
+    data, sizes = pack_parts(parts, [0], "cpu")
+    expect = [[(torch.float32, (2, 3)), None, (torch.int64, (4,))]]
+    assert sizes == expect_sizes(expect) == [2 * 3 * 4 + 4 * 8] and data.numel() == sizes[0]
+    got = unpack_expected(expect, data, "cpu")[0]
     assert torch.equal(got[0], parts[0][0]) and got[1] is None and torch.equal(got[2], parts[0][2])
-    huge = torch.zeros(1, HEADER, dtype=torch.int64)
-    huge[0, :5] = torch.tensor([1, 0, 2, 2**31, 2**31])  # one float32 [2^31, 2^31]: 16 EiB
-    with pytest.raises(ProtocolError, match="more than the limit"):
-        part_sizes(huge)
-    for row in ([99], [1, 77, 1, 4], [1, 0, 30], [1, 0, 2, -5, 4]):  # item count, dtype code, ndim, size
-        bad = torch.zeros(1, HEADER, dtype=torch.int64)
-        bad[0, :len(row)] = torch.tensor(row)
-        with pytest.raises(ProtocolError):
-            part_sizes(bad)
 
 
 def test_a_worker_builds_the_block_from_its_description_and_refuses_another_layout():
@@ -187,17 +181,13 @@ def test_the_comfy_description_sends_plain_config_values_only():
     assert describe_block(dit.blocks[1], lambda b: describe(1, b))["family"] == "comfy"
 
 
-def test_received_bytes_must_be_exactly_what_the_header_announced():
-    """Trailing bytes after the announced parts are refused, not ignored (a peer out of step)."""
-    from sharddit.parallel.distributed.wire import unpack_expected
-
+def test_received_bytes_must_be_exactly_what_was_expected():
+    """Trailing bytes after the expected parts are refused, not ignored (a peer out of step)."""
     parts = [(torch.randn(2, 3), None)]
-    header, data, _ = pack_parts(parts, [0], "cpu")
+    data, _ = pack_parts(parts, [0], "cpu")
     longer = torch.cat([data, torch.zeros(4, dtype=data.dtype)])
     with pytest.raises(ProtocolError, match=f"{longer.numel()} bytes received, {data.numel()} expected"):
         unpack_expected([[(torch.float32, (2, 3)), None]], longer, "cpu")
-    with pytest.raises(ProtocolError, match="bytes received"):
-        unpack_parts(header, longer, "cpu")
 
 
 def test_a_worker_refuses_owned_weights_that_do_not_fill_the_layout_exactly():
@@ -251,3 +241,28 @@ def test_a_payload_round_trips_bit_for_bit_and_refuses_every_malformed_one():
         bad, limit = bad if isinstance(bad, tuple) else (bad, 1 << 20)
         with pytest.raises(ProtocolError, match=re.escape(said)):
             protocol.from_payload(bad, limit)
+
+
+def test_a_rank_reports_a_failed_command_by_its_reason_so_the_host_says_the_prefix_once():
+    """A member's failed command travels home as text (``op: error``) that the host puts inside its own
+    ``DistWorkerError``: the text carries the failure's reason, not a second ``[ShardDiT]``."""
+    from sharddit.parallel.cluster.rank_server import RankServer
+    from sharddit.parallel.errors import RunError
+
+    class FailingServer:  # a session's block server whose command fails as serving.BlockServer's can
+        device = torch.device("cpu")
+
+        def command(self, msg):
+            raise RunError("block 3: its weights were not sent to this worker")
+
+        def release(self):
+            pass
+
+    rank = RankServer("box2/cpu", "cpu")
+    rank.server = FailingServer()
+    reply, _ = from_payload(rank.command(to_payload({"op": "held"})), 1 << 20)
+    assert reply == {"op": "error", "error": "RunError: block 3: its weights were not sent to this worker"}
+    assert rank.server is None  # the rank left the session
+    rank.server = FailingServer()
+    reply, _ = from_payload(rank.command(b"\x00" * 4), 1 << 20)
+    assert reply["error"].startswith("invalid command: ") and "[ShardDiT]" not in reply["error"], reply

@@ -12,10 +12,10 @@ import pytest
 from sharddit.parallel.placement.devices import (
     MEMBER_NAME_FORM,
     check_member_name,
-    split_worker_devices,
+    parse_device_plan,
 )
 from sharddit.parallel.distributed.config import dist_timeout, parse_addr
-from sharddit.parallel.distributed.host_side import check_member
+from sharddit.parallel.distributed.members import check_member
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 
@@ -64,7 +64,7 @@ def test_a_bad_member_name_is_refused_by_the_one_rule_and_by_the_devices_parser(
         check_member_name(name, "--name")
     if "," not in name and "/" not in name:  # those split the devices string elsewhere
         with pytest.raises(ValueError, match="is not NAME/DEVICE"):
-            split_worker_devices(f"cpu,{name}/cpu")
+            parse_device_plan(f"cpu,{name}/cpu")
     with pytest.raises(ValueError, match="is not NAME/DEVICE"):
         check_member(f"{name}/cpu")
 
@@ -72,7 +72,7 @@ def test_a_bad_member_name_is_refused_by_the_one_rule_and_by_the_devices_parser(
 def test_good_member_names():
     for name in ("w1", "box-2", "a.b_c", "X" * 32, "0"):
         assert check_member_name(name) == name
-        assert split_worker_devices(f"cpu,{name}/cuda:1") == ("cpu", ((name, "cuda:1"),))
+        assert parse_device_plan(f"cpu,{name}/cuda:1").members == ((name, "cuda:1"),)
         assert check_member(f"{name}/cuda:1") == f"{name}/cuda:1"
     with pytest.raises(ValueError, match="is not NAME/DEVICE"):
         check_member("w1/gpu")

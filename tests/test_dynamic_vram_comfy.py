@@ -91,7 +91,7 @@ def _assert_whole(patcher):
 def test_sharded_model_is_whole_non_dynamic_patchers_over_the_same_weights(env, tiny, kind):
     import comfy.model_patcher as mp
 
-    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.hooks")
     incoming = _core_model(tiny.wan21_t2v_state_dict(), kind)
     block_ptrs = {k: v.data_ptr() for k, v in incoming.model.diffusion_model.blocks.state_dict().items()}
     sharded = _shard(env, incoming)
@@ -124,7 +124,7 @@ def test_sharded_dynamic_model_samples_as_unsharded(env, tiny, tmp_path, kind, p
     KSampler on the unsharded plain MODEL."""
     from comfy.patcher_extension import CallbacksMP
 
-    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.hooks")
     sd = tiny.wan21_t2v_state_dict()
     apply_lora = lora_loader(env, tiny, tmp_path, sd, name=f"tiny_wan_lora_dyn_{kind}.safetensors")
     latent = torch.zeros(LATENT)

@@ -7,15 +7,17 @@ from dataclasses import replace
 import pytest
 import torch
 
-from sharddit.parallel.placement.devices import check_devices_exist
+from sharddit.parallel.placement.devices import check_devices_exist, parse_device_plan
 from sharddit.parallel.placement.inventory import inventory_from_spec
-from sharddit.parallel.placement.planner import Footprint, PlacementError, PlacementRequest, plan_placement
+from sharddit.parallel.placement.planner import plan_placement
+from sharddit.parallel.placement.plan_types import Footprint, PlacementRequest
+from sharddit.parallel.placement.plan_text import PlacementError
 from sharddit.parallel.sequence import ops as seq_ops
 
 pytestmark = pytest.mark.no_blas
 
 G = 1 << 30
-NOTE = ("[ShardDiT] NVML sees 3 GPUs, torch 1: RTX 3090 (NVML 1), RTX 3060 (NVML 2) hidden from this process "
+NOTE = ("NVML sees 3 GPUs, torch 1: RTX 3090 (NVML 1), RTX 3060 (NVML 2) hidden from this process "
         "(CUDA_VISIBLE_DEVICES '0'). To use them: start ComfyUI with --cuda-device all (...).")
 ONE_SEEN = replace(inventory_from_spec("cuda:0=20GiB/24GiB,cpu=64GiB"), hidden_note=NOTE)
 
@@ -24,9 +26,10 @@ def test_a_missing_device_error_names_the_hidden_gpus_and_the_fix():
     with pytest.raises(ValueError) as err:
         check_devices_exist(["cuda:0", "cuda:1"], ("cuda:0", "cpu"), NOTE)
     text = str(err.value)
-    assert text.startswith("device 'cuda:1' does not exist; this machine has cuda:0, cpu; use one of cuda:0 or 'cpu'")
+    assert text.startswith("[ShardDiT] device 'cuda:1' does not exist; this machine has cuda:0, cpu; "
+                           "use one of cuda:0 or 'cpu'")
     assert "NVML sees 3 GPUs, torch 1: RTX 3090 (NVML 1)" in text and "--cuda-device all" in text
-    assert "[ShardDiT] NVML" not in text, "the note joins the sentence, without a second prefix"
+    assert text.count("[ShardDiT]") == 1, "the note joins the sentence, without a second prefix"
     with pytest.raises(ValueError) as plain:
         check_devices_exist(["cuda:1"], ("cuda:0", "cpu"))
     assert "NVML" not in str(plain.value)
@@ -35,15 +38,15 @@ def test_a_missing_device_error_names_the_hidden_gpus_and_the_fix():
 def test_the_planner_names_hidden_gpus_for_a_missing_device_and_a_dit_that_does_not_fit():
     big = Footprint(block_bytes=(G,) * 40, dit_home_bytes=G, dit_activation_bytes=2 * G)
     with pytest.raises(ValueError, match=re.escape("--cuda-device all")):
-        plan_placement(ONE_SEEN, big, PlacementRequest(devices="cuda:0,cuda:1"))
+        plan_placement(ONE_SEEN, big, PlacementRequest(devices=parse_device_plan("cuda:0,cuda:1")))
     with pytest.raises(PlacementError) as err:
-        plan_placement(ONE_SEEN, big, PlacementRequest(devices="auto", reserve_vram_gb=0.0))
+        plan_placement(ONE_SEEN, big, PlacementRequest(reserve_vram_gb=0.0))
     assert "the DiT does not fit" in str(err.value)
     assert str(err.value).endswith("This machine has more GPUs than this process sees; to use them: start ComfyUI "
                                    "with --cuda-device all (...).")
     assert "NVML sees" not in str(err.value), "plan and the Plan node print the note itself once, above the plan"
     with pytest.raises(PlacementError) as plain:
-        plan_placement(replace(ONE_SEEN, hidden_note=""), big, PlacementRequest(devices="auto", reserve_vram_gb=0.0))
+        plan_placement(replace(ONE_SEEN, hidden_note=""), big, PlacementRequest(reserve_vram_gb=0.0))
     assert "more GPUs" not in str(plain.value)
 
 
@@ -52,7 +55,7 @@ def test_memory_comfyui_can_release_is_available_to_the_planner():
     holds a 20 GiB DiT that 10 GiB alone cannot."""
     inv = inventory_from_spec("cuda:0=10GiB/24GiB,cpu=64GiB")
     fp = Footprint(block_bytes=(G,) * 16, dit_home_bytes=G, dit_activation_bytes=2 * G)
-    request = PlacementRequest(devices="auto", reserve_vram_gb=0.0)
+    request = PlacementRequest(reserve_vram_gb=0.0)
     with pytest.raises(PlacementError):
         plan_placement(inv, fp, request)
     more = inv.with_releasable_bytes({"cuda:0": 14 * G})

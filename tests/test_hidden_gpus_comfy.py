@@ -87,8 +87,8 @@ def test_auto_says_it_chose_from_the_one_gpu_shown(env, tiny, windows_one_gpu, c
     shard_devices = pack_module(env, "loaders.comfy.shard.which_devices")
     model = load(env, tiny.wan21_t2v_state_dict())
     with caplog.at_level(logging.WARNING, logger="sharddit"):
-        assert shard_devices._local_auto_devices(model, 0.0, None) == "cuda:0"
-        assert shard_devices._local_auto_devices(model, 0.0, None) == "cuda:0"
+        assert shard_devices._local_auto_devices(model, 0.0, None).text == "cuda:0"
+        assert shard_devices._local_auto_devices(model, 0.0, None).text == "cuda:0"
     said = [r.getMessage() for r in caplog.records if "devices 'auto' -> cuda:0" in r.getMessage()]
     assert len(said) == 1, f"once per choice: {said}"
     assert "chosen from the 1 GPU this process sees" in said[0] and HIDDEN in said[0]

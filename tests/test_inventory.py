@@ -81,8 +81,9 @@ def test_parse_bytes_invalid(text):
     ],
 )
 def test_spec_invalid(spec, message):
-    with pytest.raises(ValueError, match=re.escape(message) + ".*" + re.escape(f"accepted: {SPEC_FORM}")):
+    with pytest.raises(ValueError, match="^" + re.escape(f"[ShardDiT] {message}") + ".*" + re.escape(f"accepted: {SPEC_FORM}")) as err:
         inventory_from_spec(spec)
+    assert str(err.value).count("[ShardDiT]") == 1, "a wrapped part's reason joins the sentence, without its prefix"
 
 
 def test_held_bytes():
@@ -313,7 +314,7 @@ def test_hidden_gpus_note_names_them_and_the_fix():
 
     assert hidden_gpus_note(PHYSICAL, PHYSICAL, 3, None, windows=False) == ""
     linux = hidden_gpus_note(PHYSICAL, (A,), 1, "0", windows=False)
-    assert linux.startswith("[ShardDiT] NVML sees 3 GPUs, torch 1: RTX 3060 (NVML 1), RTX 3090 (NVML 2) hidden")
+    assert linux.startswith("NVML sees 3 GPUs, torch 1: RTX 3060 (NVML 1), RTX 3090 (NVML 2) hidden")
     assert "(CUDA_VISIBLE_DEVICES '0')" in linux
     assert "unset CUDA_VISIBLE_DEVICES or list every GPU in it (CUDA_VISIBLE_DEVICES=0,1,2; ComfyUI: --cuda-device " \
            "0,1,2)" in linux
@@ -358,7 +359,7 @@ def test_read_inventory_says_once_which_gpus_are_hidden(monkeypatch, no_torch_cu
         return
     assert hidden in got[0].hidden_note and "--cuda-device all" in got[0].hidden_note
     assert all(g.hidden_note == got[0].hidden_note for g in got)
-    assert notes == [got[0].hidden_note], "said once per process"
+    assert notes == [f"[ShardDiT] {got[0].hidden_note}"], "said once per process, as a log line"
 
 
 def test_read_inventory_torch_matched_names_the_unmatched_gpu(monkeypatch):

@@ -5,6 +5,7 @@ Toy footprint, sizes in GiB (G = 2**30 bytes): HY = a HunyuanVideo-like DiT, 4 "
 2 GiB then 8 "single" blocks of 1 GiB (16 GiB of blocks) + 1 GiB home, 2 GiB activation room.
 """
 import pytest
+from sharddit.parallel.placement.devices import parse_device_plan
 from sharddit.parallel.cost.memory import (
     compute_prefetch_bytes,
     compute_sequence_activations,
@@ -17,7 +18,8 @@ from sharddit.parallel.cost.mode import (
     prefetch_bytes,
     sequence_shortfalls,
 )
-from sharddit.parallel.placement.planner import Footprint, PlacementRequest, plan_placement
+from sharddit.parallel.placement.planner import plan_placement
+from sharddit.parallel.placement.plan_types import Footprint, PlacementRequest
 
 G = 1 << 30
 HY = Footprint(block_bytes=(2 * G,) * 4 + (G,) * 8, dit_home_bytes=G, dit_activation_bytes=2 * G)
@@ -60,7 +62,7 @@ def test_plan_rows_add_up():
 
 
 def _plan(inventory):
-    return plan_placement(spec(inventory), HY, PlacementRequest(devices="cuda:0,cuda:1"))
+    return plan_placement(spec(inventory), HY, PlacementRequest(devices=parse_device_plan("cuda:0,cuda:1")))
 
 
 def test_explicit_sequence_checks_room_like_auto():

@@ -36,12 +36,11 @@ def _modules(env):
 
 def _tight_inventory(sm, inv_mod, pm, model):
     """The smallest even two-GPU inventory (1 MiB steps) on which the plan fits but the ring does not."""
+    from sharddit.parallel.placement.devices import parse_device_plan
     from sharddit.loaders.comfy.models.specs import get_arch_spec
-    from sharddit.parallel.placement.planner import (
-        PlacementError,
-        PlacementRequest,
-        plan_placement,
-    )
+    from sharddit.parallel.placement.planner import plan_placement
+    from sharddit.parallel.placement.plan_text import PlacementError
+    from sharddit.parallel.placement.plan_types import PlacementRequest
     from sharddit.loaders.comfy.shard.mode_decision import footprint_of
 
     dit = model.get_model_object("diffusion_model")
@@ -50,7 +49,7 @@ def _tight_inventory(sm, inv_mod, pm, model):
     for mib in range(1, 4096):
         inv = inv_mod.inventory_from_spec(f"cuda:0={mib}MiB,cuda:1={mib}MiB")
         try:
-            plan = plan_placement(inv, fp, PlacementRequest(devices="cuda:0,cuda:1"))
+            plan = plan_placement(inv, fp, PlacementRequest(devices=parse_device_plan("cuda:0,cuda:1")))
         except PlacementError:
             continue
         if len(plan.dit_devices) == 2 and pm.sequence_shortfalls(plan, fp, inv):

@@ -61,8 +61,10 @@ def contexts(sim):
 def _context(sim, contexts, model, res, n, full=False):
     """(cut or full-depth) context over ``n`` fake 141 GiB GPUs, its block devices and home (the full
     model as the planner places it; the cut one evenly, so every rank runs and streams)."""
+    from sharddit.parallel.placement.devices import DevicePlan
     from sharddit.parallel.placement.inventory import inventory_from_spec
-    from sharddit.parallel.placement.planner import PlacementRequest
+    from sharddit.parallel.placement.plan_types import PlacementRequest
+    from sharddit.loaders.plan.setup import check_simulation
 
     presets, simulator, _ = sim
     if not presets.comfyui_has(presets.PRESETS[model].requires):
@@ -72,18 +74,19 @@ def _context(sim, contexts, model, res, n, full=False):
         spec = presets.resolve_model(model)
         if not full:
             spec = replace(spec, unet_config={**spec.unet_config, **DEPTH[model](n)})
-        contexts[key] = simulator._build_context(spec, *SIZES[model][res], "bf16")
-    devices = ",".join(f"cuda:{i}" for i in range(n))
-    ctx = replace(contexts[key], size=SIZES[model][res], request=PlacementRequest(devices=devices, reserve_vram_gb=1.0),
-                  inventory=inventory_from_spec(",".join(f"{d}=141GiB" for d in devices.split(","))))
+        contexts[key] = simulator.context_of(check_simulation(spec, "cpu", *SIZES[model][res]))
+    devices = [f"cuda:{i}" for i in range(n)]
+    ctx = replace(contexts[key], size=SIZES[model][res],
+                  request=PlacementRequest(devices=DevicePlan.of_devices(devices), reserve_vram_gb=1.0),
+                  inventory=inventory_from_spec(",".join(f"{d}=141GiB" for d in devices)))
     if not full:  # the cut blocks split evenly by count, home on cuda:0
         nb = len(ctx.block_bytes)
         return ctx, [f"cuda:{i * n // nb}" for i in range(nb)], "cuda:0"
-    from sharddit.loaders.plan.block_plan import plan_blocks, planned_devices
+    from sharddit.loaders.plan.block_plan import plan_blocks
 
-    plan, err = plan_blocks(ctx, 0)
-    assert err is None and plan.home_device == "cuda:0"
-    return (ctx, *planned_devices(ctx, plan))
+    plan, err, block_devices, home = plan_blocks(ctx, 0)
+    assert err is None and home == "cuda:0"
+    return ctx, block_devices, home
 
 
 def _measured(sim, contexts, model, res, n, cfg):
@@ -124,11 +127,13 @@ def test_hunyuan_ring_holds_both_block_shapes(sim, contexts):
     """HunyuanVideo cut to 2 double + 3 single blocks: cuda:0 owns the doubles, cuda:1 two singles,
     cuda:2 the last single. cuda:2 streams both kinds and fills four buffers (two of each shape);
     the plan counts the same, where "two of the largest block" counted two doubles."""
+    from sharddit.loaders.plan.setup import check_simulation
+
     presets, simulator, seq = sim
     if "ring" not in contexts:
         spec = presets.resolve_model("hunyuanvideo-13b")
         spec = replace(spec, unet_config={**spec.unet_config, "depth": 2, "depth_single_blocks": 3})
-        contexts["ring"] = simulator._build_context(spec, 848, 480, 129, "bf16")
+        contexts["ring"] = simulator.context_of(check_simulation(spec, "cpu", 848, 480, 129))
     ctx = contexts["ring"]
     devices = ["cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:2"]
     double, single = ctx.block_bytes[0], ctx.block_bytes[-1]

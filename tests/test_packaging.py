@@ -449,3 +449,99 @@ def test_no_module_imports_a_private_name_from_another():
     offenders = find_private_imports()
     assert offenders == [], "a private (_name) stays in its module; make it public where it is shared:\n" + \
         "\n".join(offenders)
+
+
+# ------------------------------------------------------------------ (i) __all__ names what a module defines
+
+# A module's ``__all__`` lists what it defines; a name it only imports is imported from where it is
+# defined. A package ``__init__.py`` is exempt: handing names on is its job.
+ALL_PENDING: dict[str, set] = {}
+
+
+def _defined_names(tree: ast.Module) -> set:
+    """Names bound at the top level of ``tree`` other than by an import (or inside ``if``/``try``)."""
+    names, todo = set(), list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)  # not its body: a name bound inside a function is not the module's
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += [*node.body, *getattr(node, "orelse", ()), *getattr(node, "finalbody", ()),
+                     *(s for h in getattr(node, "handlers", ()) for s in h.body)]
+    return names
+
+
+def find_reexports(repo: Path = REPO, pending: dict | None = None) -> list:
+    """``["path: name"]`` for each name a product module's ``__all__`` lists but only imports."""
+    pending = ALL_PENDING if pending is None else pending
+    found = []
+    for d in PACK_DIRS:
+        for path in sorted((repo / d).rglob("*.py")):
+            if path.name == "__init__.py":
+                continue
+            tree = ast.parse(path.read_text())
+            listed = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                      and any(isinstance(t, ast.Name) and t.id == "__all__" for t in n.targets)]
+            rel = path.relative_to(repo).as_posix()
+            defined = _defined_names(tree) | pending.get(rel, set())
+            found += [f"{rel}: {name}" for names in listed for name in names if name not in defined]
+    return found
+
+
+def test_reexport_checker_catches(tmp_path):
+    repo = _fake_pack(tmp_path, {
+        "parallel/units.py": "__all__ = ['GiB', 'format_gib']\nGiB = 1 << 30\ndef format_gib(b): pass\n",
+        "loaders/plan/__init__.py": "from ...parallel.units import format_gib\n__all__ = ['format_gib']\n",
+        "loaders/plan/findings.py": "from ...parallel.units import GiB, format_gib\n"
+                                    "__all__ = ['Report', 'format_gib', 'LIMIT', 'shown']\nclass Report: pass\nLIMIT: int = 3\n"
+                                    "def f():\n    shown = 1\n"})
+    assert find_reexports(repo, {}) == ["loaders/plan/findings.py: format_gib", "loaders/plan/findings.py: shown"]
+
+
+def test_all_lists_only_what_the_module_defines():
+    offenders = find_reexports()
+    assert offenders == [], ("a module's __all__ names what it defines; import these from the module that "
+                             "defines them (a package __init__.py may hand names on):\n" + "\n".join(offenders))
+
+
+# The sequence engine's collaborators arrive through its constructor, ``use_runner`` or
+# ``set_split_check`` (issue 35 item 4); ``runner`` and a router's ``engine`` are read-only, and the
+# others are private: an outside assignment would silently add an attribute the engine never reads.
+ENGINE_SLOTS = {"should_stop", "split_check", "interrupt_exceptions", "runner", "engine", "_should_stop",
+                "_split_check", "_interrupt_exceptions", "_runner", "_engine"}
+ENGINE_OWNERS = {"parallel/sequence/engine.py", "parallel/blocks/routing.py"}
+
+
+def find_engine_slot_assignments(repo: Path = REPO) -> list:
+    """``["path:line name"]`` for each assignment to an engine slot on another object than ``self``,
+    outside the engine and the router."""
+    found = []
+    for d in PACK_DIRS:
+        for path in sorted((repo / d).rglob("*.py")):
+            rel = path.relative_to(repo).as_posix()
+            if rel in ENGINE_OWNERS:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                    node, (ast.AugAssign, ast.AnnAssign)) else []
+                for t in targets:
+                    if isinstance(t, ast.Attribute) and t.attr in ENGINE_SLOTS and not (
+                            isinstance(t.value, ast.Name) and t.value.id == "self"):
+                        found.append(f"{rel}:{node.lineno} {t.attr}")
+    return found
+
+
+def test_no_engine_slot_is_assigned_from_outside():
+    assert find_engine_slot_assignments() == []
+
+
+def test_engine_slot_checker_catches(tmp_path):
+    repo = _fake_pack(tmp_path, {
+        "loaders/comfy/shard/sharded_model.py": "engine.should_stop = f\nrouter.engine = e\nself.runner = r\n",
+        "parallel/sequence/engine.py": "engine.runner = r\n",
+    })
+    assert find_engine_slot_assignments(repo) == ["loaders/comfy/shard/sharded_model.py:1 should_stop",
+                                                  "loaders/comfy/shard/sharded_model.py:2 engine"]

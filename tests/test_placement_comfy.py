@@ -34,7 +34,7 @@ def test_three_loaders_match_core_pipeline(comfy_env, tiny_models):
 
     from harness.comfy_env import pack_module
 
-    shards = pack_module(env, "loaders.comfy.shard.sharded_model").get_shard_patchers(model)
+    shards = pack_module(env, "loaders.comfy.shard.hooks").get_shard_patchers(model)
     assert str(clip.patcher.load_device) == "cpu"
     assert str(vae_obj.device) == "cpu"
     assert [str(s.load_device) for s in shards] == ["cpu", "cpu"]
@@ -49,17 +49,18 @@ def test_three_loaders_match_core_pipeline(comfy_env, tiny_models):
 
 @pytest.mark.parametrize("node,args,match", [
     ("ShardDiTLoadTextEncoder", ("{te}", "wan", "cuda:3"),
-     r"^device 'cuda:3' does not exist; this machine has cpu; no GPU is visible to torch here"),
+     r"^\[ShardDiT\] device 'cuda:3' does not exist; this machine has cpu; no GPU is visible to torch here"),
     ("ShardDiTLoadVAE", ("{vae}", "gpu0"),
-     r"^device 'gpu0' is not valid; accepted: 'auto', 'cpu' or 'cuda:N' \(N = 0, 1, \.\.\.\)"),
+     r"^\[ShardDiT\] device 'gpu0' is not valid; accepted: 'auto', 'cpu' or 'cuda:N' \(N = 0, 1, \.\.\.\)"),
     ("ShardDiTLoadDiffusionModel", ("{dit}", "default", "cuda:0,cuda:1", 0.0),
-     r"^device 'cuda:0' does not exist; this machine has cpu"),
+     r"^\[ShardDiT\] device 'cuda:0' does not exist; this machine has cpu"),
 ])
 def test_bad_devices_fail_before_loading(comfy_env, tiny_models, node, args, match):
     names = tiny_models.names
     args = tuple(a.format(te=names["umt5"], vae=names["wan21_vae"], dit=names["wan21_t2v"])
                  if isinstance(a, str) else a for a in args)
     before = [id(m) for m in comfy_env.mm.loaded_models()]
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as err:
         comfy_env.nodes.NODE_CLASS_MAPPINGS[node].execute(*args)
+    assert str(err.value).count("[ShardDiT]") == 1, str(err.value)
     assert [id(m) for m in comfy_env.mm.loaded_models()] == before, "nothing may be loaded or unloaded"

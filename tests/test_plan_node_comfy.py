@@ -78,7 +78,7 @@ def test_holdings_and_current_placements_from_loaded_models(env, tiny_models):
     ours = sum(lm.model.loaded_size() for lm in env.mm.current_loaded_models if lm.model is not vae.patcher)
     assert plan_node.read_holdings() == {"cpu": (vae.patcher.loaded_size(), ours)}
     assert ours == model.model_size() + sum(s.model_size() for s in
-                                            pack_module(env, "loaders.comfy.shard.sharded_model").get_shard_patchers(model))
+                                            pack_module(env, "loaders.comfy.shard.hooks").get_shard_patchers(model))
     text = plan_node.describe_current_placements(None)
     assert text.startswith("Loaded now, sharded by ShardDiT: WanModel") and "'blocks': [['cpu', 0, 2], ['cpu', 2, 4]]" in text
     env.mm.unload_all_models()

@@ -229,4 +229,4 @@ def test_a_plan_only_core_can_run_says_so_in_its_verdict(sim):
         assert "core's own dynamic_vram fits (its row)" in st.decision_line()
     else:
         assert verdict.startswith("DOES NOT FIT: cuda:0 short by") and "But core's own" not in text
-    assert "no ShardDiT mode fits" in st.decision_line()
+    assert "no ShardDiT mode fits" in st.decision_line() and "[ShardDiT]" not in st.decision_line()

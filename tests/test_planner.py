@@ -14,16 +14,11 @@ import re
 
 import pytest
 
+from sharddit.parallel.placement.devices import DeviceEntry, parse_device_plan
 from sharddit.parallel.placement.inventory import inventory_from_spec as spec
-from sharddit.parallel.placement.planner import (
-    BlockRange,
-    DeviceLoad,
-    Footprint,
-    PlacementError,
-    PlacementRequest,
-    Plan,
-    plan_placement,
-)
+from sharddit.parallel.placement.planner import plan_placement
+from sharddit.parallel.placement.plan_types import BlockRange, DeviceLoad, Footprint, PlacementRequest, Plan
+from sharddit.parallel.placement.plan_text import PlacementError
 
 G = 1 << 30
 H = G // 2
@@ -50,6 +45,8 @@ def load(weights_gib, activations_gib):
 
 
 def plan(inventory_spec, footprint, **request):
+    if "devices" in request:
+        request["devices"] = parse_device_plan(request["devices"])
     return plan_placement(spec(inventory_spec), footprint, PlacementRequest(**request)).to_dict()
 
 
@@ -397,13 +394,28 @@ def test_to_text_table():
 )
 def test_request_validation(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
+        if "devices" in kwargs:  # the one parser refuses it, before any request
+            kwargs = {**kwargs, "devices": parse_device_plan(kwargs["devices"])}
         PlacementRequest(**kwargs)
 
 
+@pytest.mark.parametrize("devices", ["cuda:0,cuda:1", "auto"])
+def test_a_request_takes_the_parsed_plan_not_a_string(devices):
+    """The devices string is parsed once, where it enters (``parse_device_plan``): a request given
+    the string itself is refused, not parsed again; so is a plan that still names worker members
+    (the host places their shares as ``cpu`` entries: ``with_worker_shares``)."""
+    with pytest.raises(TypeError, match="DevicePlan"):
+        PlacementRequest(devices=devices)
+    with pytest.raises(TypeError, match="with_worker_shares"):
+        PlacementRequest(devices=parse_device_plan("cuda:0,w1/cpu"))
+    assert PlacementRequest(devices=parse_device_plan("cuda:0,w1/cpu").with_worker_shares()).devices.entries[-1] == (
+        DeviceEntry("cpu", 1.0))
+
+
 def test_request_normalises():
-    req = PlacementRequest(devices=" cuda:0 , cuda:1 ", text_encoder_device="CPU", vae_device=" Auto", reserve_vram_gb=1.5)
+    req = PlacementRequest(devices=parse_device_plan(" cuda:0 , cuda:1 "), text_encoder_device="CPU", vae_device=" Auto", reserve_vram_gb=1.5)
     assert (req.text_encoder_device, req.vae_device, req.reserve_bytes) == ("cpu", "auto", 3 * H)
-    assert [e.device for e in req.device_list.entries] == ["cuda:0", "cuda:1"]
+    assert [e.device for e in req.devices.entries] == ["cuda:0", "cuda:1"]
 
 
 @pytest.mark.parametrize(

@@ -25,10 +25,11 @@ def wan8():
     import_comfyui()
     from sharddit.loaders.plan import dry_run as simulator
     from sharddit.loaders.plan import presets
+    from sharddit.loaders.plan.setup import check_simulation
 
     spec = presets.resolve_model("wan2.1-t2v-14b")
     spec = replace(spec, unet_config={**spec.unet_config, "num_layers": 8})
-    return simulator._build_context(spec, *SIZE, "bf16")
+    return simulator.context_of(check_simulation(spec, "cpu", *SIZE))
 
 
 def _gpus(rows, room_blocks: float, block: int):

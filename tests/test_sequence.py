@@ -17,17 +17,18 @@ from harness.toy_seq import SeqToyDiT, SeqToyMMDiT
 
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.split import even_ranges, plan_groups
+from sharddit.parallel.sequence.local import LocalRanks
 from sharddit.parallel.sequence.threads import RankThreadError
 from sharddit.parallel.blocks.sharding import attach_block_sharding
 
 
 
-def _shard(model, layout, specs, ranks):
+def _shard(model, layout, specs, ranks, **collaborators):
     n = sum(len(getattr(model, p)) for p in layout.block_lists)
     block_devices = [ranks[min(len(ranks) - 1, g * len(ranks) // n)] for g in range(n)]
     handle = attach_block_sharding(model, layout, block_devices, "cpu")
     proxies = [p for pl in handle.proxies.values() for p in pl]
-    engine = attach_sequence_engine(handle.router, proxies, specs, ranks, timeout_s=30)
+    engine = attach_sequence_engine(handle.router, proxies, specs, ranks, timeout_s=30, **collaborators)
     return handle, engine
 
 
@@ -181,9 +182,10 @@ def test_a_finished_forward_keeps_no_rank_rows_alive_between_steps():
     torch.manual_seed(0)
     model = SeqToyDiT(dim=32, heads=4).eval()
     x, t, ctx = torch.randn(1, 12, 8), torch.rand(1), torch.randn(1, 5, 32)
-    handle, engine = _shard(model, WAN, WAN_SPEC, ["cpu", "cpu"])
-    seen = []  # the forward, weakly, as the main thread sees it before each block
-    engine.should_stop = lambda: engine._fwd is not None and seen.append(weakref.ref(engine._fwd))
+    seen, built = [], []  # the forward, weakly, as the main thread sees it before each block
+    handle, engine = _shard(model, WAN, WAN_SPEC, ["cpu", "cpu"], should_stop=lambda: built[0]._fwd is not None
+                            and seen.append(weakref.ref(built[0]._fwd)))
+    built.append(engine)
     gc.collect()
     gc.disable()
     try:
@@ -220,6 +222,25 @@ def test_a_rank_thread_drops_a_finished_tasks_result():
     finally:
         pool.close()
 
+
+
+def test_a_rank_threads_pack_error_reads_with_one_prefix():
+    """A pack error raised on a rank thread is re-raised on the caller's as ``RankThreadError``,
+    which names the worker and wraps the error's reason: ``[ShardDiT]`` once, at the start."""
+    from sharddit.parallel.errors import InputError
+    from sharddit.parallel.sequence.threads import RankThreads
+
+    def fail():
+        raise InputError("block 2 wants 12 rows, got 10")
+
+    pool = RankThreads(["cpu"], timeout_s=10)
+    try:
+        with pytest.raises(RankThreadError) as got:
+            pool.wait(pool.submit(0, fail, "block 2"), 0)
+    finally:
+        pool.close()
+    assert str(got.value) == ("[ShardDiT] sequence worker 0 on cpu failed during block 2: "
+                              "InputError: block 2 wants 12 rows, got 10")
 
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_row_table_cut_gives_each_rank_its_rows(ranks):
@@ -266,3 +287,73 @@ def test_speed_weighted_shares_keep_the_maths(speeds, batch, want):
         engine.set_speeds((1,) * (len(speeds) + 1))
     engine.close()
     handle.detach()
+
+
+def test_the_runner_arrives_through_the_engine_only():
+    """The engine's collaborators come through its constructor or its own methods: the runner is
+    read-only from outside, a runner factory gets the engine, and ``use_runner`` refuses a change
+    inside a forward (a forward half on one runner and half on another)."""
+    torch.manual_seed(0)
+    model = SeqToyDiT(dim=32, heads=4).eval()
+    x, t, ctx = torch.randn(1, 12, 8), torch.rand(1), torch.randn(1, 5, 32)
+    given = []
+
+    def factory(engine):
+        given.append(engine)
+        return LocalRanks(engine.devices)
+
+    handle, engine = _shard(model, WAN, WAN_SPEC, ["cpu", "cpu"], runner=factory)
+    try:
+        assert given == [engine] and isinstance(engine.runner, LocalRanks)
+        with pytest.raises(AttributeError):
+            engine.runner = LocalRanks(engine.devices)
+        with pytest.raises(AttributeError):
+            handle.router.engine = None
+        refused, first = [], engine.runner
+
+        def swap_inside():
+            with pytest.raises(RuntimeError, match="inside a forward"):
+                engine.use_runner(LocalRanks(engine.devices))
+            refused.append(1)
+
+        engine.set_split_check(lambda: swap_inside() if not refused else None)
+        _run(handle, lambda: model(x, t, ctx))
+        assert refused and engine.runner is first, "a runner change inside a forward was not refused"
+        other = LocalRanks(engine.devices)
+        assert engine.use_runner(other, timeout_s=99) is other and engine.runner is other
+        assert engine.timeout_s == 99
+    finally:
+        engine.close()
+        handle.detach()
+
+
+class _Stopped(Exception):
+    """Stands for ComfyUI's ``InterruptProcessingException`` (the user pressed Cancel)."""
+
+
+def test_should_stop_stops_every_rank_at_its_next_block_and_its_exception_passes_through():
+    """``should_stop`` (a constructor argument) runs before each block on the rank threads too: raised
+    there after the first block, the forward ends early, and the exception type listed in
+    ``interrupt_exceptions`` reaches the caller as it is, not wrapped as a rank thread error."""
+    import threading
+
+    torch.manual_seed(0)
+    model = SeqToyDiT(dim=32, heads=4).eval()
+    x, t, ctx = torch.randn(1, 12, 8), torch.rand(1), torch.randn(1, 5, 32)
+    calls = []
+
+    def should_stop():
+        if threading.current_thread().name.startswith("sharddit-seq"):
+            calls.append(1)
+            if len(calls) > 2:  # each of the two ranks ran its first block
+                raise _Stopped("interrupted")
+
+    handle, engine = _shard(model, WAN, WAN_SPEC, ["cpu", "cpu"], should_stop=should_stop,
+                            interrupt_exceptions=(_Stopped,))
+    try:
+        with pytest.raises(_Stopped):
+            _run(handle, lambda: model(x, t, ctx))
+        assert 0 < sum(engine.stats.blocks_run) < 4 * 2, engine.stats
+    finally:
+        engine.close()
+        handle.detach()

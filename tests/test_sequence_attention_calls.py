@@ -22,7 +22,8 @@ from harness.numerics import assert_split_close
 from harness.toy_seq import SeqToyDiT, _attention_impl
 from torch import nn
 
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.rank_block import ATTENTION_OVERRIDE, BlockAttention
 from sharddit.parallel.sequence.split import TokenSpec

@@ -16,7 +16,8 @@ from harness.toy_families import (
     PackedToy,
     TextThenVisualToy,
 )
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.split import TokenSpec
 
@@ -95,6 +96,13 @@ def test_video_split_audio_whole_like_the_whole_pair(ranks, batch):
     handle.detach()
 
 
+class _NotLocal:
+    """A runner that is not ``LocalRanks`` (as ``DistRanks`` is not)."""
+
+    def close(self):
+        pass
+
+
 def test_cross_modal_heads_over_worker_processes_run_whole():
     """The video->audio split (``TokenSpec.gather_kv``) runs on the engine's own threads only; with
     ranks in worker processes (any runner but ``LocalRanks``: ``DistRanks``) each block call runs
@@ -105,12 +113,10 @@ def test_cross_modal_heads_over_worker_processes_run_whole():
     with torch.no_grad():
         ref = model(*inputs)
     handle, engine = _shard(model, AV, AV_SPECS, ["cpu", "cpu"])
-    local = engine.runner
-    engine.runner = object()  # stands for DistRanks: never asked for anything here
+    engine.use_runner(_NotLocal())  # stands for DistRanks: never asked for anything but close
     with torch.no_grad(), handle.router.forward_scope(sequence=True):
         out = model(*inputs)
     assert all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
     assert engine.stats.fallbacks == 2 and handle.router.stats.blocks_run == 2
-    engine.runner = local
     engine.close()
     handle.detach()

@@ -9,7 +9,8 @@ import torch
 from harness.toy_seq import SeqToyDiT
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.split import TokenSpec
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 
 WAN = BlockLayout(("blocks",), (("x",),))
 WAN_SPEC = (TokenSpec({"x": 1, "e": 1, "freqs": 1}),)

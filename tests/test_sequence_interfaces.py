@@ -75,7 +75,7 @@ def test_the_cluster_host_offers_what_the_remote_ranks_use():
     import re
 
     from sharddit.parallel.cluster.host import ClusterHost
-    from sharddit.parallel.cluster.session import RaySession
+    from sharddit.parallel.cluster.group import RaySession
     from sharddit.parallel.distributed import ranks
 
     text = inspect.getsource(ranks)

@@ -16,7 +16,8 @@ import pytest
 import torch
 from harness.numerics import assert_split_close
 from harness.toy_seq import SeqToyDiT
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.lean import chunk_range, lean_passes, run_in_passes
 from sharddit.parallel.sequence.split import TokenSpec

@@ -35,20 +35,21 @@ def test_shares_follow_the_gpus_throughput_or_stay_even(env):
 
     shares = pack_module(env, "loaders.comfy.shard.sequence_shares")
     inv = pack_module(env, "parallel.placement.inventory")
+    parse_device_plan = pack_module(env, "parallel.placement.devices").parse_device_plan
     gib = 1 << 30
 
     def inventory(*names):
         return inv.Inventory(tuple(inv.DeviceInfo(f"cuda:{i}", n, 32 * gib, 30 * gib) for i, n in enumerate(names)),
                              "nvml")
 
-    speeds, why = shares.rank_speeds("cuda:0,cuda:1", ["cuda:0", "cuda:1"],
+    speeds, why = shares.rank_speeds(parse_device_plan("cuda:0,cuda:1"), ["cuda:0", "cuda:1"],
                                      inventory("NVIDIA GeForce RTX 5090", "NVIDIA GeForce RTX 4090"))
     assert speeds is not None and abs(speeds[0] / speeds[1] - 209.5 / 165.2) < 1e-9, speeds
     assert "RTX 5090" in why
     for names in (("NVIDIA GeForce RTX 4090",) * 2, ("NVIDIA GeForce RTX 4090", "Some Future GPU")):
-        assert shares.rank_speeds("auto", ["cuda:0", "cuda:1"], inventory(*names))[0] is None, names
-    assert shares.rank_speeds("cuda:0:1,cuda:1:2", ["cuda:0", "cuda:1"], inventory("A", "B"))[0] == (1.0, 2.0)
-    assert shares.rank_speeds("cpu,cpu", ["cpu", "cpu"], None)[0] is None
+        assert shares.rank_speeds(parse_device_plan("auto"), ["cuda:0", "cuda:1"], inventory(*names))[0] is None, names
+    assert shares.rank_speeds(parse_device_plan("cuda:0:1,cuda:1:2"), ["cuda:0", "cuda:1"], inventory("A", "B"))[0] == (1.0, 2.0)
+    assert shares.rank_speeds(parse_device_plan("cpu,cpu"), ["cpu", "cpu"], None)[0] is None
 
 
 def test_plan_prices_and_shows_shares_for_mixed_gpus(env, capsys):

@@ -15,7 +15,7 @@ def test_identical_prompt_does_not_reload_and_free_releases_shards(env, tiny):
     from comfy.patcher_extension import CallbacksMP
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.hooks")
     _, sharded = _sharded(env, tiny)
     loads = []
     for shard in sm.get_shard_patchers(sharded):
@@ -37,7 +37,7 @@ def test_full_detach_of_main_releases_shards_on_other_devices(env, tiny):
     clone ShardDiT did not load (e.g. a copy being garbage collected) detaching changes nothing."""
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.hooks")
     _, sharded = _sharded(env, tiny)
     _ours(env, sharded, torch.zeros(1, 16, 2, 8, 8), {}, "cpu,cpu")
     main = next(m for m in env.mm.loaded_models() if m.is_clone(sharded) and sm.is_sharded(m))
@@ -54,7 +54,7 @@ def test_shards_released_when_a_different_clone_takes_over(env, tiny):
     blocks their original weights back. Then a sharded run loads them again."""
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.hooks")
     base, sharded = _sharded(env, tiny)
     latent = torch.zeros(1, 16, 2, 8, 8)
     first = _ours(env, sharded, latent, {}, "cpu,cpu")
@@ -78,7 +78,7 @@ def test_ksampler_and_shard_node_plan_auto_identically(env, tiny):
     defaults: same request (devices, reserve), so the very same shard state and plan are used."""
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.hooks")
     shard_node = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTShardModel"]
     ksampler = env.nodes.NODE_CLASS_MAPPINGS["ShardDiTKSampler"]
     devices = _default(shard_node, "devices")

@@ -12,12 +12,8 @@ import copy
 import pytest
 from harness.shard_workflows import api_workflow, node, ui_workflow
 from sharddit.loaders.workflow import layout
-from sharddit.loaders.workflow.shard_transform import (
-    SHARD_NODE,
-    WorkflowError,
-    shard_workflow,
-    unshard_workflow,
-)
+from sharddit.loaders.workflow.shard_transform import SHARD_NODE, shard_workflow, unshard_workflow
+from sharddit.loaders.workflow.graph import WorkflowError
 
 pytestmark = pytest.mark.no_blas
 

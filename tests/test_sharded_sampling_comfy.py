@@ -67,7 +67,7 @@ def test_lora_before_and_after_sharding(env, tiny, tmp_path):
 def test_memory_accounting_matches_plan(env, tiny):
     from harness.comfy_env import pack_module
 
-    sm = pack_module(env, "loaders.comfy.shard.sharded_model")
+    sm = pack_module(env, "loaders.comfy.shard.hooks")
     base, sharded = _sharded(env, tiny, "cpu,cpu,cpu")
     state = sm.get_shard_state(sharded)
     shards = sm.get_shard_patchers(sharded)
@@ -89,11 +89,11 @@ def _unknown_arch_model():
 
 @pytest.mark.parametrize("case,devices,inventory,match", [
     ("missing device", "cpu,cuda:1", None,
-     r"^device 'cuda:1' does not exist; this machine has cpu; no GPU is visible to torch here: use 'cpu' or 'auto'"),
+     r"^\[ShardDiT\] device 'cuda:1' does not exist; this machine has cpu; no GPU is visible to torch here: use 'cpu' or 'auto'"),
     ("malformed", "cuda0,cpu", None,
-     r"^devices 'cuda0,cpu': 'cuda0' is not a device; accepted: 'auto', or a list like 'cuda:0,cuda:1'"),
+     r"^\[ShardDiT\] devices 'cuda0,cpu': 'cuda0' is not a device; accepted: 'auto', or a list like 'cuda:0,cuda:1'"),
     ("does not fit", "cuda:0,cuda:1", "cuda:0=4MiB,cuda:1=4MiB",
-     r"^the DiT does not fit: it needs 0\.0 GiB of weights .* To fit: fewer frames or a smaller resolution"),
+     r"^\[ShardDiT\] the DiT does not fit: it needs 0\.0 GiB of weights .* To fit: fewer frames or a smaller resolution"),
     ("unknown architecture", "cpu,cpu", None,
      r"^\[ShardDiT\] cannot shard diffusion model class 'Linear': supported architectures are Wan 2\.1/2\.2"),
 ])
@@ -105,8 +105,9 @@ def test_errors_raised_before_anything_moves(env, tiny, case, devices, inventory
     model = _unknown_arch_model() if case == "unknown architecture" else _load(env, tiny.wan21_t2v_state_dict())
     weights = {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()}
     inv = inv_mod.inventory_from_spec(inventory) if inventory else None
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as err:
         sp.shard_model(model, devices, 0.0, inventory=inv)
+    assert str(err.value).count("[ShardDiT]") == 1, str(err.value)
     assert model.object_patches == {} and model.additional_models == {}
     assert {k: (v.device, v.data_ptr()) for k, v in model.model.state_dict().items()} == weights
 

@@ -9,12 +9,8 @@ import torch
 from harness.toy_dit import ToyDiT, ToyMMDiT
 
 from sharddit.parallel.blocks.routing import BlockRouter
-from sharddit.parallel.blocks.sharding import (
-    BlockLayout,
-    BlockProxy,
-    attach_block_sharding,
-    needs_home_every_block,
-)
+from sharddit.parallel.blocks.sharding import BlockProxy, attach_block_sharding, needs_home_every_block
+from sharddit.parallel.blocks.routing import BlockLayout
 from sharddit.parallel.simulate import fake_device_mode, materialize_module
 
 WAN_LAYOUT = BlockLayout(("blocks",), (("x",),))

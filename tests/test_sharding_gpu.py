@@ -12,7 +12,8 @@ import torch
 from harness.global_flags import restored
 from harness.toy_dit import ToyDiT
 
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 
 LAYOUT = BlockLayout(("blocks",), (("x",),), return_home_after=frozenset({2}))
 # CPU vs CUDA fp32 matmuls of size 32 with TF32 off differ by rounding only.

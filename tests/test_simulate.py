@@ -81,6 +81,27 @@ def test_peak_for_known_sequence_with_release():
     del b
 
 
+def test_coinciding_peak_sums_each_threads_own_peak():
+    """Two threads that allocate one after the other peak at 2000 B together in this run; their own
+    peaks (2000 B and 3000 B) would meet under another interleaving: ``coinciding_activations``."""
+    import threading
+
+    def allocate(n):
+        with fake_device_mode(), tracker.thread_view():
+            t = torch.empty(n, dtype=BF16, device="cuda:0")
+            del t
+            gc.collect()
+
+    with MemoryTracker() as tracker:
+        for n in (1000, 1500):  # 2000 B, then 3000 B
+            worker = threading.Thread(target=allocate, args=(n,))
+            worker.start()
+            worker.join()
+    rep = tracker.report()["cuda:0"]
+    assert rep.peak_activations == 3000
+    assert rep.coinciding_activations == 2000 + 3000
+
+
 def test_flash_standin_allocates_output_only():
     with fake_device_mode():
         q = torch.empty(2, 4096, 8 * 64, dtype=BF16, device="cuda:0")

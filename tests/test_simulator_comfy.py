@@ -33,10 +33,17 @@ def _act_gib(tokens: int, batch: int) -> float:
 
 def _wan14b_weight_gib(presets):
     """(whole model, 20 blocks, home part) in GiB from the parameter bytes of ComfyUI's class on meta."""
-    dit = presets.build_meta_model(presets.PRESETS["wan2.1-t2v-14b"], torch.bfloat16, None).diffusion_model
+    dit = _build_meta_model(presets.PRESETS["wan2.1-t2v-14b"], torch.bfloat16, None).diffusion_model
     blocks = [_real_bytes(b) for b in dit.blocks]
     whole = _real_bytes(dit)
     return whole / GiB, sum(blocks[20:]) / GiB, (whole - sum(blocks[20:])) / GiB
+
+
+def _build_meta_model(spec, weight_dtype, manual_cast_dtype):
+    """ComfyUI's class of ``spec`` on meta, as the dry run builds it (after the fixture's ComfyUI import)."""
+    from sharddit.loaders.plan.context import build_meta_model
+
+    return build_meta_model(spec, weight_dtype, manual_cast_dtype)
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +81,7 @@ def test_wan14b_480p_cond_uncond_fits_two_24gib(sim):
     assert _close(by_dev["cuda:0"].weights, first_and_home) and _close(by_dev["cuda:1"].weights, second_half)
 
     # weight bytes per device == real parameter sizes of what the plan put there
-    dit = presets.build_meta_model(presets.PRESETS["wan2.1-t2v-14b"], torch.bfloat16, None).diffusion_model
+    dit = _build_meta_model(presets.PRESETS["wan2.1-t2v-14b"], torch.bfloat16, None).diffusion_model
     expected = {}
     for r in report.plan.block_ranges:
         expected[r.device] = expected.get(r.device, 0) + sum(_real_bytes(b) for b in dit.blocks[r.start:r.stop])
@@ -121,7 +128,7 @@ def test_attention_entry_points_restored(sim):
 ])
 def test_presets_build_comfyui_classes_on_meta(sim, name, cls, params_b):
     _, presets = sim
-    dit = presets.build_meta_model(presets.PRESETS[name], torch.bfloat16, None).diffusion_model
+    dit = _build_meta_model(presets.PRESETS[name], torch.bfloat16, None).diffusion_model
     assert type(dit).__name__ == cls
     assert abs(sum(p.numel() for p in dit.parameters()) / 1e9 - params_b) < 0.01
     assert all(p.device.type == "meta" for p in dit.parameters())
@@ -152,7 +159,7 @@ def test_safetensors_header_detected_by_comfyui_and_simulated(sim, tiny_wan_file
     report = simulator.simulate(str(tiny_wan_file), "cuda:0=1GiB,cuda:1=1GiB", 256, 256, 9, dtype=None,
                                 reserve_vram_gb=0.0)  # 1 GiB imagined GPUs: no room for the default reserve
     assert report.fits and report.batch == 2
-    dit = presets.build_meta_model(spec, torch.bfloat16, None).diffusion_model
+    dit = _build_meta_model(spec, torch.bfloat16, None).diffusion_model
     assert sum(d.weights for d in report.devices) == _real_bytes(dit)
     # the file's bytes, except that ComfyUI keeps Wan's patch embedding (16*256*4 + 256) in fp32
     data = os.path.getsize(tiny_wan_file) - _header_len(tiny_wan_file)
@@ -240,7 +247,7 @@ def test_cli_without_comfyui_path_says_how_to_set_it():
 def test_fp8_weights_are_one_byte_and_compute_in_bf16(sim):
     simulator, presets = sim
     report = simulator.simulate("wan2.1-t2v-1.3b", "cuda:0=8GiB", 256, 256, 5, batch=1, dtype="fp8")
-    dit = presets.build_meta_model(presets.PRESETS["wan2.1-t2v-1.3b"], torch.float8_e4m3fn,
+    dit = _build_meta_model(presets.PRESETS["wan2.1-t2v-1.3b"], torch.float8_e4m3fn,
                                    torch.bfloat16).diffusion_model
     n_params = sum(p.numel() for p in dit.parameters())
     assert report.fits and report.dtype == "fp8"

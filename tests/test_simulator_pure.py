@@ -6,11 +6,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from sharddit.parallel.placement.devices import parse_device_plan
 from sharddit.loaders.plan import presets
+from sharddit.loaders.comfy.models import checks
 from sharddit.parallel.placement.plan_types import BlockRange
 from sharddit.loaders.plan.findings import DeviceReport, SimulationReport, fallback_block_ranges
 from sharddit.parallel.placement.inventory import inventory_from_spec
-from sharddit.parallel.placement.planner import PlacementRequest
+from sharddit.parallel.placement.plan_types import PlacementRequest
 
 GiB = 1 << 30
 
@@ -44,11 +46,16 @@ def _write_safetensors(path, tensors: dict, metadata=None):
 def test_header_only_meta_state_dict(tmp_path):
     path = tmp_path / "m.safetensors"
     _write_safetensors(path, {"a.weight": ("BF16", (4, 8), 64), "b": ("F8_E4M3", (3,), 3)}, {"k": "v"})
-    tensors, meta = presets.read_safetensors_header(str(path))
-    assert tensors == {"a.weight": ("BF16", (4, 8)), "b": ("F8_E4M3", (3,))} and meta == {"k": "v"}
-    sd = presets.meta_state_dict(tensors)
+    header = checks.read_safetensors_header(str(path), "m.safetensors")
+    assert header.pop("__metadata__") == {"k": "v"}
+    sd = checks.meta_state_dict(header, strict=True)
+    assert sorted(sd) == ["a.weight", "b"]
     assert sd["a.weight"].device.type == "meta" and sd["a.weight"].dtype == torch.bfloat16
     assert sd["b"].dtype == torch.float8_e4m3fn and sd["b"].shape == (3,)
+    _write_safetensors(path, {"a.weight": ("F4", (4, 8), 16)})
+    with pytest.raises(ValueError, match="tensor 'a.weight' has dtype 'F4', which the simulator does not know"):
+        checks.meta_state_dict(checks.read_safetensors_header(str(path), "m.safetensors"), strict=True)
+    assert checks.meta_state_dict(checks.read_safetensors_header(str(path), "m.safetensors"))["a.weight"].dtype == torch.uint8
 
 
 def test_bad_model_names_the_value_and_the_fix(tmp_path):
@@ -57,14 +64,14 @@ def test_bad_model_names_the_value_and_the_fix(tmp_path):
     bad = tmp_path / "x.safetensors"
     bad.write_bytes(b"\0" * 4)
     with pytest.raises(ValueError, match="not a safetensors file"):
-        presets.read_safetensors_header(str(bad))
+        checks.read_safetensors_header(str(bad), "x.safetensors")
 
 
 def test_fallback_ranges_split_by_usable_memory():
     inv = inventory_from_spec("cuda:0=24GiB,cuda:1=12GiB")
     ranges = fallback_block_ranges(inv, PlacementRequest(), [GiB] * 30)
     assert ranges == [BlockRange("cuda:0", 0, 20), BlockRange("cuda:1", 20, 30)]
-    only = fallback_block_ranges(inv, PlacementRequest(devices="cuda:1"), [GiB] * 30)
+    only = fallback_block_ranges(inv, PlacementRequest(devices=parse_device_plan("cuda:1")), [GiB] * 30)
     assert only == [BlockRange("cuda:1", 0, 30)]
 
 

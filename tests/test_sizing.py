@@ -2,7 +2,8 @@
 import torch
 from harness.toy_dit import ToyDiT, ToyMMDiT
 
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 from sharddit.parallel.placement.sizing import (
     compute_block_bytes,
     compute_non_block_bytes,

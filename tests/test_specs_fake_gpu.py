@@ -13,8 +13,10 @@ import pytest
 import torch
 from harness.comfy_ldm import attention_override, import_comfy_ldm
 
+from sharddit.parallel.placement.devices import parse_device_plan
 from sharddit.parallel.placement.inventory import inventory_from_spec
-from sharddit.parallel.placement.planner import Footprint, PlacementRequest, plan_placement
+from sharddit.parallel.placement.planner import plan_placement
+from sharddit.parallel.placement.plan_types import Footprint, PlacementRequest
 from sharddit.parallel.blocks.routing import BlockRouter
 from sharddit.parallel.blocks.sharding import attach_block_sharding
 from sharddit.loaders.comfy.models.model_params import fit_params
@@ -82,7 +84,7 @@ def _plan(dit, layout, n_dev):
     blocks = compute_block_bytes(dit, layout)
     footprint = Footprint(dit_home_bytes=compute_non_block_bytes(dit, layout), block_bytes=blocks)
     inventory = inventory_from_spec(",".join(f"cuda:{i}=80GiB" for i in range(n_dev)))
-    plan = plan_placement(inventory, footprint, PlacementRequest(devices=",".join(f"cuda:{i}" for i in range(n_dev))))
+    plan = plan_placement(inventory, footprint, PlacementRequest(devices=parse_device_plan(",".join(f"cuda:{i}" for i in range(n_dev)))))
     devices = [None] * len(blocks)
     for r in plan.block_ranges:
         devices[r.start:r.stop] = [torch.device(r.device)] * (r.stop - r.start)

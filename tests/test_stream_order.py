@@ -20,7 +20,8 @@ from sharddit.parallel.sequence.record import RecordingOps
 from sharddit.parallel.sequence.split import TokenSpec
 from sharddit.parallel.sequence.stream import ORDER_WAITS, BlockStream, without_wait
 from sharddit.parallel.sequence.threads import RankThreads
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 
 MM = BlockLayout(("double_blocks", "single_blocks"), (("img", "txt"), ("x",)))
 MM_SPEC = (TokenSpec({"img": 1, "pe": 2}, replicated_streams=("txt",), tail_stream="txt",

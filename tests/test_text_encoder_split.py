@@ -12,6 +12,7 @@ from sharddit.parallel.blocks.layer_devices import (
     place_layers,
     remove_layer_hooks,
 )
+from sharddit.parallel.placement.devices import parse_device_plan
 from sharddit.parallel.placement.layer_split import plan_layer_split
 from sharddit.parallel.placement.plan_text import PlacementError
 from sharddit.parallel.simulate import (
@@ -55,17 +56,17 @@ def test_auto_without_room_on_any_gpu_is_the_cpu():
 
 def test_explicit_lists():
     """cpu,cpu: even halves; weights: their proportions; GPUs then cpu: GPUs first."""
-    assert _ranges(plan_layer_split(LAYERS, 0, {}, "cpu,cpu")) == [("cpu", 0, 4), ("cpu", 4, 8)]
+    assert _ranges(plan_layer_split(LAYERS, 0, {}, parse_device_plan("cpu,cpu"))) == [("cpu", 0, 4), ("cpu", 4, 8)]
     rooms = {"cuda:0": 100 * MB, "cuda:1": 100 * MB}
-    assert _ranges(plan_layer_split(LAYERS, 0, rooms, "cuda:0:3,cuda:1:1")) == [("cuda:0", 0, 6), ("cuda:1", 6, 8)]
-    split = plan_layer_split(LAYERS, 0, {"cuda:0": 30 * MB, "cpu": 10**12}, "cuda:0,cpu")
+    assert _ranges(plan_layer_split(LAYERS, 0, rooms, parse_device_plan("cuda:0:3,cuda:1:1"))) == [("cuda:0", 0, 6), ("cuda:1", 6, 8)]
+    split = plan_layer_split(LAYERS, 0, {"cuda:0": 30 * MB, "cpu": 10**12}, parse_device_plan("cuda:0,cpu"))
     assert _ranges(split) == [("cuda:0", 0, 3), ("cpu", 3, 8)]
 
 
 def test_a_list_that_cannot_hold_it_names_the_rooms_and_the_fix():
     with pytest.raises(PlacementError, match=r"does not fit device 'cuda:0,cuda:1' \(room for layers: "
                                              r"cuda:0 0\.02 GiB, cuda:1 0\.03 GiB\)\. Add devices"):
-        plan_layer_split(LAYERS, 10 * MB, {"cuda:0": 30 * MB, "cuda:1": 30 * MB}, "cuda:0,cuda:1")
+        plan_layer_split(LAYERS, 10 * MB, {"cuda:0": 30 * MB, "cuda:1": 30 * MB}, parse_device_plan("cuda:0,cuda:1"))
 
 
 @pytest.mark.parametrize("bad,match", [("cuda:0;cuda:1", r"'cuda:0;cuda:1' is not a device"),
@@ -73,7 +74,7 @@ def test_a_list_that_cannot_hold_it_names_the_rooms_and_the_fix():
                                        ("auto,cpu", r"'auto' cannot be mixed")])
 def test_bad_device_strings(bad, match):
     with pytest.raises(ValueError, match=match):
-        plan_layer_split(LAYERS, 0, {}, bad)
+        plan_layer_split(LAYERS, 0, {}, parse_device_plan(bad, workers=False))
 
 
 class _Stack(torch.nn.Module):

@@ -222,7 +222,8 @@ def test_auto_keeps_a_whole_encoder_on_the_gpu_that_holds_it(env, files, placeme
 def test_bad_device_strings_fail_clearly_before_loading(env, files, device, match):
     """Named in validate_inputs (the message under the input) and when the node runs; nothing loads."""
     node = _nodes(env)["ShardDiTLoadTextEncoder"]
-    assert re.search(match, node.validate_inputs(device=device))
+    said = node.validate_inputs(device=device)
+    assert re.search(match, said) and said.startswith("[ShardDiT] ") and said.count("[ShardDiT]") == 1, said
     before = [id(m) for m in env.mm.loaded_models()]
     with pytest.raises(ValueError, match=match):
         node.execute(files["qwen"], "minimax", device)

@@ -174,9 +174,9 @@ def test_our_loader_puts_the_pair_on_the_gpu_with_room(env, encoders, fake_gpu):
 
 @pytest.mark.parametrize("node,args,match", [
     ("ShardDiTLoadDualTextEncoder", ("qwen25_7b", "clip_l", "kandinsky5", "cuda:7"),
-     r"^device 'cuda:7' does not exist; this machine has cpu"),
+     r"^\[ShardDiT\] device 'cuda:7' does not exist; this machine has cpu"),
     ("ShardDiTLoadLTXAVTextEncoder", ("gemma3_12b", "ltx2_text_projection", "gpu1"),
-     r"^device 'gpu1' is not valid; accepted: 'auto', 'cpu' or 'cuda:N'"),
+     r"^\[ShardDiT\] device 'gpu1' is not valid; accepted: 'auto', 'cpu' or 'cuda:N'"),
     ("ShardDiTLoadDualTextEncoder", ("qwen25_7b", "clip_l", "flux3", "cpu"),
      r"text encoder type 'flux3' is not one of core DualCLIPLoader's types: .*kandinsky5"),
 ])
@@ -184,8 +184,9 @@ def test_bad_input_fails_before_loading(env, encoders, node, args, match):
     """A bad device or type: a clear error naming the value and what is accepted; nothing loaded."""
     args = tuple(encoders[a].name if a in encoders else a for a in args)
     before = [id(m) for m in env.mm.loaded_models()]
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(ValueError, match=match) as err:
         env.nodes.NODE_CLASS_MAPPINGS[node].execute(*args)
+    assert str(err.value).count("[ShardDiT]") == 1, str(err.value)
     assert [id(m) for m in env.mm.loaded_models()] == before
 
 

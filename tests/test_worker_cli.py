@@ -10,7 +10,7 @@ import pytest
 from harness import dist_procs
 from harness.server import REPO
 from sharddit.parallel.placement.devices import MEMBER_NAME_FORM
-from sharddit.parallel.distributed.connect import PROGRESS_S, HostUnreachable, HostUnresolved, wait_for_port
+from sharddit.parallel.distributed.config import PROGRESS_S, HostUnreachable, HostUnresolved, wait_for_port
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 

@@ -10,7 +10,7 @@ import pytest
 
 import build_workflows
 import workflow_tools as wt
-from sharddit.parallel.placement.devices import parse_component_device, parse_devices
+from sharddit.parallel.placement.devices import parse_component_device, parse_device_plan
 
 pytestmark = pytest.mark.no_blas  # no BLAS arithmetic: left out of the other-MKL_CBWR rerun in .ci/run
 
@@ -103,7 +103,7 @@ def _check_value(inp: wt.Input, value, files: dict, where: str):
         assert value in files.get(inp.folder, ()), \
             f"{where}: {value!r} is not a {inp.folder} file named in the workflow's model list {files}"
     if inp.name == "devices":
-        parse_devices(value)
+        parse_device_plan(value)
     elif inp.name == "device":
         parse_component_device(value)
 

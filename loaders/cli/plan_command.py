@@ -13,19 +13,21 @@ import math
 import os
 import re
 import sys
+from dataclasses import dataclass
 
-from ...parallel.cost.inputs import DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, gpu_names, parse_link_gbps
-from ...parallel.placement.devices import parse_devices
+from ...parallel.cost.inputs import (DEFAULT_CFG, DEFAULT_GPU, DEFAULT_LINK_GBPS, GPU_PEAK_TFLOPS, check_cfg, gpu_names,
+                                     parse_link_gbps)
+from ...parallel.placement.devices import DevicePlan, parse_device_plan
 from ...parallel.distributed.config import WEIGHTS_ENV, WEIGHTS_MODES, dist_weights
 from ...parallel.cost.workers import DEFAULT_NET_GBPS, parse_net_gbps, split_worker_spec
-from ...parallel.placement.inventory import inventory_from_spec, read_hidden_note
+from ...parallel.placement.inventory import Inventory, inventory_from_spec
 from ...parallel.cost.mode import DEFAULT_PARALLEL, PARALLEL_MODES
 from ...parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..comfy.models.checks import check_device_entries
 from ..comfyui_import import import_comfyui
-from .plan_workers import read_cluster, workers_address
+from .plan_workers import read_workers, workers_address
 from ..plan.presets import preset_names
-from ..plan.strategies import DEFAULT_CFG, DEFAULT_GPU, check_cfg
+from ...parallel.errors import InputError, reason_of
 
 NAME = "plan"
 HELP = ("Simulate one DiT forward of a video model on real or imagined GPUs (no GPU or weights "
@@ -87,14 +89,14 @@ def _cfg(text: str) -> float:
     try:
         return check_cfg(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err).removeprefix("[ShardDiT] ")) from None
+        raise argparse.ArgumentTypeError(reason_of(err)) from None
 
 
 def _gpu(text: str) -> str:
     try:
         gpu_names(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(f"{err}; e.g. --gpu \"RTX 4090\" (or one per GPU: \"RTX 5090,RTX 4090\")") from None
+        raise argparse.ArgumentTypeError(f"{reason_of(err)}; e.g. --gpu \"RTX 4090\" (or one per GPU: \"RTX 5090,RTX 4090\")") from None
     return text
 
 
@@ -102,37 +104,50 @@ def _net(text: str) -> float:
     try:
         return parse_net_gbps(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(reason_of(err)) from None
 
 
 def _link(text: str) -> float:
     try:
         parse_link_gbps(text)
     except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(reason_of(err)) from None
     return float(text)
+
+
+@dataclass(frozen=True)
+class PlanArgs:
+    """The arguments as ``check_plan_args`` read them: the devices parsed once."""
+
+    devices: DevicePlan
+    """This machine's devices (``auto`` over imagined GPUs where they were given with sizes)."""
+    imagined: Inventory | None
+    """The GPUs ``--devices`` gave with their free memory (None: this machine's, read by the plan)."""
+    workers: tuple
+    """(name, device, free bytes or None) of each worker device (``NAME/DEVICE[=SIZE]``)."""
+    cluster: str | None
+    """``--workers`` as HOST:PORT (None: not given)."""
+    weights: str
+    """What a worker keeps (``--dist-weights``, else ``SHARDDIT_DIST_WEIGHTS``, else auto)."""
 
 
 def run(args) -> int:
     """Check every argument (exit 2 before ComfyUI's import), then what needs the model (its size
     grid, a file's header), then read the cluster's members (``--workers``), and only then simulate:
     a bad argument or an absent cluster never comes after a printed plan."""
-    check_plan_args(args)
+    given = check_plan_args(args)
     import_comfyui()
-    from ..plan.dry_run import check_simulation, run_simulation  # ComfyUI's model code: after the import
+    from ..plan.dry_run import run_simulation  # ComfyUI's model code: after the import
+    from ..plan.setup import check_simulation
 
-    devices, workers = split_worker_spec(args.devices)
-    weights = args.dist_weights or dist_weights()
-    setup = check_simulation(args.model, devices, *args.size, args.frames, args.batch, args.dtype,
-                             args.reserve_vram_gb, None, args.parallel, args.cfg, args.gpu, args.link_gbps,
-                             len(workers))
-    members = read_cluster(workers_address(args.workers)) if args.workers is not None else None
-    if workers and members is not None:
-        workers = _with_offers(workers, members)
-    report = run_simulation(setup, args.gpu, args.link_gbps, workers, weights, args.net_gbps)
-    note = read_hidden_note(devices)  # GPUs the driver has but this process cannot use
+    setup = check_simulation(args.model, given.devices, *args.size, args.frames, args.batch, args.dtype,
+                             args.reserve_vram_gb, given.imagined, args.parallel, args.cfg, args.gpu, args.link_gbps,
+                             len(given.workers))
+    workers, members = read_workers(given.cluster, given.workers)
+    report = run_simulation(setup, args.gpu, args.link_gbps, workers, given.weights, args.net_gbps)
+    note = setup.inventory.hidden_note if given.imagined is None else ""  # GPUs the driver has, hidden here
     if note:
-        print(note, file=sys.stderr if args.json else sys.stdout)
+        print(f"[ShardDiT] {note}", file=sys.stderr if args.json else sys.stdout)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
     if args.png:
         from ..plan.picture import draw_plan_picture, picture_from_report
@@ -144,57 +159,36 @@ def run(args) -> int:
     return EXIT_FITS if report.fits else EXIT_DOES_NOT_FIT
 
 
-def check_plan_args(args) -> None:
-    """Every argument that needs no ComfyUI: ValueError naming the value and the fix (exit 2)."""
+def check_plan_args(args) -> PlanArgs:
+    """Every argument that needs no ComfyUI: InputError naming the value and the fix (exit 2)."""
     if args.model not in preset_names() and not os.path.isfile(args.model):
-        raise ValueError(f"[ShardDiT] --model {args.model!r} is neither a preset ({', '.join(preset_names())}) nor "
+        raise InputError(f"--model {args.model!r} is neither a preset ({', '.join(preset_names())}) nor "
                          "an existing .safetensors file: pass a preset or the path of a diffusion model file")
-    check_device_entries(args.devices, "--devices")   # 20,001 entries: the limit, not a long "does not fit"
-    local, _ = split_worker_spec(args.devices)  # worker parts: NAME/DEVICE[=SIZE], each listed once
-    if "=" in local:
-        inventory_from_spec(local)
-    else:
-        parse_devices(local)  # '' is refused here, as the nodes refuse it
     reserve = args.reserve_vram_gb
     if not math.isfinite(reserve) or reserve < 0:
-        raise ValueError(f"[ShardDiT] --reserve-vram-gb {reserve!r} is not valid: give the GiB to keep free on every "
+        raise InputError(f"--reserve-vram-gb {reserve!r} is not valid: give the GiB to keep free on every "
                          f"GPU, a number >= 0 (default {DEFAULT_RESERVE_VRAM_GB:g})")
     if args.frames < 1:
-        raise ValueError(f"[ShardDiT] --frames {args.frames} is not valid: give at least 1 frame (Wan and "
+        raise InputError(f"--frames {args.frames} is not valid: give at least 1 frame (Wan and "
                          "HunyuanVideo take 4k+1 frames, e.g. 81; LTX-Video 8k+1, e.g. 97)")
     if args.png:
         _check_png(args.png)
-    if args.workers is not None:
-        workers_address(args.workers)
-    if not args.dist_weights:
-        dist_weights()  # SHARDDIT_DIST_WEIGHTS set to something else than auto, share, all
+    check_device_entries(args.devices, "--devices")   # 20,001 entries: the limit, not a long "does not fit"
+    local, workers = split_worker_spec(args.devices)  # worker parts: NAME/DEVICE[=SIZE], each listed once
+    imagined = inventory_from_spec(local) if "=" in local else None
+    devices = parse_device_plan("auto" if imagined is not None else local)  # '' is refused, as the nodes do
+    cluster = workers_address(args.workers) if args.workers is not None else None
+    weights = args.dist_weights or dist_weights()  # SHARDDIT_DIST_WEIGHTS: auto, share or all
+    return PlanArgs(devices, imagined, workers, cluster, weights)
 
 
 def _check_png(path: str) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise ValueError(f"[ShardDiT] --png {path!r} is a folder: give a file name, e.g. "
+        raise InputError(f"--png {path!r} is a folder: give a file name, e.g. "
                          f"{os.path.join(path, 'plan.png')}")
     if not os.path.isdir(folder):
-        raise ValueError(f"[ShardDiT] --png {path!r}: the folder {folder!r} does not exist; create it or give "
+        raise InputError(f"--png {path!r}: the folder {folder!r} does not exist; create it or give "
                          "another path")
     if not os.access(folder, os.W_OK):
-        raise ValueError(f"[ShardDiT] --png {path!r}: the folder {folder!r} is not writable; give another path")
-
-
-def _with_offers(workers, members):
-    """Worker devices without a stated free memory take it from the member's report (``NAME/DEVICE``,
-    or any device of NAME). A member not in the cluster: ValueError naming the members."""
-    from ...parallel.distributed.host_side import offer_free
-
-    offers, host, port = members.offers, members.host, members.port
-    out = []
-    for name, dev, free in workers:
-        offer = offers.get(f"{name}/{dev}", offers.get(name))
-        if offer is None and free is None:
-            raise ValueError(f"[ShardDiT] no member {name}/{dev} in the Ray cluster at {host}:{port} (members: "
-                             f"{', '.join(sorted(offers)) or 'none yet'}); start it with: python <pack-dir> worker "
-                             f"--join {host}:{port} --name {name}, or give its free memory as {name}/{dev}=24GiB")
-        stated = offer_free(offer, dev) if offer is not None else None
-        out.append((name, dev, free if free is not None else stated or None))  # 0: not stated, as the runtime
-    return tuple(out)
+        raise InputError(f"--png {path!r}: the folder {folder!r} is not writable; give another path")

@@ -10,8 +10,9 @@ import sys
 from dataclasses import dataclass
 
 from ...parallel.distributed.config import parse_addr
+from ...parallel.errors import InputError
 
-__all__ = ["CONNECT_TIMEOUT_S", "RAY_PREFIX", "WorkersView", "read_cluster", "workers_address"]
+__all__ = ["CONNECT_TIMEOUT_S", "RAY_PREFIX", "WorkersView", "read_cluster", "read_workers", "workers_address"]
 
 CONNECT_TIMEOUT_S = 10.0
 """How long ``plan`` waits for the cluster in all (its port, Ray's answer, the members' reports)."""
@@ -36,23 +37,45 @@ def workers_address(text: str) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def read_workers(addr: str | None, workers: tuple) -> tuple[tuple, WorkersView | None]:
+    """(worker devices, the cluster's members): without ``addr`` (no ``--workers``) the devices as
+    given and no members; else the members read from the cluster, and each worker device without a
+    stated free memory takes it from its member's report (``NAME/DEVICE``, or any device of NAME)."""
+    from ...parallel.distributed.members import offer_free
+
+    if addr is None:
+        return workers, None
+    members = read_cluster(addr)
+    out = []
+    for name, dev, free in workers:
+        offer = members.offers.get(f"{name}/{dev}", members.offers.get(name))
+        if offer is None and free is None:  # a member not in the cluster: InputError naming the members
+            at = f"{members.host}:{members.port}"
+            raise InputError(f"no member {name}/{dev} in the Ray cluster at {at} (members: "
+                             f"{', '.join(sorted(members.offers)) or 'none yet'}); start it with: python <pack-dir> "
+                             f"worker --join {at} --name {name}, or give its free memory as {name}/{dev}=24GiB")
+        stated = offer_free(offer, dev) if offer is not None else None
+        out.append((name, dev, free if free is not None else stated or None))  # 0: not stated, as the runtime
+    return tuple(out), members
+
+
 def read_cluster(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> WorkersView:
     """The members' free memory and their description from the Ray cluster at ``addr``;
     ValueError naming the address and why otherwise."""
     from ...parallel.cluster.driver import connect, list_members, probe_free
     from ...parallel.cluster.host import describe_members
     from ...parallel.cluster.settings import ClusterError, ClusterInsecure
-    from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
+    from ...parallel.distributed.config import HostUnreachable, HostUnresolved, wait_for_port
 
     host, port = parse_addr(addr, "--workers")
     try:  # a plain socket first: said within seconds, and without Ray or its token
         wait_for_port(host, port, timeout_s, say=lambda m: print(m, file=sys.stderr, flush=True),
                       hint=f"is `ray start --head --port {port}` running there?")
     except (HostUnreachable, HostUnresolved) as e:
-        raise ValueError(f"[ShardDiT] --workers {addr}: {str(e).removeprefix('[ShardDiT] ')}") from None
+        raise InputError(f"--workers {addr}: {e.reason}") from None
     try:
         ray = connect(addr, timeout_s)
         offers = probe_free(ray, list_members(ray), timeout_s)
         return WorkersView(host, port, offers, describe_members(addr, offers))
     except (ClusterError, ClusterInsecure) as e:
-        raise ValueError(f"[ShardDiT] --workers {addr}: {str(e).removeprefix('[ShardDiT] ')}") from None
+        raise InputError(f"--workers {addr}: {e.reason}") from None

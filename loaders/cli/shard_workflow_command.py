@@ -12,8 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..workflow.shard_transform import WorkflowError, shard_workflow, unshard_workflow
+from ..workflow.shard_transform import shard_workflow, unshard_workflow
+from ..workflow.graph import WorkflowError
 from ..workflow.templates import load_template, video_templates
+from ...parallel.errors import InputError
 
 NAME = "shard-workflow"
 HELP = ("Add a Shard DiT Blocks (ShardDiT) node after every diffusion-model loader of a ComfyUI workflow "
@@ -35,17 +37,17 @@ def _read(args) -> dict:
         try:
             return load_template(args.template)
         except FileNotFoundError as err:
-            raise ValueError(f"{err}. Install ComfyUI's templates (pip install comfyui-workflow-templates) or "
+            raise InputError(f"{err}. Install ComfyUI's templates (pip install comfyui-workflow-templates) or "
                              f"pass a file instead") from None
     path = Path(args.input)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from None
+        raise InputError(f"cannot read {path}: {err}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not JSON ({err}); save the workflow from ComfyUI (Save or Export (API))") from None
+        raise InputError(f"{path} is not JSON ({err}); save the workflow from ComfyUI (Save or Export (API))") from None
 
 
 def run(args) -> int:
@@ -57,7 +59,7 @@ def run(args) -> int:
     try:
         result = (unshard_workflow if args.unshard else shard_workflow)(workflow)
     except WorkflowError as err:
-        raise ValueError(f"{args.input or args.template}: {err}") from None
+        raise InputError(f"{args.input or args.template}: {err.reason}") from None
     if not result.added and not result.already:
         print(f"error: {args.input or args.template}: {result.reason}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ import math
 
 from ...parallel.placement.devices import MEMBER_NAME_FORM
 from .worker_ray import RAY_PORT, run_ray_node
+from ...parallel.errors import InputError
 
 NAME = "worker"
 HELP = ("Join the Ray cluster at HOST:6379 (the ComfyUI host's SHARDDIT_RAY_ADDRESS) as a ShardDiT worker machine: each "
@@ -32,5 +33,5 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if not args.wait > 0:
-        raise ValueError(f"--wait {args.wait!r} is not a positive number of seconds")
+        raise InputError(f"--wait {args.wait!r} is not a positive number of seconds")
     return run_ray_node(args)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ...parallel.placement.devices import parse_device
+from ...parallel.errors import InputError
 
 __all__ = ["check_cuda", "parse_worker_devices"]
 
@@ -10,12 +11,12 @@ def parse_worker_devices(text: str) -> list[str]:
     """``"cuda:0, cuda:1"`` -> ``["cuda:0", "cuda:1"]``; ValueError for an empty list or a repeat
     (each device is served once)."""
     if not text.strip():
-        raise ValueError(f"--devices {text!r} names no device: give 'cpu', 'cuda:N' or a list such as "
+        raise InputError(f"--devices {text!r} names no device: give 'cpu', 'cuda:N' or a list such as "
                          "'cuda:0,cuda:1', or leave --devices out (cuda:0 if present, else cpu)")
     devices = [parse_device(part) for part in text.split(",")]
     for device in dict.fromkeys(devices):
         if devices.count(device) > 1:
-            raise ValueError(f"--devices {text!r} lists {device!r} {devices.count(device)} times: a worker serves each "
+            raise InputError(f"--devices {text!r} lists {device!r} {devices.count(device)} times: a worker serves each "
                              f"device once (one process per device, member NAME/{device}); list each device once, "
                              f"e.g. --devices {','.join(dict.fromkeys(devices))}")
     return devices
@@ -27,9 +28,9 @@ def check_cuda(devices: list[str], torch) -> None:
     for device in devices:
         if device.startswith("cuda") and int(device.split(":")[1]) >= count:
             if count:
-                raise ValueError(f"--devices: {device!r} does not exist; torch sees cuda:0 .. cuda:{count - 1} here "
+                raise InputError(f"--devices: {device!r} does not exist; torch sees cuda:0 .. cuda:{count - 1} here "
                                  f"(use those or 'cpu')")
             build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
-            raise ValueError(f"--devices: {device!r} does not exist: torch {torch.__version__} ({build}) sees no CUDA "
+            raise InputError(f"--devices: {device!r} does not exist: torch {torch.__version__} ({build}) sees no CUDA "
                              f"GPU on this machine; serve 'cpu' (--devices cpu), or give this machine a GPU and "
                              f"torch's CUDA build")

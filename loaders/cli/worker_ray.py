@@ -21,10 +21,10 @@ import sys
 from ...parallel.cluster.node import ray_start_command
 from ...parallel.cluster.rank_actor import PACK_DIR_ENV, SETUP_ENV
 from ...parallel.cluster.settings import INSTALL_HINT, check_auth
-from ...parallel.distributed.config import parse_addr
-from ...parallel.distributed.connect import HostUnreachable, HostUnresolved, resolve_host, wait_for_port
+from ...parallel.distributed.config import HostUnreachable, HostUnresolved, parse_addr, resolve_host, wait_for_port
 from ...parallel.placement.devices import check_member_name
 from .worker_devices import check_cuda, parse_worker_devices
+from ...parallel.errors import InputError
 
 __all__ = ["RAY_PORT", "node_environment", "ray_join_address", "ray_node_command", "run_ray_node", "setup_rank"]
 
@@ -68,14 +68,14 @@ def ray_node_command(args) -> list[str]:
     """``worker``: the checked ``ray start`` command (ValueError: exit 2)."""
     for option, value in (("--join", args.join), ("--name", args.name)):
         if value is None:
-            raise ValueError(f"{option} is required (python <pack-dir> worker --join HOST:{RAY_PORT} "
+            raise InputError(f"{option} is required (python <pack-dir> worker --join HOST:{RAY_PORT} "
                              "--name NAME)")
     check_member_name(args.name, "--name")
     address = ray_join_address(args.join)
     try:
         resolve_host(*parse_addr(address, "--join"))
     except HostUnresolved as e:
-        raise ValueError(f"--join {args.join!r}: {str(e).removeprefix('[ShardDiT] ')}") from None
+        raise InputError(f"--join {args.join!r}: {e.reason}") from None
     devices = parse_worker_devices(args.devices) if args.devices is not None else None
     if devices is None or any(d.startswith("cuda") for d in devices):
         import torch
@@ -84,7 +84,7 @@ def ray_node_command(args) -> list[str]:
         check_cuda(devices, torch)
     check_auth(f"worker {args.name!r} (a Ray node)")
     if importlib.util.find_spec("ray") is None:
-        raise ValueError(f"[ShardDiT] worker needs Ray in {sys.executable}: {INSTALL_HINT}")
+        raise InputError(f"worker needs Ray in {sys.executable}: {INSTALL_HINT}")
     return ray_start_command(address, args.name, devices)
 
 

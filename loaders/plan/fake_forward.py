@@ -13,36 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from dataclasses import dataclass
 
 import torch
 
-from ...parallel.placement.inventory import Inventory
-from ...parallel.placement.plan_types import PlacementRequest
-from ...parallel.blocks.routing import BlockLayout
 from ...parallel.blocks.sharding import attach_block_sharding, get_block_list
 from ...parallel.placement.sizing import get_blocks
 from ...parallel.simulate import (MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned,
                                   modules_move_in_place)
 from ..comfy.models.comfy_families import comfy_family
+from .context import SimContext
 
-__all__ = ["SimContext", "back_to_meta", "call_dit", "first_blocks_only", "run_fake_forward"]
-
-
-@dataclass(frozen=True)
-class SimContext:
-    """Everything one simulation shares between its fake forwards."""
-
-    spec: object  # presets.ModelSpec
-    dit: torch.nn.Module  # ComfyUI's DiT class, built on meta
-    layout: BlockLayout
-    block_bytes: tuple[int, ...]  # weight bytes per block, global order
-    home_bytes: int  # weight bytes of everything but the blocks
-    dtype: str  # "bf16", "fp16", "fp8"
-    compute_dtype: torch.dtype
-    size: tuple[int, int, int]  # width, height, frames
-    inventory: Inventory | None = None  # set by simulate()
-    request: PlacementRequest | None = None
+__all__ = ["back_to_meta", "call_dit", "first_blocks_only", "run_fake_forward"]
 
 
 def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str) -> dict:

@@ -15,38 +15,24 @@ activations (the measured peak minus those buffers, which live from first use to
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 
+from ...parallel.cost.memory import RankMemory
 from ...parallel.sequence.engine import attach_sequence_engine
 from ...parallel.blocks.sharding import attach_block_sharding
 from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
 from ..comfy.models.comfy_families import comfy_family
 from ...parallel.placement.sizing import get_blocks
-from .fake_forward import SimContext, back_to_meta, call_dit
+from .context import SimContext
+from .fake_forward import back_to_meta, call_dit
+from ...parallel.errors import InputError
 
-__all__ = ["SequencePeak", "plan_sequence_peaks", "run_fake_sequence_forward"]
-
-
-@dataclass(frozen=True)
-class SequencePeak:
-    """One rank (device) of a simulated `sequence` forward, bytes."""
-
-    device: str
-    weights: int
-    activations: int
-    prefetch: int
-    resident: int = 0
-    """Resident copies of streamed blocks the rank held at the end (``resident`` budgets given)."""
-
-    @property
-    def total(self) -> int:
-        return self.weights + self.activations + self.prefetch + self.resident
+__all__ = ["plan_sequence_peaks", "run_fake_sequence_forward"]
 
 
 def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str,
-                              speeds=None, resident=None) -> list[SequencePeak]:
+                              speeds=None, resident=None) -> list[RankMemory]:
     """Peaks per rank (in rank order) of one `sequence` forward at ``batch`` (1, or 2 = cond+uncond);
     ``speeds``: the ranks' relative speeds, as the engine splits by them (None: even shares);
     ``resident``: bytes per rank it may keep of the blocks it streams (``SequenceEngine.keep_resident``)."""
@@ -57,7 +43,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     ranks = list(dict.fromkeys(block_devices))
     token_specs, why = find_arch_spec(type(dit).__name__).sequence_specs(dit)
     if token_specs is None:
-        raise ValueError(f"[ShardDiT] {why}")
+        raise InputError(f"{why}")
     try:
         with fake_device_mode(comfy_family(ctx.spec.family).sim_scalars) as mode:
             materialize_planned(dit, blocks, block_devices, home)
@@ -92,20 +78,21 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     for rank, dev in enumerate(ranks):
         m = measured.get(dev)
         weights, peak = (m.weights, m.peak_activations) if m else (0, 0)
-        out.append(SequencePeak(dev, weights, max(0, peak - prefetch[rank] - kept[rank]), prefetch[rank], kept[rank]))
+        out.append(RankMemory(dev, weights, prefetch=prefetch[rank], activations=max(0, peak - prefetch[rank] - kept[rank]),
+                              resident=kept[rank]))
     return out
 
 
 def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
     """The plan's bytes per rank (``cost/memory.plan_sequence_memory``) for the forward
     ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
-    from ...parallel.families import activation_variant, shape_from_spec
+    from ...parallel.families import activation_variant
     from ...parallel.cost.memory import plan_sequence_memory
     from ...parallel.blocks.sharding import get_block_list
 
     from ..comfy.models.specs import find_arch_spec
 
-    shape = shape_from_spec(ctx.spec)
+    shape = ctx.shape
     specs, _ = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
     kinds, whole, start = [], [], 0
     for i, path in enumerate(ctx.layout.block_lists):

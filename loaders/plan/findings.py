@@ -8,7 +8,7 @@ from ...parallel.placement.plan_types import BlockRange
 from ...parallel.units import GiB as _GiB
 from ...parallel.units import format_gib
 
-__all__ = ["DeviceReport", "SimulationReport", "fallback_block_ranges", "format_gib"]
+__all__ = ["DeviceReport", "SimulationReport", "device_report", "fallback_block_ranges", "usable_bytes"]
 
 NOT_MODELLED = ("not counted: the CUDA context (~0.5 GiB per GPU), allocator fragmentation, cuBLAS "
                 "workspaces, the text encoder and the VAE; leave room with --reserve-vram-gb")
@@ -52,6 +52,27 @@ class DeviceReport:
                 start = None
         parts = (["home"] if self.home else []) + (["blocks " + ",".join(runs)] if runs else [])
         return " + ".join(parts) or "-"
+
+
+def usable_bytes(inventory, device: str, reserve: int) -> int | None:
+    """What the planner lets ``device`` hold: free + held - ``reserve`` (GPU), available RAM (cpu, no
+    reserve); None where the inventory does not list it or the RAM size is unknown (then: enough)."""
+    if device not in inventory.names:
+        return None
+    info = inventory.get(device)
+    if device == "cpu":
+        return info.available_bytes if info.total_bytes else None
+    return info.available_bytes - reserve
+
+
+def device_report(inventory, device: str, usable, weights: int, peak: int, block_devices, home: str,
+                  prefetch: int = 0) -> DeviceReport:
+    """``device``'s row: its inventory entry (a device it does not list: ``CPU``, no sizes), the
+    blocks ``block_devices`` put there, whether it is ``home``."""
+    info = inventory.get(device) if device in inventory.names else None
+    return DeviceReport(device, info.name if info else "CPU", info.total_bytes if info else 0,
+                        info.free_bytes if info else 0, usable, weights, peak,
+                        [i for i, d in enumerate(block_devices) if d == device], device == home, prefetch)
 
 
 @dataclass
@@ -231,7 +252,7 @@ def format_inventory(inventory, holdings: dict | None = None) -> str:
 def fallback_block_ranges(inventory, request, block_bytes) -> list:
     """Where to put the blocks when the planner finds no placement, so the shortfall per device
     can still be measured: the requested devices (``auto``: every GPU) split by usable memory."""
-    entries = request.device_list.entries
+    entries = request.devices.entries
     devices = [e.device for e in entries] or [g.device for g in inventory.gpus] or ["cpu"]
     caps = []
     for dev in devices:

@@ -8,6 +8,7 @@ from ..comfy.core.running_state import with_releasable
 from ..comfy.remote.host_workers import describe_workers
 from ..comfy.shard.hooks import get_shard_state
 from . import dry_run
+from ...parallel.errors import InputError
 
 __all__ = ["BATCH_CHOICES", "check_batch", "check_gpu", "check_strategy_inputs", "picture_tensor", "read_holdings",
            "run_plan"]
@@ -27,15 +28,14 @@ def read_holdings() -> dict[str, tuple[int, int]]:
 def check_batch(batch) -> None:
     """The Plan node's ``batch`` is one of ``BATCH_CHOICES`` (V3 combos are not checked by core)."""
     if str(batch) not in BATCH_CHOICES:
-        raise ValueError(f"[ShardDiT] batch {batch!r} is not one of {', '.join(BATCH_CHOICES)}: 'auto', "
+        raise InputError(f"batch {batch!r} is not one of {', '.join(BATCH_CHOICES)}: 'auto', "
                          f"'1' (cond and uncond one after the other) or '2' (together)")
 
 
 def check_strategy_inputs(parallel, cfg, gpu, link_gbps) -> None:
     """ValueError naming the bad value and the fix (``gpu`` '' and ``link_gbps`` 0 mean the defaults)."""
-    from ...parallel.cost.inputs import parse_link_gbps
+    from ...parallel.cost.inputs import check_cfg, parse_link_gbps
     from ...parallel.cost.mode import check_parallel
-    from .strategies import check_cfg
 
     check_parallel(parallel)
     check_cfg(cfg)

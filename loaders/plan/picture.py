@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ...parallel.units import GiB, format_gib
+
 __all__ = ["SEGMENTS", "DeviceBar", "PlanPicture", "draw_plan_picture", "picture_from_report"]
 
-_GiB = 1 << 30
 # (key, legend label, fill colour) in stacking order, left to right.
 SEGMENTS = (
     ("other", "used by other programs", (150, 150, 150)),
@@ -59,13 +60,9 @@ class PlanPicture:
     extra: dict = field(default_factory=dict)
 
 
-def _gib(n: float) -> str:
-    return f"{n / _GiB:.1f}"
-
-
 def picture_from_report(report) -> PlanPicture:
     """A ``SimulationReport`` (loaders/plan/findings.py) as a picture."""
-    reserve = int(round(report.reserve_vram_gb * _GiB))
+    reserve = int(round(report.reserve_vram_gb * GiB))
     bars = []
     st = getattr(report, "strategies", None)
     devices = st.sequence_reports if st is not None and st.chosen == "sequence" else report.devices
@@ -85,7 +82,7 @@ def picture_from_report(report) -> PlanPicture:
         other = max(0, total - (d.usable + res))
         usable_at = other + d.usable
         seg = {"other": other, **seg, "free": max(0, usable_at - other - need), "reserve": res}
-        size = f"{_gib(total)} GiB{' RAM' if d.device == 'cpu' else ''}"
+        size = f"{format_gib(total)} GiB{' RAM' if d.device == 'cpu' else ''}"
         bars.append(DeviceBar(d.device, _blocks(d), seg, total, usable_at, short=d.shortfall, size=size))
     w, h, f = report.size
     verdict = "FITS" if report.fits else "DOES NOT FIT"
@@ -221,7 +218,7 @@ def _draw_bar(draw, bar: DeviceBar, x0: int, y: int, h: int, px: float, font) ->
             continue
         w = n * px
         draw.rectangle((round(x), y + 1, round(x + w), y + h - 1), fill=_COLOURS[key])
-        text = _gib(n)
+        text = format_gib(n)
         if key != "free" and draw.textlength(text, font=font) + 6 < w:
             draw.text((round(x) + 4, y + 8), text, fill=(20, 20, 20), font=font)
         x += w
@@ -230,6 +227,6 @@ def _draw_bar(draw, bar: DeviceBar, x0: int, y: int, h: int, px: float, font) ->
         draw.line((ux, y - 5, ux, y + h + 5), fill=_LINE, width=3)
     end = max(cap_x, round(x))
     if bar.short:
-        draw.text((end + 6, y + 8), f"short {_gib(bar.short)}", fill=_BAD, font=font)
+        draw.text((end + 6, y + 8), f"short {format_gib(bar.short)}", fill=_BAD, font=font)
     elif bar.usable_at is not None:
         draw.text((end + 6, y + 8), "ok", fill=_OK, font=font)

@@ -1,7 +1,7 @@
 """Which model to simulate: a preset name or a ``.safetensors`` file (header only) -> ModelSpec.
 
 A ``ModelSpec`` carries ComfyUI's own ``unet_config`` for the model, the latent geometry of its
-family and the conditioning it needs, so ``build_meta_model`` can build ComfyUI's own class on
+family and the conditioning it needs, so ``context.build_meta_model`` can build ComfyUI's own class on
 ``meta`` (no weights, no GPU). For a file, only the JSON header is read (8-byte little-endian
 length + JSON: name -> dtype, shape, offsets); the config then comes from ComfyUI's own
 ``comfy.model_detection.model_config_from_unet`` on a ``meta`` state dict of those shapes.
@@ -22,10 +22,10 @@ import torch
 
 from ...parallel.families import Geometry, family_of, geometry_of
 from ..comfy.models import checks
-from ..comfy.models.model_params import fit_params_for
+from ...parallel.errors import InputError
 
-__all__ = ["Geometry", "ModelSpec", "PRESETS", "check_comfyui_has", "comfyui_has", "preset_names", "resolve_model",
-           "read_safetensors_header", "meta_state_dict", "build_meta_model", "spec_from_model_config"]
+__all__ = ["ModelSpec", "PRESETS", "check_comfyui_has", "comfyui_has", "preset_names",
+           "resolve_model", "resolve_spec", "spec_from_model_config"]
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ def comfyui_has(requires: str | None) -> bool:
 def check_comfyui_has(spec: ModelSpec) -> None:
     """ValueError naming what this ComfyUI lacks for ``spec`` (a preset of a newer model)."""
     if not comfyui_has(spec.requires):
-        raise ValueError(f"[ShardDiT] {spec.name} needs ComfyUI's {spec.requires.replace(':', '.')}, which this "
+        raise InputError(f"{spec.name} needs ComfyUI's {spec.requires.replace(':', '.')}, which this "
                          "ComfyUI does not have (added after ComfyUI 0.3.64): update ComfyUI to plan it")
 
 
@@ -162,11 +162,6 @@ PRESETS: dict[str, ModelSpec] = {p.name: p for p in (
     _preset("minimax-h3-fp8", _MINIMAX_H3, dtype="fp8", requires=_H3),
 )}
 
-_ST_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}
 _DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
                 torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8"}
 
@@ -175,35 +170,30 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
+def resolve_spec(model) -> ModelSpec:
+    """The spec of what the dry run was given: a ``ModelSpec``, a model ComfyUI loaded (its
+    ``model_config``), a preset name or a ``.safetensors`` path; one ComfyUI can build (a preset of a
+    model newer than this ComfyUI is refused, ``check_comfyui_has``)."""
+    if isinstance(model, ModelSpec):
+        check_comfyui_has(model)
+        return model
+    if hasattr(model, "model_config"):  # detected by this ComfyUI: nothing more to require
+        return spec_from_model_config(model.model_config)
+    return resolve_model(str(model))
+
+
 def resolve_model(model: str) -> ModelSpec:
-    """A preset name, or a path to a ``.safetensors`` diffusion model (header read only)."""
+    """A preset name (one this ComfyUI can build), or a path to a ``.safetensors`` diffusion model
+    (header read only; ComfyUI's own detection recognises it, or it is refused)."""
     if model in PRESETS:
+        check_comfyui_has(PRESETS[model])
         return PRESETS[model]
     if model.endswith(".safetensors") or os.path.isfile(model):
         return spec_from_safetensors(model)
-    raise ValueError(
-        f"[ShardDiT] model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing "
+    raise InputError(
+        f"model {model!r} is neither a preset ({', '.join(PRESETS)}) nor an existing "
         "'.safetensors' file: pass one of the presets or a path to a diffusion model file"
     )
-
-
-def read_safetensors_header(path: str) -> tuple[dict, dict]:
-    """(tensors: name -> (dtype string, shape), metadata) from the file's JSON header only."""
-    if not os.path.isfile(path):
-        raise ValueError(f"[ShardDiT] model file {path!r} does not exist: give a path to a .safetensors file")
-    header = checks.read_safetensors_header(path, path)  # empty, truncated, not safetensors: refused
-    metadata = header.pop("__metadata__", None) or {}
-    return {k: (v["dtype"], tuple(v["shape"])) for k, v in header.items()}, metadata
-
-
-def meta_state_dict(tensors: dict) -> dict:
-    """``meta`` tensors of the header's shapes and dtypes (no data)."""
-    out = {}
-    for name, (dtype, shape) in tensors.items():
-        if dtype not in _ST_DTYPES:
-            raise ValueError(f"[ShardDiT] tensor {name!r} has dtype {dtype!r}, which the simulator does not know")
-        out[name] = torch.empty(shape, dtype=_ST_DTYPES[dtype], device="meta")
-    return out
 
 
 def spec_from_safetensors(path: str) -> ModelSpec:
@@ -211,14 +201,17 @@ def spec_from_safetensors(path: str) -> ModelSpec:
     import comfy.model_detection
     import comfy.utils
 
-    tensors, metadata = read_safetensors_header(path)
-    sd = meta_state_dict(tensors)
+    if not os.path.isfile(path):
+        raise InputError(f"model file {path!r} does not exist: give a path to a .safetensors file")
+    header = checks.read_safetensors_header(path, path)  # empty, truncated, not safetensors: refused
+    metadata = header.pop("__metadata__", None) or {}
+    sd = checks.meta_state_dict(header, strict=True)
     prefix = comfy.model_detection.unet_prefix_from_state_dict(sd)
     stripped = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True)
     sd = stripped or sd
     config = comfy.model_detection.model_config_from_unet(sd, "", metadata=metadata)
     if config is None:
-        raise ValueError(f"[ShardDiT] ComfyUI does not recognise {path!r} as a diffusion model "
+        raise InputError(f"ComfyUI does not recognise {path!r} as a diffusion model "
                          "(model_detection found no config): pass a DiT file or a preset")
     unet = {k: v for k, v in config.unet_config.items() if k not in ("dtype", "device", "operations")}
     family = family_of(unet, path)
@@ -232,20 +225,3 @@ def spec_from_model_config(model_config) -> ModelSpec:
     name = type(model_config).__name__
     family = family_of(unet, name)
     return ModelSpec(name, family, unet, geometry_of(family, unet))
-
-
-def build_meta_model(spec: ModelSpec, weight_dtype: torch.dtype, manual_cast_dtype: torch.dtype | None):
-    """ComfyUI's own model (``comfy.model_base.BaseModel`` subclass) with weights on ``meta``.
-
-    Mirrors ``comfy.sd.load_diffusion_model_state_dict``: ``set_inference_dtype`` then
-    ``get_model``; the ops (plain or manual-cast for fp8) are ComfyUI's own choice. The config is
-    fitted to the installed parameter dataclass first (``model_params.fit_params_for``).
-    """
-    import comfy.model_detection
-
-    unet = fit_params_for(spec.unet_config)  # presets name the fields of every ComfyUI version
-    model_config = comfy.model_detection.model_config_from_unet_config(unet, spec.state_dict or None)
-    if model_config is None:
-        raise ValueError(f"[ShardDiT] ComfyUI has no model class for {spec.name!r} ({spec.unet_config})")
-    model_config.set_inference_dtype(weight_dtype, manual_cast_dtype)
-    return model_config.get_model(spec.state_dict, "", device=torch.device("meta"))

@@ -23,7 +23,7 @@ from ...parallel.cost.inputs import (
     gpu_names,
     table_gpu_name,
 )
-from ...parallel.families import get_family, shape_from_spec
+from ...parallel.placement.devices import DevicePlan
 from ...parallel.cost.model import (
     BASELINES,
     STRATEGIES,
@@ -36,35 +36,22 @@ from ...parallel.cost.model import (
 )
 from ...parallel.cost.resident import describe_resident, resident_per_rank
 from ...parallel.cost.report import DevicePeak, choose_strategy, format_strategy_rows
-from ...parallel.cost.mode import check_parallel, prefetch_bytes
+from ...parallel.cost.mode import prefetch_bytes
 from .core_baselines import absent_note, baseline_rows
-from .block_plan import plan_blocks, planned_devices
-from .findings import DeviceReport, format_gib, format_table
+from .block_plan import plan_blocks
+from .findings import device_report, format_table, usable_bytes
+from ...parallel.units import format_gib
+from ...parallel.errors import InputError, reason_of
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["DEFAULT_CFG", "DEFAULT_GPU", "StrategyReport", "check_cfg", "compute_strategies"]
-
-DEFAULT_CFG = 6.0
-"""Guidance scale of the dry run: > 1 means cond + uncond every step (Wan's usual 5-6)."""
-
+__all__ = ["StrategyReport", "compute_strategies"]
 
 _DEVICE_NOTES = {"blocks": " (the planner's fewest GPUs)",
                  "sequence": " (every listed GPU: give the loader these devices)",
                  "dynamic_vram": " (core, no ShardDiT: one GPU, the weights that do not fit streamed from pinned "
                                  "host RAM every step)",
                  "core_cfg_split": " (core's MultiGPU CFG Split node: a full copy of the DiT on each)"}
-
-
-def check_cfg(value) -> float:
-    try:
-        cfg = float(value)
-    except (TypeError, ValueError):
-        cfg = float("nan")
-    if not cfg >= 1.0 or cfg == float("inf"):
-        raise ValueError(f"[ShardDiT] cfg {value!r} must be a number >= 1: 1 = cond only (batch 1), "
-                         "> 1 = cond + uncond every step (e.g. --cfg 6)")
-    return cfg
 
 
 @dataclass
@@ -77,12 +64,12 @@ class StrategyReport:
     peaks: dict
     fits: dict
     sequence_devices: list = field(default_factory=list)
-    """``SequencePeak`` per rank, with ``usable`` bytes beside it."""
+    """``RankMemory`` per rank, with ``usable`` bytes beside it."""
     sequence_reports: list = field(default_factory=list)
+    """The same ranks as ``DeviceReport`` (blocks owned, home, prefetch), for the picture."""
     resident: dict = field(default_factory=dict)
     """Per `sequence` device: (blocks it keeps resident, blocks it streams without them) by the room
     left beside the plan (``loaders/comfy/shard/resident_budgets``)."""
-    """The same ranks as ``DeviceReport`` (blocks owned, home, prefetch), for the picture."""
     usable: dict = field(default_factory=dict)
     hardware_note: str = ""
     baseline_name: str = "GPU"
@@ -164,15 +151,14 @@ class StrategyReport:
 
 
 def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, link_gbps) -> StrategyReport:
-    """Strategy rows for a finished `blocks` ``report`` (``dry_run.SimulationReport``)."""
+    """Strategy rows for a finished `blocks` ``report`` (``findings.SimulationReport``)."""
     from ..comfy.models.specs import find_arch_spec
     from .fake_sequence import run_fake_sequence_forward
 
-    parallel = check_parallel(parallel)
     inventory = ctx.inventory
     gpus = [g.device for g in inventory.gpus]
     usable = {d.device: d.usable for d in report.devices}
-    work = Workload(shape_from_spec(ctx.spec), *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
+    work = Workload(ctx.shape, *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
     blocks_ranks = list(dict.fromkeys(d.device for d in report.devices if d.blocks))
     names = _gpu_names(inventory, gpu)
     peaks, fits, costs = {}, {}, {}
@@ -184,7 +170,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     whole = sum(ctx.block_bytes) + ctx.home_bytes
     act = max((d.peak_activations for d in report.devices), default=0)
     peaks["one_gpu"] = DevicePeak(whole, act, 0)
-    first_usable = _usable_of(inventory, first, ctx.request.reserve_bytes)
+    first_usable = usable_bytes(inventory, first, ctx.request.reserve_bytes)
     fits["one_gpu"] = first_usable is None or whole + act <= first_usable
     if len(blocks_ranks) == 1:  # the planner put the whole DiT on one device: that run is the one-GPU row
         only = next(d for d in report.devices if d.blocks)
@@ -205,21 +191,20 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
     if seq_specs is None and arch.token_specs is not None:
         log.warning("[ShardDiT] %s", blocks_only)
     if len(gpus) > 1 and seq_specs is not None:
-        seq_ctx = replace(ctx, request=replace(ctx.request, devices=",".join(gpus)))
+        seq_ctx = replace(ctx, request=replace(ctx.request, devices=DevicePlan.of_devices(gpus)))
         # plan as the loader does (two blocks of activation room, before any latent is known); the
         # measured peaks below decide whether it fits
-        plan, _ = plan_blocks(seq_ctx, prefetch_bytes(ctx.block_bytes))
-        block_devices, home = planned_devices(seq_ctx, plan)
+        _, _, block_devices, home = plan_blocks(seq_ctx, prefetch_bytes(ctx.block_bytes))
         ranks = list(dict.fromkeys(block_devices))
         if len(ranks) > 1:
             # a family whose conds ComfyUI never batches (MiniMax H3): cond, then uncond, each split
-            apart = work.batch > get_family(ctx.spec.family).max_batch
+            apart = work.batch > ctx.family.max_batch
             hw = hardware_from_options([names.get(d, names["*"]) for d in ranks], link_gbps=link_gbps)
             mixed = len(set(hw.flops)) > 1  # the engine weights the shares by speed (loaders/comfy/shard/sequence_shares)
             speeds = hw.flops if mixed else None
             seq = run_fake_sequence_forward(ctx, 1 if apart else work.batch, block_devices, home, speeds)
             for p in seq:
-                usable.setdefault(p.device, _usable_of(inventory, p.device, ctx.request.reserve_bytes))
+                usable.setdefault(p.device, usable_bytes(inventory, p.device, ctx.request.reserve_bytes))
             # priced with the blocks each rank keeps in the room beside its plan (as the nodes' `auto`)
             kept = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
             estimate = estimate_sequence_lean if apart else estimate_sequence
@@ -233,10 +218,10 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
                 share = ", ".join(f"{r} {100 * f / sum(hw.flops):.0f}%" for r, f in zip(ranks, hw.flops, strict=True))
                 speed_note = f"shares by speed: {share} of the tokens and heads, predicted {gain:.2f}x an even split"
             if apart:
-                lean_note = (f"{get_family(ctx.spec.family).title}: ComfyUI runs cond and uncond one after the other, so "
+                lean_note = (f"{ctx.family.title}: ComfyUI runs cond and uncond one after the other, so "
                              "each runs over every GPU (weights streamed twice per step)")
             costs["one_gpu"] = estimate_one_gpu(work, hw)
-            seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
+            seq_reports = [device_report(inventory, p.device, usable[p.device], p.weights, p.activations, block_devices, home, p.prefetch) for p in seq]
             fits["sequence"] = _all_fit(seq, usable)
             if not fits["sequence"] and work.batch > 1 and not apart:
                 lean = run_fake_sequence_forward(ctx, 1, block_devices, home, speeds)  # one pass: one sample
@@ -250,7 +235,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
                     costs["sequence"] = estimate_sequence_lean(work, hw, counts, weighted=mixed, resident=kept,
                                                                pipelined=piped)
                     fits["sequence"] = True
-                    seq_reports = [_rank_report(inventory, p, usable[p.device], block_devices, home) for p in seq]
+                    seq_reports = [device_report(inventory, p.device, usable[p.device], p.weights, p.activations, block_devices, home, p.prefetch) for p in seq]
             top = max(seq, key=lambda p: p.total)
             peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
             resident = {p.device: (len(k), sum(1 for d in block_devices if d != p.device))
@@ -259,7 +244,7 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, 
             resident_note = said if said.startswith("with every block") else ""
     devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
     core = baseline_rows(ctx, report, work, names, link_gbps,
-                         lambda d: _usable_of(inventory, d, ctx.request.reserve_bytes))
+                         lambda d: usable_bytes(inventory, d, ctx.request.reserve_bytes))
     for name, row in core.items():
         costs[name], peaks[name], fits[name], devices[name] = row.cost, row.peak, row.fits, list(row.devices)
     costs = _rebase(costs)
@@ -307,7 +292,7 @@ def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
         try:
             return choose_strategy(costs, {k: fits.get(k, False) for k in costs})
         except ValueError as err:
-            return None, str(err)
+            return None, reason_of(err)
     if parallel == "blocks" and "blocks" not in costs:  # the planner put the whole DiT on one device
         return "one_gpu", "blocks: the whole DiT fits on one device, which runs it alone (1 GPU, 1.00×)"
     if parallel not in costs:
@@ -331,7 +316,7 @@ def _gpu_names(inventory, gpu: str | None) -> dict:
     if gpu:
         given = gpu_names(gpu)  # ValueError names the table
         if len(given) not in (1, len(inventory.gpus)):
-            raise ValueError(f"[ShardDiT] --gpu {gpu!r} names {len(given)} GPUs for {len(inventory.gpus)}: give one "
+            raise InputError(f"--gpu {gpu!r} names {len(given)} GPUs for {len(inventory.gpus)}: give one "
                              "name for all, or one per GPU in order (e.g. 'RTX 5090,RTX 4090')")
         per = given * len(inventory.gpus) if len(given) == 1 else given
         return {"*": given[0], **{g.device: n for g, n in zip(inventory.gpus, per, strict=True)}}
@@ -344,20 +329,3 @@ def _gpu_names(inventory, gpu: str | None) -> dict:
     if not inventory.gpus:
         names["default"] = True
     return names
-
-
-def _rank_report(inventory, p, usable, block_devices, home) -> DeviceReport:
-    info = inventory.get(p.device) if p.device in inventory.names else None
-    return DeviceReport(p.device, info.name if info else "CPU", info.total_bytes if info else 0,
-                        info.free_bytes if info else 0, usable, p.weights, p.activations,
-                        [i for i, d in enumerate(block_devices) if d == p.device], p.device == home, p.prefetch)
-
-
-def _usable_of(inventory, device: str, reserve: int):
-    if device not in inventory.names:
-        return None
-    info = inventory.get(device)
-    if device == "cpu":
-        return info.available_bytes if info.total_bytes else None
-    return info.available_bytes - reserve
-

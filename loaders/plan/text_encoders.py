@@ -23,14 +23,12 @@ from dataclasses import dataclass
 
 from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, table_gpu_name
 from ...parallel.families import get_family
+from ...parallel.placement.devices import DevicePlan
 from ...parallel.placement.layer_split import LayerSplit, plan_layer_split
-from ...parallel.placement.planner import (
-    Footprint,
-    PlacementError,
-    PlacementRequest,
-    plan_placement,
-)
-from .findings import format_gib
+from ...parallel.placement.planner import plan_placement
+from ...parallel.placement.plan_types import Footprint, PlacementRequest
+from ...parallel.placement.plan_text import PlacementError
+from ...parallel.units import format_gib
 
 __all__ = ["ENCODERS", "LAYERS", "TextEncoderReport", "encoders_of", "place_text_encoder", "prompt_seconds"]
 
@@ -174,7 +172,7 @@ def place_text_encoder(spec, inventory, request, block_bytes, home_bytes: int, a
         return TextEncoderReport(parts, None, tokens=tokens)
     footprint = Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=home_bytes,
                           dit_activation_bytes=activation, text_encoder_bytes=2 * sum(n for _, n in parts))
-    placed = PlacementRequest(devices=",".join(dit_devices), reserve_vram_gb=request.reserve_vram_gb)
+    placed = PlacementRequest(devices=DevicePlan.of_devices(dit_devices), reserve_vram_gb=request.reserve_vram_gb)
     try:
         plan = plan_placement(inventory, footprint, placed)
     except PlacementError:
@@ -193,7 +191,7 @@ def _split_beside(plan, inventory, request, layer_bytes, rest) -> LayerSplit | N
     loads = {load.device: load.weight_bytes + load.activation_bytes for load in plan.loads}
     rooms = {g.device: g.available_bytes - request.reserve_bytes - loads.get(g.device, 0) for g in inventory.gpus}
     try:
-        split = plan_layer_split(layer_bytes, rest, rooms, "auto")
+        split = plan_layer_split(layer_bytes, rest, rooms)
     except PlacementError:
         return None
     return None if split.devices == ("cpu",) else split

@@ -1,7 +1,7 @@
 """The plan's "several machines" part: each worker device's share and room, and the network per step.
 
 The host's own devices are simulated as usual (``dry_run.simulate``), planned as the loader plans
-a distributed run: ``devices.with_worker_shares`` adds one ``cpu`` entry per worker (the host keeps
+a distributed run: ``devices.DevicePlan.with_worker_shares`` adds one ``cpu`` entry per worker (the host keeps
 the workers' shares in RAM), so the host's GPUs hold their share only. This module plans that as
 the loader does (two blocks of activation room), runs one `sequence` forward on fake devices for
 the host's GPU peaks (the workers' ranks stand in on ``cpu``), and adds the worker rows (``parallel/cost/workers``: share, what it must hold, free, fits) and the network per worker and
@@ -12,14 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, table_gpu_name
-from ...parallel.families import shape_from_spec
 from ...parallel.cost.model import Workload
 from ...parallel.distributed.config import WEIGHTS_ENV
 from ...parallel.cost.workers import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs
 from ...parallel.cost.mode import prefetch_bytes
 from ...parallel.placement.plan_ranges import compute_block_ranges
-from .block_plan import plan_blocks, planned_devices
-from .findings import format_gib, format_table
+from .block_plan import plan_blocks
+from .findings import format_table
+from ...parallel.units import format_gib
 
 __all__ = ["WorkerReport", "compute_worker_report"]
 
@@ -39,7 +39,7 @@ class WorkerReport:
     """Ulysses all-to-alls cross the network (cfg 1, or more ranks than cond/uncond groups)."""
     notes: list = field(default_factory=list)
     host_peaks: list = field(default_factory=list)
-    """``SequencePeak`` of this machine's GPU ranks in the simulated `sequence` forward."""
+    """``RankMemory`` of this machine's GPU ranks in the simulated `sequence` forward."""
     usable: dict = field(default_factory=dict)
     planned: bool = True
     """The planner placed this machine's share (planned as the loader does: two blocks of activation room)."""
@@ -108,13 +108,14 @@ class WorkerReport:
 
 def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str | None, net_gbps) -> WorkerReport:
     """Worker rows and network for a finished host ``report`` planned with one ``cpu`` entry per worker."""
-    entries = ctx.request.device_list.entries
+    entries = ctx.request.devices.entries
     n_local = len(entries) - len(workers)
     # planned as the loader plans (two blocks of activation room); the sequence peaks decide whether it fits
-    plan, _ = plan_blocks(ctx, prefetch_bytes(ctx.block_bytes))
+    planned = plan_blocks(ctx, prefetch_bytes(ctx.block_bytes))
+    plan = planned.plan
     ranges = _rank_ranges(plan, entries, ctx.block_bytes)
     keep_all, why, needs = compute_worker_needs(mode, workers, ranges[n_local:], ctx.block_bytes)
-    work = Workload(shape_from_spec(ctx.spec), *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
+    work = Workload(ctx.shape, *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
     host = [e.device for e in entries[:n_local]]
     names = [gpu or _table_name(ctx.inventory, d) for d in host] + [gpu or DEFAULT_GPU] * len(workers)
     flops = [gpu_flops(name) for name in names]
@@ -125,20 +126,19 @@ def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str 
     exchange = cfg <= 1 or len(entries) > 2  # cfg > 1: cond / uncond split first; a group of one rank exchanges nothing
     if any(n.free_bytes is None for n in needs):
         notes.append("free memory unknown for some worker devices: give it as NAME/DEVICE=24GiB or --workers HOST:PORT")
-    peaks, usable = _host_peaks(ctx, report, plan, work.batch)
+    peaks, usable = _host_peaks(ctx, report, planned, work.batch)
     if len(workers) > 1:
         notes.append("the host's sequence peaks are simulated with every worker's rank on one cpu stand-in "
                      "(fewer ranks: a larger share of tokens per rank, so an upper bound)")
     return WorkerReport(mode, keep_all, why, needs, network, host, exchange, notes, peaks, usable, plan is not None)
 
 
-def _host_peaks(ctx, report, plan, batch: int):
-    """(``SequencePeak`` per GPU rank of this machine, usable bytes per device) from one `sequence`
+def _host_peaks(ctx, report, planned, batch: int):
+    """(``RankMemory`` per GPU rank of this machine, usable bytes per device) from one `sequence`
     forward on fake devices over the plan (the workers' shares on cpu run there as stand-ins)."""
     from .fake_sequence import run_fake_sequence_forward
 
-    block_devices, home = planned_devices(ctx, plan)
-    peaks = run_fake_sequence_forward(ctx, batch, block_devices, home)
+    peaks = run_fake_sequence_forward(ctx, batch, planned.block_devices, planned.home)
     usable = {d.device: d.usable for d in report.devices}
     return [p for p in peaks if p.device != "cpu"], usable
 

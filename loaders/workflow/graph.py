@@ -8,11 +8,12 @@
   input value ``[source id, output slot]``.
 """
 from __future__ import annotations
+from ...parallel.errors import InputError
 
 LINK_KEYS = ("id", "origin_id", "origin_slot", "target_id", "target_slot", "type")
 
 
-class WorkflowError(ValueError):
+class WorkflowError(InputError):
     """The data is not a ComfyUI workflow in either format."""
 
 

@@ -23,7 +23,8 @@ from aiohttp import web
 
 from . import templates
 from .comfy_nodes import node_io_from_mappings
-from .shard_transform import WorkflowError, shard_workflow, unshard_workflow
+from .shard_transform import shard_workflow, unshard_workflow
+from .graph import WorkflowError
 from .template_category import CATEGORY, filter_listing, sharded_template
 
 __all__ = ["MAX_BODY", "attach", "register"]

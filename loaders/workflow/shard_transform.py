@@ -20,11 +20,10 @@ import copy
 from dataclasses import dataclass, field
 
 from . import layout
-from .graph import (WorkflowError, add_link, api_links, as_dict, graph_name, graphs, max_ids, remove_link,
+from .graph import (add_link, api_links, as_dict, graph_name, graphs, max_ids, remove_link,
                     set_origin, subgraph_ids, workflow_format)
 
-__all__ = ["SHARD_NODE", "Change", "ShardResult", "WorkflowError", "shard_workflow", "unshard_workflow",
-           "workflow_format"]
+__all__ = ["SHARD_NODE", "Change", "ShardResult", "shard_workflow", "unshard_workflow"]
 
 SHARD_NODE = "ShardDiTShardModel"
 OWN_LOADERS = {"ShardDiTLoadDiffusionModel"}   # shard what they load: a workflow built on them is sharded already

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from ..tensor_map import map_tensors, tensors_in
+from ..errors import InputError
 
 __all__ = ["LAYER_DEVICE_ATTR", "layer_device", "place_layers", "remove_layer_hooks"]
 
@@ -34,7 +35,7 @@ def layer_device(layer: torch.nn.Module) -> torch.device | None:
 def place_layers(layers: Sequence[torch.nn.Module], devices: Sequence[str | torch.device]) -> None:
     """Move ``layers[i]`` to ``devices[i]`` and route its calls there (hooks installed once)."""
     if len(layers) != len(devices):
-        raise ValueError(f"[ShardDiT] {len(layers)} layers but {len(devices)} devices")
+        raise InputError(f"{len(layers)} layers but {len(devices)} devices")
     for layer, device in zip(layers, devices):
         device = torch.device(device)
         setattr(layer, LAYER_DEVICE_ATTR, device)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..tensor_map import map_tensors, tensors_in
+from ..errors import InputError, RunError
 
 __all__ = ["BlockLayout", "BlockRouter", "BlockSlot", "RouterStats", "normalize_device"]
 
@@ -39,7 +40,7 @@ def normalize_device(device, what: str = "device") -> torch.device:
     """``torch.device`` with an explicit index for accelerators (``cuda`` -> error, ``cuda:0`` ok)."""
     dev = torch.device(device)
     if dev.type not in ("cpu", "meta") and dev.index is None:
-        raise ValueError(f"[ShardDiT] {what} {str(device)!r} has no index: pass e.g. '{dev.type}:0'")
+        raise InputError(f"{what} {str(device)!r} has no index: pass e.g. '{dev.type}:0'")
     return dev
 
 
@@ -61,16 +62,16 @@ class BlockLayout:
 
     def __post_init__(self):
         if not self.block_lists:
-            raise ValueError("[ShardDiT] BlockLayout needs at least one block list path")
+            raise InputError("BlockLayout needs at least one block list path")
         if len(self.stream_args) != len(self.block_lists):
-            raise ValueError(
-                f"[ShardDiT] BlockLayout has {len(self.block_lists)} block lists but "
+            raise InputError(
+                f"BlockLayout has {len(self.block_lists)} block lists but "
                 f"{len(self.stream_args)} stream_args entries: give one tuple per list")
         if len(set(self.block_lists)) != len(self.block_lists):
-            raise ValueError(f"[ShardDiT] BlockLayout lists a block path twice: {self.block_lists}")
+            raise InputError(f"BlockLayout lists a block path twice: {self.block_lists}")
         for spec in self.stream_args:
             if not spec or not all(isinstance(a, (int, str)) for a in spec):
-                raise ValueError(f"[ShardDiT] stream_args entry {spec!r} must be a non-empty tuple of names/positions")
+                raise InputError(f"stream_args entry {spec!r} must be a non-empty tuple of names/positions")
         object.__setattr__(self, "return_home_after", frozenset(int(i) for i in self.return_home_after))
 
 
@@ -113,12 +114,23 @@ class BlockRouter:
         self._home_all = False
         # Kernels that launch on the *current* CUDA device (Triton/Sage attention) need it set.
         self.set_current_device = torch.cuda.is_available()
-        self.engine = None
-        """A ``SequenceEngine`` (``sequence.engine``) for `sequence` scopes; None: `blocks` only."""
+        self._engine = None
         self.block_scope = None
         """A factory of a context manager every block call runs inside (ComfyUI: its compiler's
         malloc graph paused, ``loaders/comfy/shard/compile_guard``); None: none."""
         self._sequence = False
+
+    @property
+    def engine(self):
+        """A ``SequenceEngine`` (``sequence.engine``) for `sequence` scopes; None: `blocks` only.
+        Read-only: it arrives through ``use_engine`` (``sequence.engine.attach_sequence_engine``)."""
+        return self._engine
+
+    def use_engine(self, engine) -> None:
+        """Run `sequence` scopes with ``engine`` (None: `blocks` only). Refused inside a forward."""
+        if self._scoped:
+            raise RunError("the block router's sequence engine cannot change inside a forward")
+        self._engine = engine
 
     # ---- registration (build_block_proxies) -------------------------------------------------
     def register(self, slot: BlockSlot) -> None:
@@ -160,7 +172,7 @@ class BlockRouter:
             yield self
             return
         if sequence and self.engine is None:
-            raise ValueError("[ShardDiT] sequence scope on a router without a sequence engine")
+            raise InputError("sequence scope on a router without a sequence engine")
         self._begin(return_home_all)
         self._scoped = True
         self._sequence = sequence

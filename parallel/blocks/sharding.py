@@ -25,12 +25,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .routing import BlockLayout, BlockRouter, BlockSlot, RouterStats, normalize_device
+from ..errors import InputError
 
 __all__ = [
-    "BlockLayout",
     "BlockProxy",
-    "BlockRouter",
-    "RouterStats",
     "ShardHandle",
     "attach_block_sharding",
     "build_block_proxies",
@@ -106,15 +104,15 @@ def build_block_proxies(blocks: Sequence[torch.nn.Module], devices: Sequence, ho
     """
     layout = router.layout
     if len(devices) != len(blocks):
-        raise ValueError(f"[ShardDiT] {len(blocks)} blocks but {len(devices)} devices: give one device per block")
+        raise InputError(f"{len(blocks)} blocks but {len(devices)} devices: give one device per block")
     if normalize_device(home, "home device") != router.home:
-        raise ValueError(f"[ShardDiT] proxies built for home {home} but the router's home is {router.home}")
+        raise InputError(f"proxies built for home {home} but the router's home is {router.home}")
     list_index = _list_index(layout, router, block_list)
     if global_indices is None:
         start = 1 + max((s for s in router._slots), default=-1)
         global_indices = range(start, start + len(blocks))
     if len(global_indices) != len(blocks):
-        raise ValueError(f"[ShardDiT] {len(blocks)} blocks but {len(global_indices)} global indices")
+        raise InputError(f"{len(blocks)} blocks but {len(global_indices)} global indices")
     proxies = []
     for block, dev, g in zip(blocks, devices, global_indices):
         pos, names = _resolve_stream(block, layout.stream_args[list_index], layout.block_lists[list_index])
@@ -132,7 +130,7 @@ def _list_index(layout: BlockLayout, router: BlockRouter, block_list) -> int:
     if isinstance(block_list, int):
         return block_list
     if block_list not in layout.block_lists:
-        raise ValueError(f"[ShardDiT] block list {block_list!r} is not in the layout {layout.block_lists}")
+        raise InputError(f"block list {block_list!r} is not in the layout {layout.block_lists}")
     return layout.block_lists.index(block_list)
 
 
@@ -156,8 +154,8 @@ def _resolve_stream(block, spec, path) -> tuple[tuple[int, ...], frozenset[str]]
         elif open_kwargs or any(p.name == a for p in params):
             names.add(a)
         else:
-            raise ValueError(
-                f"[ShardDiT] stream argument {a!r} of block list {path!r} is not a parameter of "
+            raise InputError(
+                f"stream argument {a!r} of block list {path!r} is not a parameter of "
                 f"{type(block).__name__}.forward{tuple(p.name for p in params)}: fix the architecture spec")
     return tuple(sorted(pos)), frozenset(names)
 
@@ -229,11 +227,11 @@ def attach_block_sharding(module: torch.nn.Module, layout: BlockLayout, block_de
     lists = {path: get_block_list(module, path) for path in layout.block_lists}
     n_blocks = sum(len(b) for b in lists.values())
     if len(block_devices) != n_blocks:
-        raise ValueError(
-            f"[ShardDiT] {type(module).__name__} has {n_blocks} blocks in {layout.block_lists} but "
+        raise InputError(
+            f"{type(module).__name__} has {n_blocks} blocks in {layout.block_lists} but "
             f"{len(block_devices)} block devices were given: give one device per block")
     if any(isinstance(b, BlockProxy) for blocks in lists.values() for b in blocks):
-        raise ValueError(f"[ShardDiT] {type(module).__name__} is already sharded: detach the first handle")
+        raise InputError(f"{type(module).__name__} is already sharded: detach the first handle")
     devices = [normalize_device(d, f"device of block {g}") for g, d in enumerate(block_devices)]
     params, buffers = _record_placement(module)
     router = BlockRouter(layout, home)

@@ -12,19 +12,11 @@ import os
 import sys
 from dataclasses import dataclass
 
-from ..distributed.config import parse_addr
-from ..distributed.connect import HostUnreachable, HostUnresolved, wait_for_port
+from ..distributed.config import HostUnreachable, HostUnresolved, parse_addr, wait_for_port
 from . import rank_actor, rendezvous
 from .group import failed_calls
-from .settings import (
-    NAME_LABEL,
-    RAY_ADDRESS_ENV,
-    ClusterError,
-    check_auth,
-    import_ray,
-    member_resource,
-    parse_member_resource,
-)
+from .settings import (NAME_LABEL, RAY_ADDRESS_ENV, ClusterError, check_auth, import_ray, member_resource,
+                       parse_member_resource)
 
 __all__ = ["Member", "check_alive", "connect", "list_members", "members_from_nodes", "probe_free", "start_board",
            "start_rank"]
@@ -66,7 +58,7 @@ def connect(address: str, timeout_s: float):
     try:
         ray.init(address=address, namespace=NAMESPACE, logging_level=logging.WARNING, log_to_driver=True)
     except (ConnectionError, RuntimeError) as err:
-        raise ClusterError(f"[ShardDiT] cannot join the Ray cluster at {address!r} ({err}): is `ray start --head` "
+        raise ClusterError(f"cannot join the Ray cluster at {address!r} ({err}): is `ray start --head` "
                            "running there, and does this process hold the cluster's token (RAY_AUTH_TOKEN, "
                            "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)?") from None
     return ray
@@ -83,7 +75,7 @@ def members_from_nodes(nodes: list[dict]) -> dict[str, Member]:
             continue
         node_id = node["NodeID"]
         if name in owner and owner[name] != node_id:
-            raise ClusterError(f"[ShardDiT] two Ray nodes call themselves {name!r} ({owner[name][:12]} and "
+            raise ClusterError(f"two Ray nodes call themselves {name!r} ({owner[name][:12]} and "
                                f"{node_id[:12]}): stop one, or start it again with another --name")
         owner[name] = node_id
         for resource in node.get("Resources") or {}:
@@ -119,7 +111,7 @@ def start_rank(ray, member: Member, timeout_s: float):
         where = ray.get(actor.where.remote(), timeout=timeout_s)
     except Exception as err:  # GetTimeoutError, ActorDiedError, a node that left: all end the same way
         ray.kill(actor)
-        raise ClusterError(f"[ShardDiT] member {member.key} did not start its rank within {timeout_s:g} s "
+        raise ClusterError(f"member {member.key} did not start its rank within {timeout_s:g} s "
                            f"({type(err).__name__}: {str(err)[:200]}); see `ray status` for its node "
                            f"{member.node_id[:12]}") from None
     log.info("[ShardDiT] member %s: rank actor pid %s on %s", member.key, where["pid"], where["host"])
@@ -140,7 +132,7 @@ def start_board(ray, timeout_s: float):
         ray.get(board.ping.remote(), timeout=timeout_s)
     except Exception as err:  # noqa: BLE001 - GetTimeoutError, or the actor died: both end the same way
         ray.kill(board)
-        raise ClusterError(f"[ShardDiT] the sessions' rendezvous actor did not start on this machine's Ray node "
+        raise ClusterError(f"the sessions' rendezvous actor did not start on this machine's Ray node "
                            f"within {timeout_s:g} s ({type(err).__name__}: {str(err)[:200]}): see `ray status`") from None
     return board
 
@@ -150,7 +142,7 @@ def check_alive(ray, ranks: dict[str, object], timeout_s: float) -> None:
     naming the members that did not (dead node, dead actor, or silent)."""
     lost = failed_calls(ray, {actor.ping.remote(): key for key, actor in ranks.items()}, timeout_s)
     if lost:
-        raise ClusterError("[ShardDiT] lost " + "; ".join(f"member {k} ({why})" for k, why in sorted(lost.items()))
+        raise ClusterError("lost " + "; ".join(f"member {k} ({why})" for k, why in sorted(lost.items()))
                            + ": Ray reports its node or actor gone (see `ray status`); the next prompt runs on the "
                            "members left")
 
@@ -167,6 +159,6 @@ def probe_free(ray, members: dict[str, Member], timeout_s: float) -> dict[str, d
                          max_retries=0).remote(m.device): key for key, m in members.items()}
     lost = failed_calls(ray, refs, timeout_s)
     if lost:
-        raise ClusterError("[ShardDiT] " + "; ".join(f"member {k} did not report its free memory ({why})"
-                                                     for k, why in sorted(lost.items())) + ": see `ray status`")
+        raise ClusterError("; ".join(f"member {k} did not report its free memory ({why})"
+                                     for k, why in sorted(lost.items())) + ": see `ray status`")
     return {refs[r]: {"device": members[refs[r]].device, "free": int(ray.get(r, timeout=0))} for r in refs}

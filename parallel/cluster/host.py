@@ -1,15 +1,12 @@
 """The ComfyUI host's side of the cluster: members, their rank actors, one session at a time.
 
-``cluster_host()`` is None unless ``SHARDDIT_RAY_ADDRESS`` is set (then Ray is imported, once, on
-first use). The sessions' rendezvous actor (``rendezvous.RendezvousBoard``) starts on this
-machine's Ray node on first use and stays. A member's rank actor starts on first use and stays for
-later sessions (weights it received stay with it); a member found dead is dropped, named in the
-error, and the next session runs on the members left. Call these from the prompt's thread, never
-from ComfyUI's web-server thread: connecting and forming a group wait (each wait bounded by ``SHARDDIT_DIST_TIMEOUT``).
-
-It is also the sampling engine's session source (``distributed.ranks.DistRanks``):
-``session_for`` keeps one ``session.RaySession`` open across prompts while its
-members and groups stay the same, ``check_names`` / ``workers`` give the members' offers.
+``cluster_host()`` is None unless ``SHARDDIT_RAY_ADDRESS`` is set (then Ray is imported on first
+use). The rendezvous actor and each member's rank actor start on first use and stay (weights a
+member received stay with it); a member found dead is dropped, named in the error, and the next
+session runs on the members left. Call from the prompt's thread, never ComfyUI's web-server
+thread: connecting and forming a group wait (each bounded by ``SHARDDIT_DIST_TIMEOUT``). It is the
+engine's session source (``distributed.ranks.DistRanks``): ``session_for`` keeps one session open
+across prompts while its members and groups stay the same.
 """
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ from ..distributed.config import dist_timeout
 from ..distributed.members import local_versions
 from ..units import format_gib
 from .driver import Member, check_alive, connect, list_members, start_board, start_rank
-from .group import failed_calls
-from .session import RaySession
+from .group import RaySession, failed_calls
 from .settings import ClusterError, raise_fd_limit, ray_address
 
 __all__ = ["STRAY_FILES", "ClusterHost", "cluster_host", "describe_members", "open_files"]
@@ -73,7 +69,7 @@ class ClusterHost:
             members = self.members()
             if key not in members:
                 known = ", ".join(members) or "none"
-                raise ClusterError(f"[ShardDiT] no member {key!r} in the Ray cluster at {self.address} (members: "
+                raise ClusterError(f"no member {key!r} in the Ray cluster at {self.address} (members: "
                                    f"{known}); start `python <pack-dir> worker --ray --join ... --name NAME --devices "
                                    "...` on that machine, or remove it from devices")
             self.ranks[key] = start_rank(self.ray, members[key], self.timeout_s)
@@ -87,18 +83,13 @@ class ClusterHost:
         lost = failed_calls(self.ray, refs, self.timeout_s)
         if lost:
             self._drop_silent({m: actors[m] for m in lost})
-            raise ClusterError("[ShardDiT] " + "; ".join(f"member {m} did not answer ({why})" for m, why in
-                                                         sorted(lost.items())) + ": see `ray status`")
+            raise ClusterError("; ".join(f"member {m} did not answer ({why})" for m, why in
+                                         sorted(lost.items())) + ": see `ray status`")
         return {refs[r]: self.ray.get(r, timeout=0) for r in refs}
 
-    def workers(self) -> dict[str, dict]:
-        """Every member's offer now."""
-        return self.check_names(list(self.members()))
-
-    def describe(self, offers: dict | None = None) -> str:
-        """Lines for the Plan node and ``plan --workers``: the members and their free memory
-        (``offers``: from ``workers()``, asked now when None)."""
-        return describe_members(self.address, self.workers() if offers is None else offers)
+    def describe(self) -> str:
+        """Lines for the Plan node: the members and their free memory (every member's offer now)."""
+        return describe_members(self.address, self.check_names(list(self.members())))
 
     def session_for(self, names: tuple[str, ...], groups: tuple, backend: str, devices: dict[str, str]) -> RaySession:
         """The open session with exactly these members and groups, or a fresh one (a broken or

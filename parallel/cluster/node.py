@@ -15,6 +15,7 @@ import re
 import sys
 
 from .settings import NAME_LABEL, member_resource
+from ..errors import InputError
 
 __all__ = ["check_label_name", "ray_start_command"]
 
@@ -24,7 +25,7 @@ _LABEL_VALUE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 def check_label_name(name: str) -> str:
     """A worker name Ray accepts as a label value (it must also end with a letter or digit)."""
     if not _LABEL_VALUE.fullmatch(name):
-        raise ValueError(f"--name {name!r}: on a Ray cluster a worker's name must end with a letter or digit "
+        raise InputError(f"--name {name!r}: on a Ray cluster a worker's name must end with a letter or digit "
                          f"(Ray's label values do), e.g. {name.rstrip('._-') or 'box2'!r}")
     return name
 

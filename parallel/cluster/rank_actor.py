@@ -1,12 +1,9 @@
 """The Ray actor a remote rank runs: one per member ``NAME/DEVICE``, pinned to that member's node.
 
-This module is shipped to the worker nodes by value (``driver.rank_actor_class``): a worker node
-runs ``ray start`` from ComfyUI's Python, where the pack is a folder, not an importable package.
-So it imports only the standard library, torch and Ray, never the rest of the pack.
-
-The actor imports the pack from its node (``SHARDDIT_PACK_DIR``) and hands everything to the pack's
-``rank_server.RankServer``: it joins the session's process group through the host's rendezvous
-actor, whose handle the host handed it over Ray, then serves the host's commands. Every wait is bounded.
+Shipped to the worker nodes by value (``driver.rank_actor_class``): a worker runs ``ray start`` from
+ComfyUI's Python, where the pack is a folder, not a package, so this imports only the standard
+library, torch and Ray. It imports the pack from ``SHARDDIT_PACK_DIR`` and hands everything to
+``rank_server.RankServer``.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The pack's side of a Ray rank actor: join a session's groups, serve the host's commands.
-
-``rank_actor.RankWorker`` (shipped by value, standard library only) imports the pack on its
-node and hands everything to a ``RankServer``. The host's commands arrive as Ray calls, each one
-``protocol`` payload (schema-checked JSON and raw tensor bytes, every size checked before a
-tensor is made: nothing of ours is unpickled); the reply goes back the same way. Ray's token
-authenticated the caller; no code here authenticates anyone. The weight broadcasts and the
-Ulysses exchanges run on the session's torch.distributed groups (``distributed.serving``).
+"""The pack's side of a Ray rank actor (``rank_actor.RankWorker`` imports the pack on its node and
+hands everything here): join a session's groups, serve the host's commands. A command is one
+``protocol`` payload (schema-checked JSON and raw bytes, every size checked before a tensor is made:
+nothing is unpickled); Ray's token authenticated the caller, no code here authenticates anyone.
 """
 from __future__ import annotations
 
@@ -16,24 +12,20 @@ import traceback
 import torch
 import torch.distributed as dist
 
-from ..distributed.host_side import end_process_group, reset_after_failed_init
-from ..distributed.members import bind_device, device_free_bytes, make_offer
+from ..distributed.members import bind_device, make_offer
 from ..distributed.protocol import ProtocolError, from_payload, to_payload
 from ..distributed.serving import BlockServer
+from .group import RayStore, end_process_group, reset_after_failed_init, session_subgroups
+from .rank_actor import free_bytes
 from .settings import raise_fd_limit
-from .store import RayStore
+from ..errors import reason_of
 
-__all__ = ["MAX_COMMAND_BYTES", "RankServer", "session_subgroups"]
+__all__ = ["MAX_COMMAND_BYTES", "RankServer"]
 
 log = logging.getLogger("sharddit")
 MAX_COMMAND_BYTES = 1 << 40
 """Largest command (block weights inside) a rank accepts."""
 
-
-def session_subgroups(world: int, group_keys) -> list[tuple]:
-    """The subgroups of a session, in the order every process makes them: the exchange groups
-    (``group_keys``), then the weight groups ``all`` and, with two members or more, ``workers``."""
-    return [tuple(g) for g in group_keys] + [tuple(range(world))] + ([tuple(range(1, world))] if world > 2 else [])
 
 
 class RankServer:
@@ -49,11 +41,11 @@ class RankServer:
 
     def offer(self) -> dict:
         """What this member offers: its device, free bytes, GPU and versions."""
-        return make_offer(self.name, self.device, device_free_bytes(self.device), self.comfyui)
+        return make_offer(self.name, self.device, free_bytes(self.device), self.comfyui)
 
     def join(self, board, space: str, rank: int, world: int, timeout_s: float, backend: str, group_keys) -> int:
         """Join the session's group (gloo) as ``rank`` of ``world``, meeting the others through the
-        host's rendezvous actor ``board`` (its session space ``space``: ``store.RayStore``, over
+        host's rendezvous actor ``board`` (its session space ``space``: ``group.RayStore``, over
         Ray only), then its subgroups (``session_subgroups``, on ``backend``); returns the rank."""
         import ray  # this runs in a Ray actor
         self.leave()
@@ -86,11 +78,11 @@ class RankServer:
             reply = self.server.command(msg)
         except ProtocolError as e:
             self.leave(failed=True)
-            return to_payload({"op": "error", "error": f"invalid command: {e}"})
+            return to_payload({"op": "error", "error": f"invalid command: {reason_of(e)}"})
         except Exception as e:  # noqa: BLE001 - report to the host, which closes the session
             log.error("[ShardDiT] member %s: %s", self.member, traceback.format_exc())
             self.leave(failed=True)
-            return to_payload({"op": "error", "error": f"{type(e).__name__}: {e}"})
+            return to_payload({"op": "error", "error": f"{type(e).__name__}: {reason_of(e)}"})
         return to_payload(reply)
 
     def leave(self, failed: bool = False) -> bool:

@@ -1,15 +1,11 @@
-"""The sessions' rendezvous actor: every key of a session's torch.distributed rendezvous lives here,
-in a small Ray actor on the host's node, so gloo's and NCCL's rendezvous traffic travels only over
-Ray's token-authenticated calls and no port of ours listens for it (``store.RayStore`` is the
-``torch.distributed.Store`` each process reaches it through).
+"""The sessions' rendezvous actor: every key of a session's torch.distributed rendezvous lives in
+this small Ray actor on the host's node, so rendezvous traffic travels only over Ray's
+token-authenticated calls and no port of ours listens (``group.RayStore`` reaches it).
 
 ``RendezvousBoard`` is an async actor: a blocking ``get`` / ``wait`` awaits a condition, bounded by
-its timeout, and never holds up the other calls. The host starts one on its own node and keeps it
-(``driver.start_board``); each session writes under a fresh space of its own, dropped when the
-session closes or fails to form (a late write to a closed space is refused).
-
-This module is shipped to the host's node by value (``driver.start_board``), like ``rank_actor``:
-it imports only the standard library, never the rest of the pack.
+its timeout, without holding up other calls. Each session writes under a fresh space, dropped when
+it closes or fails to form (a late write is refused). Shipped to the host's node by value
+(``driver.start_board``): it imports only the standard library.
 """
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
 """Settings of the Ray control plane, read from one place each (pure: imports no Ray).
 
-- ``SHARDDIT_RAY_ADDRESS`` (host): the Ray cluster the ComfyUI host joins as a driver, ``auto``
-  or ``HOST:PORT`` (Ray's GCS port, 6379 by default). Unset: no cluster, Ray is never imported.
+- ``SHARDDIT_RAY_ADDRESS`` (host): the Ray cluster the host joins as a driver, ``auto`` or
+  ``HOST:PORT`` (6379 by default). Unset: no cluster, Ray is never imported.
 - ``RAY_AUTH_MODE`` (Ray's own): must be ``token`` on every member, with the cluster's token in
-  ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token`` (``ray get-auth-token
-  --generate``). Whoever holds the token controls the cluster: it is Ray's model, and ours.
+  ``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``. Whoever holds the token
+  controls the cluster: it is Ray's model, and ours.
 - ``SHARDDIT_CLUSTER_INSECURE=1``: start a cluster role without token authentication anyway
   (anyone who reaches the Ray ports can then run code on every member); said loudly each time.
-- ``SHARDDIT_DIST_TIMEOUT`` (shared with ``parallel/distributed/config``): bounds every wait here.
 
 A member ``NAME/DEVICE`` is a Ray node labelled ``sharddit/name=NAME`` holding one unit of the
-custom resource ``sharddit/NAME/DEVICE`` per device it serves (``member_resource``).
+resource ``sharddit/NAME/DEVICE`` per device it serves (``member_resource``).
 """
 from __future__ import annotations
 
@@ -18,23 +17,11 @@ import logging
 import os
 
 from ..placement.devices import check_member_name, parse_device
+from ..errors import InputError, RunError
 
-__all__ = [
-    "AUTH_MODE_ENV",
-    "INSECURE_ENV",
-    "INSTALL_HINT",
-    "NAME_LABEL",
-    "RAY_ADDRESS_ENV",
-    "RESOURCE_PREFIX",
-    "ClusterError",
-    "ClusterInsecure",
-    "check_auth",
-    "import_ray",
-    "member_resource",
-    "parse_member_resource",
-    "raise_fd_limit",
-    "ray_address",
-]
+__all__ = ["AUTH_MODE_ENV", "INSECURE_ENV", "INSTALL_HINT", "NAME_LABEL", "RAY_ADDRESS_ENV", "RESOURCE_PREFIX",
+           "ClusterError", "ClusterInsecure", "check_auth", "import_ray", "member_resource", "parse_member_resource",
+           "raise_fd_limit", "ray_address"]
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +34,11 @@ INSTALL_HINT = ("pip install -r requirements-cluster.txt (in the pack folder), o
                 "in the Python that runs ComfyUI and on every worker machine")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(RunError):
     """A cluster role cannot start or a member failed; the message names the member and the fix."""
 
 
-class ClusterInsecure(ValueError):
+class ClusterInsecure(InputError):
     """A cluster role was asked for without Ray's token authentication."""
 
 
@@ -75,7 +62,7 @@ def check_auth(role: str, env=os.environ) -> bool:
                     INSECURE_ENV)
         return False
     raise ClusterInsecure(
-        f"[ShardDiT] {role} refused: {AUTH_MODE_ENV} is {shown}, not 'token', so anyone who reaches the Ray ports "
+        f"{role} refused: {AUTH_MODE_ENV} is {shown}, not 'token', so anyone who reaches the Ray ports "
         f"could join the cluster and run code on it. Make a token once (ray get-auth-token --generate), give it to "
         f"every machine (~/.ray/auth_token or RAY_AUTH_TOKEN) and set {AUTH_MODE_ENV}=token on each; or set "
         f"{INSECURE_ENV}=1 to run without authentication on a network only you can reach")
@@ -116,7 +103,7 @@ def import_ray():
     try:
         import ray
     except ImportError as err:
-        raise ClusterError(f"[ShardDiT] several machines need Ray, and this Python has none ({err}): "
+        raise ClusterError(f"several machines need Ray, and this Python has none ({err}): "
                            f"{INSTALL_HINT}") from None
     return ray
 

@@ -33,6 +33,7 @@ from .model import (
 )
 from .report import DevicePeak
 from ..units import format_gib
+from ..errors import InputError
 
 __all__ = [
     "ACTIVATION_HIDDEN_STATES",
@@ -110,7 +111,7 @@ def estimate_dynamic_vram(work: Workload, hw: Hardware, resident_block_bytes: fl
     """Every block on the first device; block weights past ``resident_block_bytes`` (filled in
     execution order) copied from pinned host memory in each of ``calls`` DiT calls per step."""
     if calls not in (1, 2) or work.batch % calls:
-        raise ValueError(f"calls {calls!r} must be 1 (cond+uncond together) or 2 (one after the other, cfg > 1)")
+        raise InputError(f"calls {calls!r} must be 1 (cond+uncond together) or 2 (one after the other, cfg > 1)")
     s, n, budget = work.shape, work.tokens, max(0.0, float(resident_block_bytes))
     samples = work.batch / calls
     compute = exposed = streamed = 0.0

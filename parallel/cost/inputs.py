@@ -17,13 +17,17 @@ import math
 import re
 from dataclasses import dataclass
 
+from ..errors import InputError
+
 __all__ = [
+    "DEFAULT_CFG",
     "DEFAULT_GPU",
     "DEFAULT_HOST_LINK_GBPS",
     "DEFAULT_LINK_GBPS",
     "EFFICIENCY",
     "GPU_PEAK_TFLOPS",
     "BlockShape",
+    "check_cfg",
     "ModelShape",
     "latent_frames",
     "gpu_flops",
@@ -122,7 +126,7 @@ class ModelShape:
         """Tokens of a ``width × height × frames`` video: Wan 1280×720×81 -> 21 × 45 × 80 = 75600."""
         for name, value in (("width", width), ("height", height), ("frames", frames)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} {value!r} must be a positive integer (pixels or frames)")
+                raise InputError(f"{name} {value!r} must be a positive integer (pixels or frames)")
         pt, ph, pw = self.patch
         t = latent_frames(frames, self.temporal, self.frame_grid)
         return (math.ceil(t / pt) * math.ceil(height // self.spatial / ph)
@@ -152,7 +156,7 @@ def normalize_gpu_name(name: str) -> str:
         if need <= words and len(key.split()) > best_len:
             best, best_len = key, len(key.split())
     if best is None:
-        raise ValueError(
+        raise InputError(
             f"GPU name {name!r} is not in the throughput table ({', '.join(GPU_PEAK_TFLOPS)}): "
             "pass a measured throughput instead (selftest's timed matmul, in TFLOPS)")
     return best
@@ -170,7 +174,7 @@ def gpu_names(text: str) -> list[str]:
 def gpu_flops(name: str, efficiency: float = EFFICIENCY) -> float:
     """Effective FLOP/s of a GPU by (NVML) name: table peak × ``efficiency``."""
     if not 0 < efficiency <= 1:
-        raise ValueError(f"efficiency {efficiency!r} must be in (0, 1] (fraction of dense peak)")
+        raise InputError(f"efficiency {efficiency!r} must be in (0, 1] (fraction of dense peak)")
     return GPU_PEAK_TFLOPS[normalize_gpu_name(name)] * 1e12 * efficiency
 
 
@@ -187,7 +191,7 @@ def parse_link_gbps(text) -> float:
     """``--link-gbps 12`` -> 12e9 bytes/s; ValueError for non-numbers and values <= 0."""
     value = positive_number(text)
     if value is None:
-        raise ValueError(f"link bandwidth {text!r} must be a number of GB/s > 0, e.g. --link-gbps 12 "
+        raise InputError(f"link bandwidth {text!r} must be a number of GB/s > 0, e.g. --link-gbps 12 "
                          "(PCIe 4.0 without P2P) or 25 (with P2P)")
     return value * 1e9
 
@@ -200,3 +204,19 @@ def link_bandwidth(link_gbps=None) -> tuple[float, str]:
         return DEFAULT_LINK_GBPS * 1e9, note
     bw = parse_link_gbps(link_gbps)
     return bw, f"link {bw / 1e9:g} GB/s (given)"
+
+
+DEFAULT_CFG = 6.0
+"""Guidance scale of the dry run: > 1 means cond + uncond every step (Wan's usual 5-6)."""
+
+
+def check_cfg(value) -> float:
+    """A guidance scale as a number >= 1 (InputError naming the value otherwise)."""
+    try:
+        cfg = float(value)
+    except (TypeError, ValueError):
+        cfg = float("nan")
+    if not cfg >= 1.0 or cfg == float("inf"):
+        raise InputError(f"cfg {value!r} must be a number >= 1: 1 = cond only (batch 1), "
+                         "> 1 = cond + uncond every step (e.g. --cfg 6)")
+    return cfg

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from ..sequence.split import plan_groups, rank_slices, share_ranges
 from ..units import GiB, MiB, format_gib
+from ..errors import InputError
 
 __all__ = [
     "ACTIVATION_FACTORS",
@@ -114,16 +115,19 @@ ACTIVATION_FACTORS: dict[str, ActivationFactors] = {
 
 @dataclass(frozen=True)
 class RankMemory:
-    """One `sequence` rank's planned bytes on its device."""
+    """One `sequence` rank's bytes on its device: planned here, or measured by the dry run's fake
+    forward (``loaders/plan/fake_sequence``), which also reports ``resident``."""
 
     device: str
     weights: int
     prefetch: int
     activations: int
+    resident: int = 0
+    """Resident copies of streamed blocks the rank holds (``SequenceEngine.keep_resident``)."""
 
     @property
     def total(self) -> int:
-        return self.weights + self.prefetch + self.activations
+        return self.weights + self.prefetch + self.activations + self.resident
 
 
 def compute_prefetch_bytes(block_bytes, block_devices, device: str, block_kinds=None, ring: int = 2,
@@ -153,7 +157,7 @@ def compute_sequence_activations(family: str, width: int, tokens: int, batch: in
     another model's measured factors instead of ``family``'s (``benchmarks/gpu_check.py``'s toy)."""
     f = factors if factors is not None else ACTIVATION_FACTORS.get(family)
     if f is None:
-        raise ValueError(f"[ShardDiT] no measured activation factors for model {family!r}: "
+        raise InputError(f"no measured activation factors for model {family!r}: "
                          f"known {', '.join(ACTIVATION_FACTORS)}")
     text = text_tokens if f.joint_text else 0
     out = [0] * n_ranks

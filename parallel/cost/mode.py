@@ -32,6 +32,7 @@ from .model import (
 )
 from .report import choose_strategy
 from .resident import describe_resident
+from ..errors import InputError
 
 __all__ = [
     "DEFAULT_PARALLEL",
@@ -60,7 +61,7 @@ class ModeDecision:
 def check_parallel(value: str) -> str:
     v = str(value).strip().lower()
     if v not in PARALLEL_MODES:
-        raise ValueError(f"[ShardDiT] parallel {value!r} is not one of {', '.join(PARALLEL_MODES)}: "
+        raise InputError(f"parallel {value!r} is not one of {', '.join(PARALLEL_MODES)}: "
                          "'blocks' adds capacity, 'sequence' adds speed, 'auto' picks")
     return v
 
@@ -94,7 +95,7 @@ def decide_parallel(requested: str, plan, footprint, inventory, reserve_bytes: i
         return ModeDecision("sequence", f"sequence: requested, every step on {len(ranks)} devices ({','.join(ranks)})")
     short = sequence_shortfalls(plan, footprint, inventory, reserve_bytes, block_kinds)
     if short and requested == "sequence":
-        raise ValueError(f"[ShardDiT] parallel 'sequence' does not fit: {'; '.join(short)}. Fix: parallel 'auto' "
+        raise InputError(f"parallel 'sequence' does not fit: {'; '.join(short)}. Fix: parallel 'auto' "
                          "or 'blocks' (no streamed blocks), more or larger devices, or a lower reserve_vram_gb")
     if short:
         return ModeDecision("blocks", f"blocks: sequence does not fit: {short[0]}")
@@ -131,7 +132,7 @@ def workload_from_latent(shape: ModelShape, latent_shape, weight_bytes: float = 
     """The cost model's work for one DiT call on ``latent_shape`` (batch, channels, frames, height,
     width in latent cells): batch >= 2 is cond + uncond (cfg > 1), batch 1 cond only."""
     if len(latent_shape) != 5:
-        raise ValueError(f"latent shape {tuple(latent_shape)} is not (batch, channels, frames, height, width): "
+        raise InputError(f"latent shape {tuple(latent_shape)} is not (batch, channels, frames, height, width): "
                          "the cost model plans video DiTs")
     b, _, t, h, w = (int(v) for v in latent_shape)
     return Workload(shape, w * shape.spatial, h * shape.spatial, (t - 1) * shape.temporal + 1,

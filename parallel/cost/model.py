@@ -64,6 +64,7 @@ from .inputs import (
     link_bandwidth,
     normalize_gpu_name,
 )
+from ..errors import InputError
 
 __all__ = [
     "BASELINES",
@@ -109,10 +110,10 @@ class Hardware:
     def __post_init__(self) -> None:
         object.__setattr__(self, "flops", tuple(float(f) for f in self.flops))
         if not self.flops or min(self.flops) <= 0 or not all(map(math.isfinite, self.flops)):
-            raise ValueError(f"flops {self.flops} must be one positive FLOP/s per device: "
+            raise InputError(f"flops {self.flops} must be one positive FLOP/s per device: "
                              "pass a GPU name from the table or a measured throughput")
         if not (math.isfinite(self.link_bytes_per_s) and self.link_bytes_per_s > 0):
-            raise ValueError(f"link_bytes_per_s {self.link_bytes_per_s!r} must be > 0: pass e.g. --link-gbps 12")
+            raise InputError(f"link_bytes_per_s {self.link_bytes_per_s!r} must be > 0: pass e.g. --link-gbps 12")
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class Workload:
         for name in ("cfg", "weight_bytes", "activation_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} {value!r} must be a number > 0 (cfg 1 = no uncond; bf16 weights 2 bytes, fp8 1)")
+                raise InputError(f"{name} {value!r} must be a number > 0 (cfg 1 = no uncond; bf16 weights 2 bytes, fp8 1)")
         self.shape.image_tokens(self.width, self.height, self.frames)  # checks the size
 
     @property
@@ -184,7 +185,7 @@ def hardware_from_options(gpus: str | Sequence[str], n_devices: int = 1, measure
     else:
         tflops = [measured_tflops] * len(names) if isinstance(measured_tflops, (int, float)) else list(measured_tflops)
         if len(tflops) != len(names) or not all(isinstance(t, (int, float)) and t > 0 for t in tflops):
-            raise ValueError(f"measured_tflops {measured_tflops!r} must be one number > 0 (effective TFLOPS "
+            raise InputError(f"measured_tflops {measured_tflops!r} must be one number > 0 (effective TFLOPS "
                              f"from a timed matmul) or one per device ({len(names)})")
         flops, source = [t * 1e12 for t in tflops], f"measured {', '.join(f'{t:g}' for t in tflops)} TFLOPS"
     bw, link_note = link_bandwidth(link_gbps)
@@ -239,7 +240,7 @@ def _owners(n_blocks: int, n_devices: int, owned) -> list[int]:
     counts = list(owned) if owned is not None else [
         n_blocks // n_devices + (1 if i < n_blocks % n_devices else 0) for i in range(n_devices)]
     if len(counts) != n_devices or sum(counts) != n_blocks or min(counts) < 0:
-        raise ValueError(f"owned {counts} must give blocks per device for {n_devices} devices summing "
+        raise InputError(f"owned {counts} must give blocks per device for {n_devices} devices summing "
                          f"to {n_blocks}: pass the plan's block counts in device order")
     return [d for d, c in enumerate(counts) for _ in range(c)]
 
@@ -345,7 +346,7 @@ def estimate_sequence(work: Workload, hw: Hardware, owned=None, replicas: bool =
     s, n_dev = work.shape, len(hw.flops)
     owners = _owners(s.block_count, n_dev, owned)
     if resident is not None and len(resident) != n_dev:
-        raise ValueError(f"resident blocks for {len(resident)} devices, the hardware has {n_dev}: one set per rank")
+        raise InputError(f"resident blocks for {len(resident)} devices, the hardware has {n_dev}: one set per rank")
     groups = _groups(n_dev, work.batch)
     samples = work.batch / len(groups)
     parts = [_group_step(work, hw, grp, samples, owners, replicas, weighted, resident, pipelined) for grp in groups]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .model import BASELINES, STRATEGIES, StrategyCost
 from ..units import format_gib
+from ..errors import InputError
 
 __all__ = ["DevicePeak", "choose_strategy", "format_strategy_rows"]
 
@@ -37,10 +38,10 @@ def choose_strategy(costs: Mapping[str, StrategyCost], fits_by_strategy: Mapping
     costs = {k: v for k, v in costs.items() if k not in BASELINES}
     unknown = set(costs) - set(STRATEGIES)
     if unknown:
-        raise ValueError(f"unknown strategies {sorted(unknown)}: costs are keyed by {', '.join(STRATEGIES)}")
+        raise InputError(f"unknown strategies {sorted(unknown)}: costs are keyed by {', '.join(STRATEGIES)}")
     fitting = [name for name in costs if fits_by_strategy.get(name, False)]
     if not fitting:
-        raise ValueError(f"no ShardDiT mode fits ({', '.join(costs)} all too large): fewer frames, a smaller "
+        raise InputError(f"no ShardDiT mode fits ({', '.join(costs)} all too large): fewer frames, a smaller "
                          "size, fp8 weights or more devices")
     best = min(fitting, key=lambda name: costs[name].seconds_per_step)
     others = []

@@ -10,6 +10,8 @@ all three price the same streamed bytes per step (after the first step, which co
 from __future__ import annotations
 
 from collections.abc import Sequence
+from ..errors import InputError
+
 
 __all__ = ["describe_resident", "kept_blocks", "resident_per_rank"]
 
@@ -17,7 +19,7 @@ __all__ = ["describe_resident", "kept_blocks", "resident_per_rank"]
 def kept_blocks(block_bytes: Sequence[int], block_devices: Sequence[str], device: str, budget: int) -> tuple[int, ...]:
     """Indices of the blocks ``device`` streams (owned elsewhere) that it keeps within ``budget`` bytes."""
     if len(block_bytes) != len(block_devices):
-        raise ValueError(f"block_bytes ({len(block_bytes)}) and block_devices ({len(block_devices)}) must give one "
+        raise InputError(f"block_bytes ({len(block_bytes)}) and block_devices ({len(block_devices)}) must give one "
                          "entry per block, in block order")
     left, kept = max(0, int(budget)), []
     for i, (nbytes, owner) in enumerate(zip(block_bytes, block_devices)):
@@ -30,7 +32,7 @@ def kept_blocks(block_bytes: Sequence[int], block_devices: Sequence[str], device
 def resident_per_rank(block_bytes, block_devices, ranks: Sequence[str], budgets: Sequence[int]) -> tuple:
     """``kept_blocks`` for each rank (``ranks``: its device, ``budgets``: its bytes), in rank order."""
     if len(ranks) != len(budgets):
-        raise ValueError(f"resident budgets {list(budgets)} must be one byte count per rank ({len(ranks)})")
+        raise InputError(f"resident budgets {list(budgets)} must be one byte count per rank ({len(ranks)})")
     return tuple(kept_blocks(block_bytes, block_devices, d, b) for d, b in zip(ranks, budgets))
 
 

@@ -1,9 +1,9 @@
 """What distributed `sequence` mode asks of worker devices and of the network, before anything moves (pure).
 
 For ``plan --devices cuda:0=24GiB,box2/cuda:0=24GiB``: every rank owns an equal share of the blocks
-(``devices.with_worker_shares``); a worker device must hold its share plus four blocks (two arriving,
+(``devices.DevicePlan.with_worker_shares``); a worker device must hold its share plus four blocks (two arriving,
 two of activations), or every block plus two under ``SHARDDIT_DIST_WEIGHTS=all`` (the rule of
-``distributed/host_side.choose_worker_weights``, which refuses a prompt on the same numbers). Per step each
+``distributed/members.choose_worker_weights``, which refuses a prompt on the same numbers). Per step each
 worker receives over the network the blocks it does not own (none under ``all``), the Ulysses
 exchanges (cfg 1: tokens split inside a group) and its part of the hidden state's scatter:
 ``cost/model.estimate_sequence(...).bytes_per_device`` with the ranks' ownership and ``replicas``.
@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from .inputs import positive_number
 from .model import Hardware, Workload, estimate_sequence
-from ..placement.devices import split_worker_devices
+from ..placement.devices import split_members
 from ..placement.inventory import parse_bytes
 from ..units import format_gib
+from ..errors import InputError, reason_of
 
 __all__ = ["DEFAULT_NET_GBPS", "NetworkStep", "WorkerNeed", "compute_network_step", "compute_worker_needs",
            "parse_net_gbps", "split_worker_spec"]
@@ -89,7 +90,7 @@ def parse_net_gbps(text) -> float:
     """``--net-gbps 10`` -> 10.0 (Gbit/s); ValueError naming the value otherwise."""
     value = positive_number(text)
     if value is None:
-        raise ValueError(f"network speed {text!r} must be a number of Gbit/s > 0, e.g. --net-gbps 10 (10 GbE) "
+        raise InputError(f"network speed {text!r} must be a number of Gbit/s > 0, e.g. --net-gbps 10 (10 GbE) "
                          "or 100 (InfiniBand-class)")
     return value
 
@@ -107,9 +108,9 @@ def split_worker_spec(text: str) -> tuple[str, tuple[tuple[str, str, int | None]
             try:
                 frees.append(parse_bytes(size) if size else None)
             except ValueError as err:
-                raise ValueError(f"devices {text.strip()!r}: {part!r}: {err}") from None
+                raise InputError(f"devices {text.strip()!r}: {part!r}: {reason_of(err)}") from None
     names_only = ",".join(p.partition("=")[0] if "/" in p else p for p in parts)
-    _, remote = split_worker_devices(names_only)  # checks NAME/DEVICE and that a host device is listed
+    _, remote = split_members(names_only)  # checks NAME/DEVICE and that a host device is listed
     local = ",".join(p for p in parts if "/" not in p)
     return local, tuple((name, dev, free) for (name, dev), free in zip(remote, frees, strict=True))
 
@@ -119,9 +120,9 @@ def compute_worker_needs(mode: str, workers, ranges, block_bytes) -> tuple[bool,
 
     ``workers``: (name, device, free bytes or None); ``ranges``: (start, stop) of each worker's
     share, in the same order. ``auto`` keeps every block when every worker's stated free memory
-    holds every block plus two, else shares (as ``distributed/host_side.choose_worker_weights``)."""
+    holds every block plus two, else shares (as ``distributed/members.choose_worker_weights``)."""
     if mode not in ("auto", "share", "all"):
-        raise ValueError(f"[ShardDiT] dist weights {mode!r} must be auto, share or all")
+        raise InputError(f"dist weights {mode!r} must be auto, share or all")
     biggest, total = max(block_bytes, default=0), sum(block_bytes)
     every = total + 2 * biggest
     chosen = mode

@@ -1,18 +1,13 @@
 """Blocks described by the host and built by the worker from that description (pure).
 
-A worker never receives a module object: the host sends a description (``describe_block``) --
-the model family and its configuration, the class of every submodule, their plain attributes
-(ComfyUI's cast flags) and the layout of every tensor (name, dtype, shape) -- and the worker
-builds the block with its own copy of the class (``build_block``, on ``meta``), through a builder
-registered for that family: ComfyUI's model classes from the model config (``loaders/comfy``),
-the test toys (``tests/harness``). A class, attribute or tensor that differs is refused with a
-version error that names it: the host and the worker run different code.
-
-Families are registered on both sides (``register``): on the host a describer (``block ->
-config``) per block class, on the worker a builder (``config -> module on meta``) per family. A
-family whose blocks need classes outside the builder's allow-list (GGUF quantized layers, custom
-ops of other packs) is built only when ``SHARDDIT_DIST_INSECURE_CLASSES=1`` is set where the worker
-runs (``insecure_classes``), which is logged loudly.
+A worker never receives a module object: the host sends a description (``describe_block``: model
+family and configuration, every submodule's class, their plain attributes such as ComfyUI's cast
+flags, every tensor's name, dtype and shape) and the worker builds the block on ``meta`` with its
+own classes (``build_block``) through the builder registered for that family (``register``: a
+describer per block class on the host, a builder per family on the worker). A class, attribute or
+tensor that differs is refused naming it: the two sides run different code. A family needing
+classes outside the builder's allow-list (GGUF layers, other packs' ops) is built only with
+``SHARDDIT_DIST_INSECURE_CLASSES=1`` where the worker runs (``insecure_classes``), logged loudly.
 """
 from __future__ import annotations
 
@@ -22,9 +17,9 @@ import os
 import torch
 
 from .protocol import dtype_name, encode_value
+from ..errors import InputError
 
-__all__ = ["INSECURE_ENV", "BlockMismatch", "build_block", "describe_block", "insecure_classes", "register",
-           "registered"]
+__all__ = ["INSECURE_ENV", "BlockMismatch", "build_block", "describe_block", "insecure_classes", "register"]
 
 log = logging.getLogger("sharddit")
 INSECURE_ENV = "SHARDDIT_DIST_INSECURE_CLASSES"
@@ -33,7 +28,7 @@ _BUILDERS: dict[str, object] = {}
 _PLAIN = (type(None), bool, int, float, str)
 
 
-class BlockMismatch(ValueError):
+class BlockMismatch(InputError):
     """The worker's block class differs from the host's (another version of ComfyUI or of a model pack)."""
 
 
@@ -44,10 +39,6 @@ def register(family: str, builder=None, classes: tuple = (), describer=None) -> 
         _BUILDERS[family] = builder
     for cls in classes:
         _DESCRIBERS[cls] = (family, describer)
-
-
-def registered(family: str) -> bool:
-    return family in _BUILDERS
 
 
 def insecure_classes() -> bool:
@@ -69,6 +60,11 @@ def _attrs(m: torch.nn.Module) -> list:
             if not k.startswith("_") and k != "training" and isinstance(v, _PLAIN)]
 
 
+def _layout(block: torch.nn.Module) -> list:
+    """Every tensor as [name, dtype, shape]: parameters, then buffers, in module order."""
+    return [[n, dtype_name(t.dtype), list(t.shape)] for n, t in [*block.named_parameters(), *block.named_buffers()]]
+
+
 def describe_block(block: torch.nn.Module, describe=None) -> dict:
     """The description of ``block`` the worker builds it from; ``describe(block) -> (family,
     config)`` or the describer registered for its class. ValueError when there is none."""
@@ -77,28 +73,26 @@ def describe_block(block: torch.nn.Module, describe=None) -> dict:
     else:
         hit = next(((f, d) for cls, (f, d) in _DESCRIBERS.items() if type(block) is cls), None)
         if hit is None:
-            raise ValueError(f"[ShardDiT] block class {_class_name(block)} has no worker description: it cannot "
+            raise InputError(f"block class {_class_name(block)} has no worker description: it cannot "
                              "run on workers (register its family in parallel.distributed.block_specs)")
         family, config = hit[0], hit[1](block)
     tensors: list = []
     encode_value(config, tensors)
     if tensors:
-        raise ValueError(f"[ShardDiT] the {family} description of a block holds tensors; configs are plain values")
-    named = [(n, t) for n, t in block.named_parameters()] + [(n, t) for n, t in block.named_buffers()]
+        raise InputError(f"the {family} description of a block holds tensors; configs are plain values")
     return {"family": family, "config": config,
-            "modules": [[n, _class_name(m), _attrs(m)] for n, m in block.named_modules()],
-            "tensors": [[n, dtype_name(t.dtype), list(t.shape)] for n, t in named]}
+            "modules": [[n, _class_name(m), _attrs(m)] for n, m in block.named_modules()], "tensors": _layout(block)}
 
 
 def build_block(desc: dict) -> torch.nn.Module:
     """The block a description names, built here on ``meta`` by its family's builder, its module
     classes and tensor layout checked against the host's (BlockMismatch naming the first difference)."""
     if not (isinstance(desc, dict) and set(desc) == {"family", "config", "modules", "tensors"}):
-        raise BlockMismatch("[ShardDiT] a block description of another ShardDiT version: update both sides")
+        raise BlockMismatch("a block description of another ShardDiT version: update both sides")
     family = desc["family"]
     builder = _BUILDERS.get(family)
     if builder is None:
-        raise BlockMismatch(f"[ShardDiT] this worker cannot build {str(family)[:40]!r} blocks (known: "
+        raise BlockMismatch(f"this worker cannot build {str(family)[:40]!r} blocks (known: "
                             f"{', '.join(sorted(_BUILDERS)) or 'none'}): start it with `python <pack-dir> worker` "
                             "from the same ShardDiT version and ComfyUI as the host")
     with torch.device("meta"):
@@ -114,7 +108,7 @@ def _check(block: torch.nn.Module, desc: dict) -> None:
         m = mods.get(name)
         if m is None or _class_name(m) != cls:
             here = "missing" if m is None else _class_name(m)
-            raise BlockMismatch(f"[ShardDiT] block submodule {name!r} is {cls} on the host, {here} on this worker: "
+            raise BlockMismatch(f"block submodule {name!r} is {cls} on the host, {here} on this worker: "
                                 "install the same ComfyUI (and model packs) on both")
         for k, v in attrs:
             on_class = getattr(type(m), k, None)
@@ -122,14 +116,13 @@ def _check(block: torch.nn.Module, desc: dict) -> None:
                     and not isinstance(on_class, property):
                 setattr(m, k, v)
     if len(mods) != len(desc["modules"]):
-        raise BlockMismatch(f"[ShardDiT] the block has {len(mods)} submodules on this worker, "
+        raise BlockMismatch(f"the block has {len(mods)} submodules on this worker, "
                             f"{len(desc['modules'])} on the host: install the same ComfyUI on both")
-    here = [[n, dtype_name(t.dtype), list(t.shape)] for n, t in
-            [*block.named_parameters(), *block.named_buffers()]]
+    here = _layout(block)
     for a, b in zip(desc["tensors"], here):
         if list(a) != b:
-            raise BlockMismatch(f"[ShardDiT] block tensor {a[0]!r} is {a[1]} {a[2]} on the host, {b[0]!r} {b[1]} "
+            raise BlockMismatch(f"block tensor {a[0]!r} is {a[1]} {a[2]} on the host, {b[0]!r} {b[1]} "
                                 f"{b[2]} on this worker: install the same ComfyUI version on both")
     if len(here) != len(desc["tensors"]):
-        raise BlockMismatch(f"[ShardDiT] the block has {len(here)} tensors on this worker, {len(desc['tensors'])} on "
+        raise BlockMismatch(f"the block has {len(here)} tensors on this worker, {len(desc['tensors'])} on "
                             "the host: install the same ComfyUI version on both")

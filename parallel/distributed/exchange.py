@@ -1,25 +1,20 @@
 """``DistExchange``: the all-to-all of ``sequence.threads.ThreadExchange`` across processes (pure PyTorch).
 
-Same call as the in-process exchange, ``all_to_all(pos, parts) -> list`` (what every position
-sent this one, in position order, on that position's device), but the positions of a batch group
-live in several processes, one or more per process (the host may hold two GPUs of a group whose
-other positions are workers). The threads of this process's positions meet; parts between two of
-them are handed over in memory; the last to arrive sends every part bound for another process
-in one ``all_to_all_single`` of the raw bytes (``wire``), bundled per destination process,
-on the group's own process group (gloo on CPU, NCCL between GPUs). Bytes are sent as they are,
-so a split forward stays bit-identical to the local one. The receive sizes follow from ``expect`` (what each position sends this one: dtypes and
-shapes, which Ulysses attention knows from the token and head ranges both sides share), so no
-header travels and no host sync waits for one; without ``expect`` a fixed-size header all-to-all
-(dtypes, shapes; every size checked against a limit) goes first.
+Same call, ``all_to_all(pos, parts, expect) -> list`` (what every position sent this one, in
+position order, on its device), but a batch group's positions live in several processes, one or more
+each (the host may hold two GPUs of a group whose other positions are workers). This process's
+threads meet; parts between two of them are handed over in memory; the last to arrive sends every
+part bound for another process in one ``all_to_all_single`` of the raw bytes (``wire``), bundled
+per process, on the group's own process group. Bytes go as they are, so a split forward stays
+bit-identical to the local one. The receive sizes follow from ``expect`` (the dtypes and shapes
+each position sends this one, which Ulysses attention knows), so no header travels and no host
+sync waits for one.
 
-Every collective is posted asynchronously, in its turn of the process's ``order.CollectiveOrder``
-when one is given (the same order on every process, as NCCL needs), and waited on for at most the
-group's timeout; a failure marks the exchange broken (later calls fail at once) and names the peers.
-
-A failure (a peer died, or did not answer within the group's timeout) raises ``DistPeerError``
-naming every remote peer of the group in every local position's thread, so the user learns which
-worker to look at. A local thread that does not arrive within the timeout, or an aborted worker
-pool, stops the others waiting for it (``TimeoutError`` / ``sequence.threads.RanksAborted``).
+Every collective is posted asynchronously, in its turn of ``order.CollectiveOrder`` when given,
+and waited on for at most the group's timeout. A failure raises ``DistPeerError`` naming every
+remote peer of the group in every local thread (later calls fail at once); a local thread that
+does not arrive in time, or an aborted pool, stops the others (``TimeoutError`` /
+``sequence.threads.RanksAborted``).
 """
 from __future__ import annotations
 
@@ -32,22 +27,15 @@ import torch
 import torch.distributed as dist
 
 from ..tensor_map import rebuild
-from .wire import (
-    HEADER,
-    expect_sizes,
-    pack_parts,
-    part_items,
-    part_sizes,
-    receive_buffer,
-    unpack_expected,
-    unpack_parts,
-)
+from .wire import expect_sizes, pack_parts, part_items, receive_buffer, unpack_expected
+from .order import serial_released
 from ..sequence.threads import RanksAborted
+from ..errors import InputError, RunError, WaitTimeout, reason_of
 
 __all__ = ["DistExchange", "DistPeerError"]
 
 
-class DistPeerError(RuntimeError):
+class DistPeerError(RunError):
     """A torch.distributed operation with remote ranks failed or timed out."""
 
 
@@ -68,21 +56,13 @@ class _Round:
 
 
 class DistExchange:
-    """All-to-all between the positions of one batch group spread over processes: an ``Exchange``
-    (``sequence.interfaces``).
-
-    ``group``: the torch.distributed group of the group's processes; ``group_ranks[p]``: the global
-    rank of the process holding position ``p`` (repeats when a process holds several);
-    ``device``: this process's one position's device, or ``{position: device}`` for every position
-    of this process (each has its own thread calling ``all_to_all``); ``peers[p]``: a label for
-    position ``p`` in errors (``"worker w1 (rank 1, cpu)"``); ``pool``: the ``sequence.threads.RankThreads`` whose
-    threads call (its abort stops a wait at once), or None; ``order``: the process's
-    ``order.CollectiveOrder`` (the calling threads are inside its ``exchanging`` step), or None.
-
-    Counters per position: ``bytes_received`` (bytes of the parts every other position sent it,
-    as ``ThreadExchange`` counts), ``bytes_sent`` (bytes of its parts that left this process),
-    ``calls``.
-    """
+    """An ``Exchange`` (``sequence.interfaces``) between positions of one batch group spread over
+    processes. ``group_ranks[p]``: the global rank holding position ``p`` (repeated when a process
+    holds several); ``device``: this process's one position's device, or ``{position: device}``
+    (one calling thread each); ``peers[p]``: position ``p``'s label in errors; ``pool``: the
+    ``RankThreads`` whose abort stops a wait; ``order``: the process's ``CollectiveOrder``.
+    Counters per position: ``bytes_received`` (as ``ThreadExchange`` counts), ``bytes_sent``
+    (bytes that left this process), ``calls``."""
 
     def __init__(self, group, group_ranks: list[int], device, peers: list[str], timeout_s: float,
                  backend: str = "gloo", pool=None, order=None):
@@ -105,8 +85,6 @@ class DistExchange:
         self.bytes_received = [0] * n
         self.bytes_sent = [0] * n
         self.calls = [0] * n
-        self.header_rounds = 0
-        """Header all-to-alls made (calls without ``expect``; Ulysses attention makes none)."""
         self._seq = dict.fromkeys(self.local, 0)
         self._cond = threading.Condition()
         self._rounds: dict[int, _Round] = {}
@@ -117,18 +95,19 @@ class DistExchange:
 
     def all_to_all(self, pos: int, parts: list, expect=None):
         """What every position sent ``pos``; ``expect[j]``: the items position ``j`` sends ``pos`` as
-        (dtype, shape) or None (optional: without it a header all-to-all goes first)."""
+        (dtype, shape) or None. Required across processes (``expect=None`` is the in-process
+        exchange's signature): the receive sizes come from it, never from a peer."""
         n = len(self.group_ranks)
-        assert len(parts) == n, f"{len(parts)} parts for {n} positions"
+        assert len(parts) == n and expect is not None and len(expect) == n, f"{len(parts)} parts for {n} positions"
         assert pos in self.devices, f"position {pos} is not in this process (local: {self.local})"
         call = self._seq[pos]
         self._seq[pos] += 1
-        with self._unlocked():
+        with serial_released(self.pool):
             rnd, leader = self._meet(call, pos, parts, expect)
         if leader:
             self._lead(call, rnd)
         else:
-            with self._unlocked():
+            with serial_released(self.pool):
                 self._await(call, pos, rnd)
         if rnd.error is not None:
             raise DistPeerError(str(rnd.error)) from rnd.error.__cause__
@@ -150,10 +129,10 @@ class DistExchange:
                 self._check(call)
                 if time.monotonic() > deadline:
                     missing = [p for p in self.local if p not in rnd.posts]
-                    self._broken = (f"[ShardDiT] attention exchange {call}: position {pos} waited "
+                    self._broken = (f"attention exchange {call}: position {pos} waited "
                                     f"{self.timeout_s:.0f} s for position(s) {missing} of this process")
                     self._cond.notify_all()
-                    raise TimeoutError(self._broken)
+                    raise WaitTimeout(self._broken)
                 self._cond.wait(0.05)
             return rnd, False
 
@@ -165,7 +144,7 @@ class DistExchange:
                 self._check(call)
                 if time.monotonic() > deadline:
                     rnd.error = DistPeerError(self._failure(call, "no answer"))
-                    self._broken = str(rnd.error)
+                    self._broken = rnd.error.reason
                     self._cond.notify_all()
                     return
                 self._cond.wait(0.05)
@@ -174,20 +153,8 @@ class DistExchange:
         if self.pool is not None and self.pool.aborted:
             raise RanksAborted()
         if self._broken is not None:
-            raise DistPeerError(f"[ShardDiT] attention exchange {call} not started: an earlier one failed "
+            raise DistPeerError(f"attention exchange {call} not started: an earlier one failed "
                                 f"({self._broken})")
-
-    @contextlib.contextmanager
-    def _unlocked(self):
-        """Dry runs on fake devices: let the other threads run torch code while this one waits."""
-        serial = getattr(self.pool, "serial_lock", None)
-        if serial is not None:
-            serial.release()
-        try:
-            yield
-        finally:
-            if serial is not None:
-                serial.acquire()
 
     # ---- the last local thread to arrive moves the bytes -----------------------------------------
     def _lead(self, call: int, rnd: _Round) -> None:
@@ -196,36 +163,28 @@ class DistExchange:
             with ctx:
                 rnd.got = self._transfer(call, rnd.posts, rnd.expects)
         except Exception as e:  # noqa: BLE001 - every local thread raises it as DistPeerError
-            err = DistPeerError(self._failure(call, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+            err = DistPeerError(self._failure(call, f"{type(e).__name__}: {(reason_of(e).splitlines() or [''])[0]}"))
             err.__cause__ = e
             rnd.error = err
         with self._cond:
             if rnd.error is not None:
-                self._broken = str(rnd.error)
+                self._broken = rnd.error.reason
             rnd.done = True
             self._cond.notify_all()
 
     def _transfer(self, call: int, posts: dict[int, list], expects: dict) -> dict[tuple[int, int], tuple]:
-        """One byte all-to-all carrying every local->remote part (after one of headers when the
-        receive sizes are not known from ``expects``)."""
+        """One byte all-to-all carrying every local->remote part, its sizes from ``expects``."""
         sends = [self._pairs(self.local, self.positions_of(r)) if r != self.rank else [] for r in self.procs]
         recvs = [self._pairs(self.positions_of(r), self.local) if r != self.rank else [] for r in self.procs]
         flat = [posts[i][j] for pairs in sends for i, j in pairs]
         pairs_in = [pair for pairs in recvs for pair in pairs]
-        known = all(expects.get(j) is not None for j in self.local)
-        header, data, sizes = pack_parts(flat, list(range(len(flat))), self.wire, header=not known)
-        if known:
-            specs = [[_spec(s) for s in expects[j][i]] for i, j in pairs_in]
-            in_sizes = expect_sizes(specs)
-        else:
-            self.header_rounds += 1
-            header_in = torch.empty(len(pairs_in), HEADER, dtype=torch.int64, device=self.wire)
-            self._collective(header_in, header, [len(p) for p in recvs], [len(p) for p in sends])
-            in_sizes, specs = part_sizes(header_in), None
+        data, sizes = pack_parts(flat, list(range(len(flat))), self.wire)
+        specs = [[_spec(s) for s in expects[j][i]] for i, j in pairs_in]
+        in_sizes = expect_sizes(specs)
         data_in = receive_buffer(sum(in_sizes), self.wire, self.devices.values())
         self._collective(data_in, data, _per_proc(in_sizes, recvs), _per_proc(sizes, sends))
         dests = [self.devices[j] for _, j in pairs_in]  # each part lands on its position's device
-        got = unpack_parts(header_in, data_in, dests) if specs is None else unpack_expected(specs, data_in, dests)
+        got = unpack_expected(specs, data_in, dests)
         with self._cond:
             for (i, j), size in zip([p for pairs in sends for p in pairs], sizes, strict=True):
                 self.bytes_sent[i] += size
@@ -241,7 +200,7 @@ class DistExchange:
                                           group=self.group, async_op=True)
         work = post() if self.order is None else self.order.post(f"all_to_all of processes {self.procs}", post)
         if not work.wait(datetime.timedelta(seconds=self.timeout_s)):
-            raise TimeoutError(f"all_to_all not done within {self.timeout_s:.0f} s")
+            raise WaitTimeout(f"all_to_all not done within {self.timeout_s:.0f} s")
 
     @staticmethod
     def _pairs(sources: list[int], dests: list[int]) -> list[tuple[int, int]]:
@@ -249,7 +208,7 @@ class DistExchange:
 
     def _failure(self, call: int, why: str) -> str:
         others = [p for i, p in enumerate(self.peers) if self.group_ranks[i] != self.rank]
-        return (f"[ShardDiT] attention exchange {call} with {', '.join(others)} failed "
+        return (f"attention exchange {call} with {', '.join(others)} failed "
                 f"(dead, or silent for {self.timeout_s:.0f} s): {why}")
 
     # ---- every local thread takes its parts ------------------------------------------------------
@@ -281,12 +240,12 @@ def _local_devices(device, group_ranks: list[int]) -> dict[int, torch.device]:
         me = dist.get_rank()
         mine = [p for p, r in enumerate(group_ranks) if r == me]
         if len(mine) != 1:
-            raise ValueError(f"[ShardDiT] distributed exchange: rank {me} holds positions {mine} of group ranks "
+            raise InputError(f"distributed exchange: rank {me} holds positions {mine} of group ranks "
                              f"{group_ranks}; pass device as {{position: device}} for this process's positions")
         devices = {mine[0]: torch.device(device)}
     ranks = {group_ranks[p] for p in devices}
     if not devices or len(ranks) != 1:
-        raise ValueError(f"[ShardDiT] distributed exchange: local positions {sorted(devices)} belong to processes "
+        raise InputError(f"distributed exchange: local positions {sorted(devices)} belong to processes "
                          f"{sorted(ranks)} of group ranks {group_ranks}; list the positions of exactly one process")
     return devices
 

@@ -2,7 +2,8 @@
 
 A member is one device of one worker machine, named ``NAME/DEVICE`` (``box2/cuda:1``) in devices
 strings; its rank reports an offer (``make_offer``: device, free bytes, physical GPU, versions) the
-host reads to plan and to choose the backend (``choose_backend``).
+host reads to plan, to choose the backend (``choose_backend``) and to check that the members have
+room for their share of the weights (``choose_worker_weights``, ``SHARDDIT_DIST_WEIGHTS``).
 """
 from __future__ import annotations
 
@@ -13,18 +14,26 @@ import sys
 
 import torch
 
+from ..cost.workers import compute_worker_needs
 from ..placement.devices import MEMBER_NAME_FORM as NAME_FORM
 from ..placement.devices import MEMBER_NAME_RE as NAME_RE
+from ..units import format_gib
 from .protocol import PROTOCOL
+from ..errors import InputError, RunError
 
-__all__ = ["MAX_FREE_BYTES", "MEMBER_FORM", "bind_device", "check_member", "choose_backend", "device_free_bytes",
-           "gpu_uuid", "local_versions", "make_offer", "member_key", "normal_uuid", "split_member"]
+__all__ = ["MAX_FREE_BYTES", "MEMBER_FORM", "DistWorkerError", "bind_device", "check_member", "check_worker_room",
+           "choose_backend", "choose_worker_weights", "gpu_uuid", "local_versions", "make_offer", "member_key",
+           "normal_uuid", "offer_free", "split_member"]
 
 MAX_FREE_BYTES = 2**50
 """Free memory an offer may state (1 PiB)."""
 MAX_CUDA_INDEX = 1023
 MEMBER_FORM = f"NAME/DEVICE (NAME: {NAME_FORM}; DEVICE: cpu or cuda:N)"
 _DEVICE_RE = re.compile(r"cpu|cuda:(0|[1-9][0-9]{0,3})")
+
+
+class DistWorkerError(RunError):
+    """A member failed, died or stayed silent; the message names it and what it was doing."""
 
 
 def check_member(member) -> str:
@@ -34,7 +43,7 @@ def check_member(member) -> str:
         if slash and NAME_RE.fullmatch(name) and _DEVICE_RE.fullmatch(device) and (
                 not device.startswith("cuda") or int(device[5:]) <= MAX_CUDA_INDEX):
             return member
-    raise ValueError(f"[ShardDiT] {str(member)[:64]!r} is not {MEMBER_FORM}")
+    raise InputError(f"{str(member)[:64]!r} is not {MEMBER_FORM}")
 
 
 def member_key(name: str, device: str) -> str:
@@ -73,16 +82,6 @@ def normal_uuid(uuid: str) -> str:
     return uuid.removeprefix("gpu-")
 
 
-def device_free_bytes(device: str) -> int:
-    """Free memory of ``device``: the GPU's free bytes, or the system's available RAM for ``cpu`` (0 if unknown)."""
-    if str(device).startswith("cuda"):
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 0
-
-
 def bind_device(device: str, cuda=None) -> None:
     """Make ``device`` this process's current CUDA device before anything touches CUDA (ComfyUI's
     import, the free-memory reading, NCCL): else every rank makes a context on cuda:0, reports
@@ -117,3 +116,38 @@ def choose_backend(local: dict[str, str], offers: dict[str, dict]) -> tuple[str,
                             "the member another GPU for NCCL")
         seen.setdefault(uuid, who)
     return "nccl", "every rank is a CUDA device of its own"
+
+
+def offer_free(offer: dict, device: str) -> int | None:
+    """Free bytes a worker's offer states for ``device`` (None: not stated)."""
+    if "free" in offer and offer.get("device", device) == device:
+        return int(offer["free"])
+    free = offer.get("devices", {}).get(device)
+    return int(free) if free is not None else None
+
+
+def check_worker_room(needs: dict[str, tuple[int, str]], offers: dict[str, dict], devices: dict[str, str]) -> None:
+    """Every worker has room for its share: ``needs[name] = (bytes, what)``, the offers it joined
+    with. ValueError naming each worker short of memory, the GiB missing and the fix; before any
+    weight moves. A device whose offer states no free memory is not checked."""
+    short = []
+    for name, (need, what) in needs.items():
+        free = offer_free(offers.get(name, {}), devices[name])
+        if free and free < need:
+            short.append(f"{name} ({devices[name]}): needs {format_gib(need, 2)} GiB ({what}), has "
+                         f"{format_gib(free, 2)} GiB free: {format_gib(need - free, 2)} GiB missing")
+    if short:
+        raise InputError("not enough memory on worker devices: " + "; ".join(short)
+                         + ". Add worker devices (each takes an equal share), free memory there, or use fewer "
+                         "blocks per device (more devices in the devices string)")
+
+
+def choose_worker_weights(mode: str, remote, ranges, block_bytes, offers: dict[str, dict]) -> tuple[bool, str]:
+    """(keep_all, why): whether every worker keeps every block, for ``SHARDDIT_DIST_WEIGHTS``
+    ``mode`` (``cost/workers.compute_worker_needs``: the one rule ``plan`` shows too), checked
+    against the free memory the joined workers offer: ValueError naming the GiB missing per
+    worker when the chosen mode does not fit."""
+    workers = [(name, dev, offer_free(offers.get(name, {}), dev)) for name, dev in remote]
+    keep_all, why, needs = compute_worker_needs(mode, workers, [(r.start, r.stop) for r in ranges], block_bytes)
+    check_worker_room({n.name: (n.need_bytes, n.what) for n in needs}, offers, dict(remote))
+    return keep_all, why

@@ -1,38 +1,27 @@
 """``CollectiveOrder``: one order for every collective a process posts in a distributed forward (pure PyTorch).
 
-NCCL matches the collectives of one communicator by their order and runs each communicator on
-its own stream; with several communicators it promises progress only when every process posts
-their collectives in one consistent order. A distributed `sequence` forward uses several: the
-weight broadcasts (``all``: the host sends a block it owns; ``workers``: a worker sends one) and
-the attention exchanges (``all_to_all_single`` on each batch group's process group). On the host
-they come from different threads (the designated remote rank's proxy thread posts the host's
-broadcasts, the leader threads of the ``DistExchange`` objects the exchanges), so without a rule
-their order depended on thread timing, and a worker posting the same collectives in another order
-could wait on the host forever under NCCL.
+NCCL matches the collectives of one communicator by their order and runs each communicator on its
+own stream; with several communicators it promises progress only when every process posts them in
+one consistent order. A distributed `sequence` forward uses several: the weight broadcasts
+(``all``: the host sends a block it owns; ``workers``: a worker sends one) and the attention
+exchanges (``all_to_all_single`` per batch group). On the host they come from different threads
+(the designated proxy thread posts the broadcasts, the ``DistExchange`` leaders the exchanges), so
+without a rule their order followed thread timing, and under NCCL a worker posting them in another
+order could wait on the host forever.
 
-**The rule.** The block calls of a forward are numbered by *step* (0, 1, ...: every rank runs
-every block call, in the same order). Every process posts, for each step ``s``:
+**The rule.** A forward's block calls are numbered by *step* (every rank runs every block call, in
+the same order). For each step ``s`` every process posts ``W(s)`` (its part of the weight
+broadcasts posted with step ``s``'s block command, in block order), then ``X(s)`` (its exchanges
+of step ``s``, in call order), and ``W(s) < X(s) < W(s + 1)``. A worker does so by construction
+(one thread). On the host an exchange of step ``s`` waits until ``W(s)`` is closed, and
+``W(s + 1)`` waits until every local rank that exchanges with workers (an *exchanger*) has
+finished step ``s``. Two batch groups' exchanges within one step may interleave on the host: no
+other process is in two exchange groups (a worker serves one rank, a rank is in one batch group),
+so no cycle can form. Each post also checks the rule (a post behind an earlier one raises instead
+of hanging NCCL).
 
-1. ``W(s)``: its part of the weight broadcasts posted with step ``s``'s block command (the blocks
-   first mentioned there: the current one and the next), in block order;
-2. ``X(s)``: its attention exchanges of step ``s``, in call order;
-
-and ``W(s) < X(s) < W(s + 1)``. A worker does so by construction (one thread: the command's
-broadcasts, then the block). On the host the order makes the threads keep it:
-
-- an exchange of step ``s`` is posted only once ``W(s)`` is closed (the weights thread closes it
-  after posting step ``s``'s broadcasts, or none);
-- ``W(s + 1)`` is posted only once every local rank that exchanges with workers (an *exchanger*)
-  has finished step ``s``.
-
-The exchanges of two batch groups within one step may interleave on the host: no other process
-is a member of two exchange groups (a worker serves one rank, a rank is in one batch group), so no
-cycle can form through them. So every process's posts are the restriction of one global sequence
-``(step, phase)``: the earliest pending collective always has every member's post. Each post
-also checks the rule (a post behind an earlier one raises instead of hanging NCCL).
-
-Waits end when the rank pool aborts (another thread failed: ``RanksAborted``) or after the
-session's timeout (``TimeoutError`` naming the step).
+Waits end when the rank pool aborts (``RanksAborted``) or after the session's timeout
+(``TimeoutError`` naming the step).
 """
 from __future__ import annotations
 
@@ -41,8 +30,9 @@ import threading
 import time
 
 from ..sequence.threads import RanksAborted
+from ..errors import RunError, WaitTimeout
 
-__all__ = ["EXCHANGE", "WEIGHTS", "CollectiveOrder"]
+__all__ = ["EXCHANGE", "WEIGHTS", "CollectiveOrder", "serial_released"]
 
 WEIGHTS, EXCHANGE = 0, 1
 """Phases of a step, in posting order."""
@@ -98,14 +88,14 @@ class CollectiveOrder:
         """``fn()`` (posting one collective) once the rule allows it; its result."""
         step, phase = getattr(self._local, "at", (None, None))
         if step is None:
-            raise RuntimeError(f"[ShardDiT] collective {what} posted outside a step of the forward's order")
+            raise RunError(f"collective {what} posted outside a step of the forward's order")
         if phase == EXCHANGE:
             self._wait(lambda: self._weights_done >= step,
                        f"exchange {what} of step {step} waited for that step's weight broadcasts")
         with self._post_lock:
             if (step, phase) < self._last:
-                raise RuntimeError(f"[ShardDiT] collective {what} of step {step} (phase {phase}) posted after one "
-                                   f"of step {self._last[0]} (phase {self._last[1]}): the processes' orders would differ")
+                raise RunError(f"collective {what} of step {step} (phase {phase}) posted after one "
+                               f"of step {self._last[0]} (phase {self._last[1]}): the processes' orders would differ")
             self._last = (step, phase)
             self.posted.append((step, phase, what))
             return fn()
@@ -124,17 +114,23 @@ class CollectiveOrder:
             if ready():
                 return
         deadline = time.monotonic() + self.timeout_s
-        serial = getattr(self.pool, "serial_lock", None)
-        if serial is not None:  # dry runs: let the other rank threads run while this one waits
-            serial.release()
-        try:
-            with self._cond:
-                while not ready():
-                    if self.pool is not None and self.pool.aborted:
-                        raise RanksAborted()
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"[ShardDiT] {what} for {self.timeout_s:.0f} s")
-                    self._cond.wait(0.05)
-        finally:
-            if serial is not None:
-                serial.acquire()
+        with serial_released(self.pool), self._cond:
+            while not ready():
+                if self.pool is not None and self.pool.aborted:
+                    raise RanksAborted()
+                if time.monotonic() > deadline:
+                    raise WaitTimeout(f"{what} for {self.timeout_s:.0f} s")
+                self._cond.wait(0.05)
+
+
+@contextlib.contextmanager
+def serial_released(pool):
+    """Dry runs on fake devices (``pool.serial_lock``): the other rank threads run while this one waits."""
+    serial = getattr(pool, "serial_lock", None)
+    if serial is not None:
+        serial.release()
+    try:
+        yield
+    finally:
+        if serial is not None:
+            serial.acquire()

@@ -1,16 +1,12 @@
 """The control messages of a distributed session: every message, its fields and their checks (pure).
 
-Nothing a peer sends is unpickled by code of ours. A control message is a JSON object (``op`` plus
-the fields ``MESSAGES`` lists for it) and a table of tensors, each sent as dtype (``DTYPES``, an
-allow-list), shape and raw bytes: one bytes object (``to_payload`` / ``from_payload``), carried by
-Ray's token-authenticated calls between the host and a member's rank actor. Its tensors' count and
-sizes come only from the header and are checked against the receiver's limit before anything is
-allocated.
-
-Values inside messages (block arguments, ``transformer_options``) are JSON with tagged forms for
-what JSON lacks (``encode_value``): ``{"T": i}`` tensor ``i`` of the table, ``{"tuple": [...]}``,
-``{"dict": [[key, value], ...]}``, ``{"dtype": "float16"}``, ``{"float": "nan"}``.
-Tensors always leave as CPU bytes and are rebuilt on the receiver's own device.
+Nothing a peer sends is unpickled. A message is a JSON object (``op`` plus the fields ``MESSAGES``
+lists) and a table of tensors, each sent as dtype (``DTYPES``, an allow-list), shape and raw bytes,
+all in one bytes object (``to_payload`` / ``from_payload``) carried by Ray's token-authenticated
+calls. Tensor counts and sizes come only from the header and are checked against the receiver's
+limit before anything is allocated. Values are JSON with tagged forms for what JSON lacks
+(``encode_value``): ``{"T": i}`` tensor ``i``, ``{"tuple": [...]}``, ``{"dict": [[key, value]]}``,
+``{"dtype": "float16"}``, ``{"float": "nan"}``. Tensors leave as CPU bytes, land on the receiver's device.
 """
 from __future__ import annotations
 
@@ -18,10 +14,10 @@ import json
 import math
 
 import torch
+from ..errors import InputError, InputTypeError
 
-__all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "check_message", "decode_message",
-           "decode_value", "dtype_name", "encode_value", "from_payload", "tensor_nbytes", "tensors_from_bytes",
-           "to_payload"]
+__all__ = ["DTYPES", "MAX_HEADER_BYTES", "MESSAGES", "PROTOCOL", "ProtocolError", "check_message", "decode_value",
+           "dtype_name", "encode_value", "from_payload", "tensor_nbytes", "tensors_from_bytes", "to_payload"]
 
 PROTOCOL = 3
 """Version of the distributed protocol, raised with any change to these messages (2 was the
@@ -61,14 +57,14 @@ worker keeps), ``transfers`` [[index, [group, source] or None]], ``args`` [value
 [[name, value]]."""
 
 
-class ProtocolError(ValueError):
+class ProtocolError(InputError):
     """A message that is malformed, too large or of another protocol."""
 
 
 def dtype_name(dtype: torch.dtype) -> str:
     name = _NAMES.get(dtype)
     if name is None:
-        raise TypeError(f"[ShardDiT] dtype {dtype} cannot cross the wire (allowed: {', '.join(DTYPES)})")
+        raise InputTypeError(f"dtype {dtype} cannot cross the wire (allowed: {', '.join(DTYPES)})")
     return name
 
 
@@ -77,7 +73,7 @@ def encode_value(v, tensors: list, depth: int = 0):
     """``v`` as JSON; its tensors appended to ``tensors`` (CPU, contiguous). TypeError for anything
     else (a class instance would need pickle)."""
     if depth > MAX_DEPTH:
-        raise TypeError(f"[ShardDiT] a value nests deeper than {MAX_DEPTH} levels; it cannot cross the wire")
+        raise InputTypeError(f"a value nests deeper than {MAX_DEPTH} levels; it cannot cross the wire")
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
@@ -94,8 +90,8 @@ def encode_value(v, tensors: list, depth: int = 0):
         return [encode_value(x, tensors, depth + 1) for x in v]
     if isinstance(v, dict) and all(isinstance(k, str) for k in v):
         return {"dict": [[k, encode_value(x, tensors, depth + 1)] for k, x in v.items()]}
-    raise TypeError(f"[ShardDiT] a value of type {type(v).__name__} cannot cross the wire (tensors, numbers, "
-                    "strings, tuples, lists and dicts with string keys only)")
+    raise InputTypeError(f"a value of type {type(v).__name__} cannot cross the wire (tensors, numbers, "
+                         "strings, tuples, lists and dicts with string keys only)")
 
 
 def decode_value(v, tensors: list, depth: int = 0):
@@ -164,12 +160,6 @@ def tensors_from_bytes(specs: list, body: torch.Tensor, device) -> list[torch.Te
     return out
 
 
-def decode_message(encoded: dict, tensors: list) -> dict:
-    """The checked message of a checked header, its values rebuilt."""
-    msg = {k: decode_value(v, tensors) for k, v in encoded.items()}
-    return check_message(msg)
-
-
 # ---- payloads: one message as one bytes object (Ray's authenticated calls carry it) ---------------
 _LEN = 8
 
@@ -182,7 +172,7 @@ def to_payload(msg: dict) -> bytes:
     tensors: list = []
     body = {k: encode_value(v, tensors) for k, v in msg.items()}
     if len(tensors) > MAX_TENSORS:
-        raise ValueError(f"[ShardDiT] a message carries {len(tensors)} tensors, at most {MAX_TENSORS}")
+        raise InputError(f"a message carries {len(tensors)} tensors, at most {MAX_TENSORS}")
     cpu = [t.detach().to("cpu").contiguous() for t in tensors]
     specs = [[dtype_name(t.dtype), list(t.shape)] for t in cpu]
     text = json.dumps({"protocol": PROTOCOL, "msg": body, "tensors": specs}, allow_nan=False,
@@ -219,4 +209,5 @@ def from_payload(payload, max_body: int, device="cpu") -> tuple[dict, int]:
         raise ProtocolError(f"a payload announces {nbytes} bytes of tensors and carries {len(payload) - _LEN - n}")
     body = torch.frombuffer(bytearray(payload[_LEN + n:]), dtype=torch.uint8) if nbytes else torch.empty(
         0, dtype=torch.uint8)
-    return decode_message(data["msg"], tensors_from_bytes(data["tensors"], body, device)), nbytes
+    tensors = tensors_from_bytes(data["tensors"], body, device)
+    return check_message({k: decode_value(v, tensors) for k, v in data["msg"].items()}), nbytes

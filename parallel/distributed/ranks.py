@@ -1,35 +1,24 @@
 """Engine ranks that live in worker processes (host side of distributed `sequence` mode; pure).
 
 ``attach_remote_ranks(engine, source, {engine_rank: member}, devices, owners=...)`` makes those ranks
-of a ``SequenceEngine`` remote: ``DistRanks`` becomes the engine's ``RankRunner``
-(``sequence.interfaces``) and runs the other ranks through ``sequence.local.LocalRanks``. A remote
-rank's thread on the host is a proxy: for each block it
-sends the worker a command with the rank's share of the arguments (constants once per forward,
-later by reference; the hidden state stays on the worker between blocks) and waits for "done".
+of a ``SequenceEngine`` remote: ``DistRanks`` becomes its ``RankRunner`` (``sequence.interfaces``)
+and runs the other ranks through ``sequence.local.LocalRanks``. A remote rank's thread on the host
+is a proxy: per block it sends the member a command with the rank's share of the arguments
+(constants once per forward, later by reference; the hidden state stays on the member) and waits.
 
-**Weights.** Every engine rank owns a share of the blocks (``owners``: block index -> engine rank;
-by default contiguous, equal shares). A worker keeps only the blocks its rank owns: the host sends
-them (after ComfyUI's patching: LoRA, casts) the first time and again only when their version
-changes (``version_of``: ComfyUI's patch state per block from ``loaders/comfy``; by default the
-tensors and their in-place counters, ``weights.weights_version``). Every other block reaches
-the worker once per forward from its *owner*, with one ``broadcast`` per block over
-torch.distributed: from the host (group of all processes) when a host device owns it, from the
-owning worker (group of the workers) otherwise; the block after the current one is posted early,
-so it arrives while the current one computes. The host's own ranks run worker-owned blocks from
-the host's copy (ComfyUI keeps it in RAM: the shard of a worker's blocks lives on ``cpu``).
+**Weights.** Each engine rank owns a share of the blocks (``owners``). A member keeps only its
+rank's blocks, sent (after ComfyUI's patching: LoRA, casts) the first time and again only when
+their version changes (``version_of``; by default ``weights.weights_version``). Every other block
+reaches it once per forward from its owner by one ``broadcast`` (from the host, or from the owning
+worker over the workers' group), the next block posted early so it arrives while the current one
+computes. The host's own ranks run worker-owned blocks from the host's copy in RAM.
 
-Ulysses exchanges between a host rank and worker ranks go through ``DistExchange``; the host
-fetches a worker's rows only where the engine gathers.
+**Order.** Every collective of a forward is posted through one ``order.CollectiveOrder``, by step:
+step ``s``'s broadcasts before its exchanges, before step ``s + 1``'s broadcasts, as every worker
+posts them (NCCL needs one order).
 
-**Order.** Every collective of a forward (the designated proxy thread's broadcasts, the exchanges
-of the host ranks that exchange with workers) is posted through one ``order.CollectiveOrder`` per
-forward, by step (the forward's block calls): step ``s``'s broadcasts before its exchanges, its
-exchanges before step ``s + 1``'s broadcasts, as every worker posts them (NCCL needs one order).
-
-A member (one device of a worker machine, ``NAME/DEVICE``) serves one rank, in its Ray rank actor;
-``source`` is where sessions come from (``parallel/cluster/host.ClusterHost``: ``session_for``,
-``close_session``, ``session``, ``timeout_s``). The host may hold several ranks of one batch group
-(its threads share one exchange).
+``source`` gives the sessions (``parallel/cluster/host.ClusterHost``: ``session_for``,
+``close_session``, ``session``, ``timeout_s``); a member ``NAME/DEVICE`` serves one rank.
 """
 from __future__ import annotations
 
@@ -43,11 +32,12 @@ from ..tensor_map import map_tensors, tensors_in
 from .weights import WeightLayout, pack_block, same_version, weights_version
 from .exchange import DistExchange
 from .order import CollectiveOrder
-from .host_side import DistWorkerError
+from .members import DistWorkerError
 from .block_specs import describe_block
 from ..sequence.local import LocalRanks
 from ..sequence.rank_block import ATTENTION_OVERRIDE
 from ..sequence.split import even_ranges, plan_groups
+from ..errors import InputError
 
 __all__ = ["DistRanks", "RemoteStream", "attach_remote_ranks", "even_owners", "transfer_group"]
 
@@ -100,7 +90,7 @@ class DistRanks:
         """Runs the engine's ranks that are threads of this process."""
         self.devices, self.backend = devices, backend
         if len(set(self.remote.values())) != len(self.remote):
-            raise ValueError("[ShardDiT] one worker serves one device for now: list each worker once")
+            raise InputError("one worker serves one device for now: list each worker once")
         self.names = tuple(self.remote[r] for r in sorted(self.remote))
         self.dist_rank = {r: (self.names.index(n) + 1 if (n := self.remote.get(r)) else 0)
                           for r in range(len(engine.devices))}
@@ -109,7 +99,7 @@ class DistRanks:
         self.owners = dict(owners) if owners is not None else even_owners(order, len(engine.devices))
         missing = [i for i in order if i not in self.owners]
         if missing:
-            raise ValueError(f"[ShardDiT] blocks {missing} have no owner rank")
+            raise InputError(f"blocks {missing} have no owner rank")
         self.keep_all = keep_all
         """Every worker keeps every block (sent once; nothing streams per step)."""
         self.version_of = version_of or (lambda index, block: weights_version(block))
@@ -142,9 +132,9 @@ class DistRanks:
         self.order: CollectiveOrder | None = None
         """The order of this forward's collectives (``order``)."""
         self._exchangers: set[int] = set()
+        """Local ranks whose batch group has workers: they post exchanges."""
         self._owned_sent: dict[str, list[int]] = {}
         """Per worker, this forward: the blocks whose own weights it was sent (logged at the end)."""
-        """Local ranks whose batch group has workers: they post exchanges."""
 
     def _groups(self, n):
         """Process groups of the batch groups that mix processes, for every batch size (one
@@ -158,9 +148,6 @@ class DistRanks:
                 if key not in keys:
                     keys.append(key)
         return tuple(keys)
-
-    def is_remote(self, rank: int) -> bool:
-        return rank in self.remote
 
     def owner_proc(self, index: int) -> int:
         return self.dist_rank[self.owners[index]]
@@ -332,7 +319,7 @@ class DistRanks:
     def _weights_error(self, idx: int, e: Exception) -> DistWorkerError:
         s = self.session
         s.broken = True
-        return DistWorkerError(f"[ShardDiT] sending block {idx}'s weights to {', '.join(map(s.label, self.names))} "
+        return DistWorkerError(f"sending block {idx}'s weights to {', '.join(map(s.label, self.names))} "
                                f"failed (a worker is dead, hung or unreachable; timeout {s.timeout_s:.0f} s): "
                                f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
 
@@ -341,7 +328,7 @@ class DistRanks:
         _, answer = self.session.request(name, {"op": "fetch", "name": stream}, f"returning {stream!r}",
                                          FETCH_LIMIT)
         if answer["op"] != "tensor" or not isinstance(answer["tensor"], torch.Tensor):
-            raise DistWorkerError(f"[ShardDiT] {self.session.label(name)} answered {answer['op']!r} to 'fetch'")
+            raise DistWorkerError(f"{self.session.label(name)} answered {answer['op']!r} to 'fetch'")
         return answer["tensor"]
 
     def close(self) -> None:
@@ -374,7 +361,7 @@ class DistRanks:
             return ("stream", value.name)
         if isinstance(value, dict):  # transformer_options: plain entries only, the worker adds its hook
             if getattr(value.get(ATTENTION_OVERRIDE), "prev", None) is not None:
-                raise ValueError("[ShardDiT] another attention override is installed; it cannot run on workers "
+                raise InputError("another attention override is installed; it cannot run on workers "
                                  "(use host devices only, or remove the other override)")
             return ("val", {k: v for k, v in value.items() if k not in _NOT_SENT and _plain(v)})
         if not _has_tensor(value):
@@ -425,6 +412,5 @@ def attach_remote_ranks(engine, source, remote: dict[int, str], devices: dict[st
     """Make ``remote`` (engine rank -> worker name) ranks of ``engine`` run in those workers;
     ``owners``: block index -> the engine rank that owns it (default: equal contiguous shares);
     ``keep_all``: every worker keeps every block instead of its share; ``describe``: see ``DistRanks``."""
-    engine.runner = DistRanks(engine, source, remote, devices, backend, owners, version_of, keep_all, describe)
-    engine.timeout_s = max(engine.timeout_s, source.timeout_s * 2 + 30)  # the session's own timeout fires first
-    return engine.runner
+    runner = DistRanks(engine, source, remote, devices, backend, owners, version_of, keep_all, describe)
+    return engine.use_runner(runner, timeout_s=source.timeout_s * 2 + 30)  # the session's own timeout fires first

@@ -1,11 +1,7 @@
-"""What a remote rank does with the host's commands, whichever transport brought them (pure).
-
-``BlockServer`` holds one session's state on a worker (the block skeletons it built, the weights
-of the blocks it owns, its receive ring, the current forward) and answers one checked command at a
-time (``distributed.protocol`` messages): ``block``, ``fetch``, ``drop``, ``held``, which a Ray
-rank actor (``parallel/cluster/rank_server.py``) receives in Ray calls. The weight broadcasts and
-the Ulysses exchanges go over the session's torch.distributed groups, in the one order of
-``order.CollectiveOrder``.
+"""What a remote rank does with the host's commands (pure): ``BlockServer`` holds one session's
+state on a worker (the skeletons it built, the weights of the blocks it owns, its receive ring, the
+current forward) and answers one checked ``protocol`` command at a time (``block``, ``fetch``,
+``drop``, ``held``). Weight broadcasts and exchanges follow ``order.CollectiveOrder``.
 """
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ from .block_specs import build_block
 from .protocol import ProtocolError
 from ..sequence.split import Group, RankSlice
 from ..sequence.rank_block import BlockAttention, run_rank_block, with_attention
+from ..errors import RunError
 
 __all__ = ["BlockServer"]
 
@@ -114,7 +111,7 @@ class BlockServer:
             return self.owned[key][0]
         slot = state.incoming.pop(key, None)
         if slot is None or slot.index != key:
-            raise RuntimeError(f"block {key[1]}: its weights were not sent to this worker")
+            raise RunError(f"block {key[1]}: its weights were not sent to this worker")
         if slot.work is not None:
             slot.work.wait(datetime.timedelta(seconds=self.timeout_s))
             slot.work = None

@@ -1,21 +1,15 @@
 """Block weights as bytes, for ranks in other processes (distributed `sequence` mode; pure PyTorch).
 
-A block crosses processes in two parts:
+A block crosses in two parts: its *description* (``block_specs``), sent once per session, from
+which the worker builds the *skeleton* (every tensor on ``meta``) with its own classes -- no module
+is ever pickled; and its *weights*, one flat byte tensor (``pack_block``: every tensor's raw bytes
+at an aligned offset, ``WeightLayout``). ComfyUI's on-the-fly patches (``weight_function`` /
+``bias_function``: LoRAs in lowvram mode) are applied while packing, so the receiver computes
+exactly what the owner's block computes.
 
-- its *description* (``distributed.block_specs``: family, config, classes, tensor layout), sent
-  once per session; the worker builds the *skeleton* (the module with every tensor on ``meta``)
-  with its own classes from it -- no module is ever pickled;
-- its *weights*: one flat byte tensor (``pack_block``), every tensor's raw bytes at an aligned
-  offset (``WeightLayout``), sent whole with one ``broadcast`` / message. ComfyUI's on-the-fly
-  patches (``weight_function`` / ``bias_function``: LoRAs of a block loaded in lowvram mode) are
-  applied while packing, so the receiver computes exactly what the owner's block computes.
-
-``WeightRing`` is the receiving side: two buffer blocks per block shape on the rank's device (the
-block computing, the next one arriving), like ``sequence.stream.BlockStream`` within one process.
-
-``weights_version`` tells whether a block's weights changed since they were sent: per tensor the
-object itself (weakly held) and its in-place version counter. Callers that know more (ComfyUI's
-weight patches, ``loaders/comfy``) pass their own version function.
+``WeightRing`` receives: two buffer blocks per block shape on the rank's device (the block
+computing, the next one arriving). ``weights_version`` tells whether a block's weights changed
+since sent: per tensor the object (weakly held) and its in-place version counter.
 """
 from __future__ import annotations
 
@@ -26,6 +20,7 @@ import weakref
 import torch
 
 from ..sequence.ops import pinned_memory_allowed, real_cuda
+from ..errors import RunError
 
 __all__ = ["RingSlot", "WeightLayout", "WeightRing", "bind_flat", "block_tensors", "empty_block", "pack_block",
            "same_version", "skeleton", "unpack_into", "weights_version"]
@@ -94,8 +89,8 @@ def pack_block(block: torch.nn.Module, layout: WeightLayout, device="cpu") -> to
     with torch.no_grad():
         for (offset, n, dtype, shape), t in zip(layout.items, tensors, strict=True):
             if t.dtype != dtype or tuple(t.shape) != shape:
-                raise RuntimeError(f"[ShardDiT] a weight patch changed a tensor to {t.dtype} {tuple(t.shape)} "
-                                   f"(expected {dtype} {shape}); it cannot be sent to workers")
+                raise RunError(f"a weight patch changed a tensor to {t.dtype} {tuple(t.shape)} "
+                               f"(expected {dtype} {shape}); it cannot be sent to workers")
             if n:
                 flat[offset:offset + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
     return flat

@@ -26,11 +26,11 @@ from .visible import (
     match_torch_devices,
     normalize_pci_bus_id,
 )
+from ..errors import InputError, reason_of
 
 __all__ = [
     "SPEC_FORM",
     "DeviceInfo",
-    "GiB",
     "Inventory",
     "inventory_from_spec",
     "parse_bytes",
@@ -98,7 +98,8 @@ class Inventory:
     """Where the numbers came from: ``"nvml"``, ``"torch"``, ``"cpu"`` or ``"spec"``."""
     hidden_note: str = ""
     """When NVML sees GPUs torch does not (``CUDA_VISIBLE_DEVICES``, ComfyUI's Windows default):
-    one line naming them and the fix (``visible.hidden_gpus_note``); empty otherwise."""
+    one line naming them and the fix (``visible.hidden_gpus_note``; no log prefix: messages embed it);
+    empty otherwise."""
 
     def __post_init__(self) -> None:
         names = [d.device for d in self.devices]
@@ -122,7 +123,7 @@ class Inventory:
         for info in self.devices:
             if info.device == device:
                 return info
-        raise ValueError(f"device {device!r} is not in the inventory ({', '.join(self.names) or 'empty'})")
+        raise InputError(f"device {device!r} is not in the inventory ({', '.join(self.names) or 'empty'})")
 
     def with_held_bytes(self, held: Mapping[str, int]) -> Inventory:
         """Copy with ``held_bytes`` set per device (bytes ShardDiT already placed there).
@@ -143,9 +144,9 @@ class Inventory:
         what = field.replace("_", " ")
         unknown = set(per_device) - set(self.names)
         if unknown:
-            raise ValueError(f"{what} for {sorted(unknown)}, which are not in the inventory ({', '.join(self.names)})")
+            raise InputError(f"{what} for {sorted(unknown)}, which are not in the inventory ({', '.join(self.names)})")
         if any(v < 0 for v in per_device.values()):
-            raise ValueError(f"{what} must be >= 0, got {dict(per_device)}")
+            raise InputError(f"{what} must be >= 0, got {dict(per_device)}")
         return replace(self, devices=tuple(replace(d, **{field: int(per_device.get(d.device, 0))})
                                            for d in self.devices))
 
@@ -154,19 +155,19 @@ def parse_bytes(text: str) -> int:
     """``"24GiB"``, ``"12 GB"``, ``"512MiB"``, ``"1000bytes"`` -> bytes; ValueError otherwise."""
     match = _SIZE_RE.match(str(text).strip().lower())
     if not match or match.group(2) not in _UNITS:
-        raise ValueError(f"size {str(text).strip()!r} is not a size like '24GiB', '12GB', '512MiB', '500MB' or '1000bytes'")
+        raise InputError(f"size {str(text).strip()!r} is not a size like '24GiB', '12GB', '512MiB', '500MB' or '1000bytes'")
     return int(float(match.group(1)) * _UNITS[match.group(2)])
 
 
 def inventory_from_spec(spec: str) -> Inventory:
     """Inventory from ``"cuda:0=24GiB,cuda:1=20GiB/24GiB,cpu=64GiB"`` (free[/total] per device)."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"inventory spec {spec!r} is empty; accepted: {SPEC_FORM}")
+        raise InputError(f"inventory spec {spec!r} is empty; accepted: {SPEC_FORM}")
     devices = [_parse_spec_part(part, spec) for part in spec.split(",")]
     names = [d.device for d in devices]
     for name in names:
         if names.count(name) > 1:
-            raise ValueError(f"inventory spec {spec.strip()!r} lists {name!r} twice; accepted: {SPEC_FORM}")
+            raise InputError(f"inventory spec {spec.strip()!r} lists {name!r} twice; accepted: {SPEC_FORM}")
     devices.sort(key=lambda d: (d.torch_index is None, d.torch_index or 0))
     return Inventory(devices=tuple(devices), source="spec")
 
@@ -176,7 +177,7 @@ def _parse_spec_part(part: str, spec: str) -> DeviceInfo:
 
     where = f"inventory spec {spec.strip()!r}: {part.strip()!r}"
     if part.count("=") != 1:
-        raise ValueError(f"{where} is not 'device=size'; accepted: {SPEC_FORM}")
+        raise InputError(f"{where} is not 'device=size'; accepted: {SPEC_FORM}")
     name, sizes = (s.strip() for s in part.split("="))
     try:
         device = parse_device(name)
@@ -184,9 +185,9 @@ def _parse_spec_part(part: str, spec: str) -> DeviceInfo:
         free_bytes = parse_bytes(free)
         total_bytes = parse_bytes(total) if total else free_bytes
     except ValueError as err:
-        raise ValueError(f"{where}: {err}; accepted: {SPEC_FORM}") from None
+        raise InputError(f"{where}: {reason_of(err)}; accepted: {SPEC_FORM}") from None
     if free_bytes > total_bytes:
-        raise ValueError(f"{where}: free {free.strip()} is more than total {total.strip()}; accepted: {SPEC_FORM}")
+        raise InputError(f"{where}: free {free.strip()} is more than total {total.strip()}; accepted: {SPEC_FORM}")
     return DeviceInfo(device=device, name="CPU" if device == "cpu" else "spec", total_bytes=total_bytes, free_bytes=free_bytes)
 
 
@@ -238,14 +239,15 @@ def read_inventory() -> Inventory:
         _log_once(logging.INFO, "[ShardDiT] no CUDA GPU visible to torch: CPU only")
         inventory = Inventory(devices=(cpu,), source="cpu", hidden_note=note)
     if note:  # INFO: ComfyUI's log shows it; ``plan`` and the Plan node print ``hidden_note`` themselves
-        _log_once(logging.INFO, note.replace("%", "%%"))
+        _log_once(logging.INFO, "[ShardDiT] " + note.replace("%", "%%"))
     return inventory
 
 
 def read_hidden_note(devices: str) -> str:
     """``hidden_note`` of this machine's inventory, for a ``devices`` input that plans on it
     (``""`` for imagined GPUs, ``"cuda:0=24GiB,..."``): ``plan`` and the Plan node print it."""
-    return "" if "=" in str(devices) else read_inventory().hidden_note
+    note = "" if "=" in str(devices) else read_inventory().hidden_note
+    return f"[ShardDiT] {note}" if note else ""
 
 
 def read_nvml_gpu_count() -> tuple[int | None, str]:

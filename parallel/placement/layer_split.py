@@ -19,10 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ..units import GiB
-from .devices import DEVICES_FORM, parse_devices
+from .devices import DEVICES_FORM, DevicePlan
 from .plan_ranges import compute_block_ranges
 from .plan_text import PlacementError
 from .plan_types import BlockRange, block_devices_of
+from ..errors import InputError
 
 __all__ = ["LayerSplit", "plan_layer_split"]
 
@@ -51,13 +52,13 @@ class LayerSplit:
 
 
 def plan_layer_split(layer_bytes: Sequence[int], home_bytes: int, rooms: Mapping[str, int],
-                     devices: str = "auto") -> LayerSplit:
+                     devices: DevicePlan = DevicePlan(auto=True)) -> LayerSplit:
     """Split ``layer_bytes`` (per layer, in order) plus ``home_bytes`` over ``devices``
-    (``auto`` or a device list). PlacementError (GiB needed vs room per device) when it cannot."""
+    (``auto`` or a device list: ``parse_device_plan``'s value). PlacementError (GiB needed vs room per device) when it cannot."""
     layer_bytes = tuple(int(b) for b in layer_bytes)
     if not layer_bytes or min(layer_bytes) <= 0:
-        raise ValueError(f"layer_bytes must be a non-empty list of positive sizes, got {layer_bytes[:8]}")
-    devlist = parse_devices(devices)
+        raise InputError(f"layer_bytes must be a non-empty list of positive sizes, got {layer_bytes[:8]}")
+    devlist = devices
     notes: list[str] = []
     if devlist.auto:
         entries, weights = _auto_entries(layer_bytes, home_bytes, rooms, notes), None
@@ -67,7 +68,7 @@ def plan_layer_split(layer_bytes: Sequence[int], home_bytes: int, rooms: Mapping
     caps = _caps(entries, home_bytes, rooms)
     ranges = _ranges(layer_bytes, entries, caps, weights)
     if ranges is None:
-        raise PlacementError(_error(layer_bytes, home_bytes, entries, caps, devices))
+        raise PlacementError(_error(layer_bytes, home_bytes, entries, caps, devices.text))
     kept = []
     for device, (start, stop) in zip(entries, ranges):
         if start == stop:

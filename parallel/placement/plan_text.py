@@ -6,12 +6,12 @@ context duck-typed (``inventory``, ``footprint``, ``request``, ``capacity()``, `
 from __future__ import annotations
 
 from ..units import format_gib
+from ..errors import InputError
 
 __all__ = [
     "PlacementError",
     "format_component_note",
     "format_dit_error",
-    "format_gib",
     "format_plan_table",
     "format_skip_note",
     "format_weight_error",
@@ -23,7 +23,7 @@ _FIX = (
 )
 
 
-class PlacementError(ValueError):
+class PlacementError(InputError):
     """The models do not fit the devices; the message gives GiB needed vs usable and the fix."""
 
 
@@ -78,14 +78,14 @@ def _hidden(ctx) -> str:
     note = ctx.inventory.hidden_note
     if not note:
         return ""
-    fix = note.partition("To use them: ")[2] or note.removeprefix("[ShardDiT] ")
+    fix = note.partition("To use them: ")[2] or note
     return f" This machine has more GPUs than this process sees; to use them: {fix}"
 
 
 def format_weight_error(ctx, entry, start: int, stop: int, cap: int) -> str:
     size = sum(ctx.footprint.block_bytes[start:stop])
     return (
-        f"devices {ctx.request.devices!r}: weight {entry.weight:g} gives {entry.device} blocks "
+        f"devices {ctx.request.devices.text!r}: weight {entry.weight:g} gives {entry.device} blocks "
         f"{start}-{stop - 1} ({format_gib(size)} GiB) but it has {format_gib(max(cap, 0))} GiB usable "
         f"for blocks; change the weights or use devices 'auto'. "
         + _FIX.format(reserve=ctx.request.reserve_vram_gb)

@@ -4,10 +4,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .devices import DeviceList, parse_component_device, parse_devices
+from .devices import DevicePlan, parse_component_device
 from ..units import GiB
 from .inventory import Inventory
 from .plan_text import format_plan_table
+from ..errors import InputError, InputTypeError
 
 __all__ = ["BlockRange", "DeviceLoad", "Footprint", "PlacementRequest", "Plan"]
 
@@ -34,11 +35,11 @@ class Footprint:
     def __post_init__(self) -> None:
         object.__setattr__(self, "block_bytes", tuple(int(b) for b in self.block_bytes))
         if not self.block_bytes or min(self.block_bytes) <= 0:
-            raise ValueError(f"block_bytes must be a non-empty list of positive sizes, got {self.block_bytes[:8]}")
+            raise InputError(f"block_bytes must be a non-empty list of positive sizes, got {self.block_bytes[:8]}")
         for name in ("dit_home_bytes", "dit_activation_bytes", "text_encoder_bytes",
                      "text_encoder_activation_bytes", "vae_bytes", "vae_activation_bytes"):
             if int(getattr(self, name)) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+                raise InputError(f"{name} must be >= 0, got {getattr(self, name)}")
 
     @property
     def dit_bytes(self) -> int:
@@ -58,8 +59,9 @@ simulator): GiB left free per GPU for the CUDA context (~0.5 GiB), other apps an
 class PlacementRequest:
     """What the user asked for (node inputs)."""
 
-    devices: str = DEFAULT_DEVICES
-    """DiT devices: ``auto``, ``cuda:0,cuda:1``, ``cpu,cpu`` or weighted ``cuda:0:3,cuda:1:1``."""
+    devices: DevicePlan = DevicePlan(auto=True)
+    """DiT devices (``devices.parse_device_plan``'s value): ``auto``, ``cuda:0,cuda:1``, ``cpu,cpu`` or
+    weighted ``cuda:0:3,cuda:1:1``; this machine's only (worker ranks are ``cpu`` entries here)."""
     text_encoder_device: str = "auto"
     """``auto``, ``cpu`` or ``cuda:N``."""
     vae_device: str = "auto"
@@ -69,16 +71,14 @@ class PlacementRequest:
     take it from a user pass it (default ``DEFAULT_RESERVE_VRAM_GB``)."""
 
     def __post_init__(self) -> None:
-        parse_devices(self.devices)
+        if not isinstance(self.devices, DevicePlan) or self.devices.members:
+            raise InputTypeError(f"devices must be a DevicePlan of this machine's devices (parse_device_plan, then "
+                                 f"with_worker_shares), got {self.devices!r}")
         object.__setattr__(self, "text_encoder_device", parse_component_device(self.text_encoder_device))
         object.__setattr__(self, "vae_device", parse_component_device(self.vae_device))
         reserve = self.reserve_vram_gb
         if isinstance(reserve, bool) or not isinstance(reserve, (int, float)) or not math.isfinite(reserve) or reserve < 0:
-            raise ValueError(f"reserve_vram_gb {reserve!r} must be a number >= 0 (GiB left free on each GPU)")
-
-    @property
-    def device_list(self) -> DeviceList:
-        return parse_devices(self.devices)
+            raise InputError(f"reserve_vram_gb {reserve!r} must be a number >= 0 (GiB left free on each GPU)")
 
     @property
     def reserve_bytes(self) -> int:

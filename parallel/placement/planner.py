@@ -34,7 +34,7 @@ from .plan_text import (
 )
 from .plan_types import BlockRange, DeviceLoad, Footprint, PlacementRequest, Plan
 
-__all__ = ["BlockRange", "DeviceLoad", "Footprint", "PlacementError", "PlacementRequest", "Plan", "plan_placement"]
+__all__ = ["plan_placement"]
 
 _UNLIMITED = 1 << 62
 
@@ -61,7 +61,7 @@ class _Ctx:
 def plan_placement(inventory: Inventory, footprint: Footprint, request: PlacementRequest) -> Plan:
     """Place text encoder, VAE, DiT home and DiT block ranges. PlacementError when it cannot."""
     ctx = _Ctx(inventory, footprint, request)
-    devlist = request.device_list
+    devlist = request.devices
     explicit = [e.device for e in devlist.entries] + [request.text_encoder_device, request.vae_device]
     existing = inventory.names if inventory.cpu is not None else inventory.names + ("cpu",)
     check_devices_exist([d for d in explicit if d != "auto"], existing, inventory.hidden_note)

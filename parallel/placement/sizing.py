@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..blocks.sharding import BlockLayout, BlockProxy, get_block_list
+from ..blocks.sharding import BlockProxy, get_block_list
+from ..blocks.routing import BlockLayout
 
 __all__ = [
     "compute_block_bytes",

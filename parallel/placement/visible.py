@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from ..errors import InputError
+
 
 __all__ = ["PhysicalGpu", "hidden_gpus_note", "infer_visible_gpus", "match_torch_devices", "normalize_pci_bus_id",
            "normalize_uuid"]
@@ -52,7 +54,7 @@ def normalize_pci_bus_id(bus_id: str) -> str:
     """``"00000000:01:00.0"`` / ``"0000:01:00.0"`` -> ``"0000:01:00"`` (domain:bus:device, hex)."""
     parts = str(bus_id).strip().lower().split(".")[0].split(":")
     if len(parts) != 3:
-        raise ValueError(f"PCI bus id {bus_id!r} is not in the form 'domain:bus:device.function'")
+        raise InputError(f"PCI bus id {bus_id!r} is not in the form 'domain:bus:device.function'")
     domain, bus, device = (int(p, 16) for p in parts)
     return f"{domain:04x}:{bus:02x}:{device:02x}"
 
@@ -132,5 +134,5 @@ def hidden_gpus_note(physical: Sequence[PhysicalGpu], visible: Sequence[Physical
     else:
         fix = ("CUDA_VISIBLE_DEVICES is unset, so check that every GPU works (nvidia-smi) and, in a container, "
                "that it gets them all (docker run --gpus all)")
-    return (f"[ShardDiT] NVML sees {len(physical)} GPUs, torch {n_visible}: {which} hidden from this process "
+    return (f"NVML sees {len(physical)} GPUs, torch {n_visible}: {which} hidden from this process "
             f"(CUDA_VISIBLE_DEVICES {env}). To use them: {fix}.")

@@ -45,6 +45,7 @@ from .split import (Group, RankSlice, TokenSpec, cut_row_table, plan_groups, ran
                     split_items, stream_parts)
 from .stream import BlockStream, begin_forward, end_forward
 from .threads import RankThreadError, RankThreads
+from ..errors import InputError, RunError
 
 __all__ = ["SequenceEngine", "SequenceStats", "SequenceUnsupported", "attach_sequence_engine"]
 
@@ -113,9 +114,17 @@ class SequenceEngine:
     """Runs registered blocks split over ``devices`` (one rank per entry; ``cpu,cpu`` is two)."""
 
     def __init__(self, layout, token_specs: tuple[TokenSpec, ...], devices, home, timeout_s: float = 600.0,
-                 worker_context=None, serialize: bool = False):
+                 worker_context=None, serialize: bool = False, *, should_stop=None,
+                 interrupt_exceptions: tuple[type, ...] = (), split_check=None, runner=None):
+        """``should_stop``: called before each block, on the main thread and on every rank thread
+        (ComfyUI: raises if the user interrupted), so an interrupt stops every rank at its next block;
+        ``interrupt_exceptions``: the types it raises, re-raised as they are, not as a rank thread
+        error; ``split_check``: see ``set_split_check``; ``runner``: where the ranks run, a factory
+        ``runner(engine) -> RankRunner`` (a runner such as ``distributed.ranks.DistRanks`` needs the
+        engine it serves); None: ``local.LocalRanks``, threads here. A runner chosen after the engine
+        is built (workers join it last) arrives through ``use_runner``."""
         if len(token_specs) != len(layout.block_lists):
-            raise ValueError(f"[ShardDiT] {len(token_specs)} token specs for {len(layout.block_lists)} block lists")
+            raise InputError(f"{len(token_specs)} token specs for {len(layout.block_lists)} block lists")
         self.layout, self.token_specs = layout, tuple(token_specs)
         self.devices = tuple(torch.device(d) for d in devices)
         self.home = torch.device(home)
@@ -123,22 +132,15 @@ class SequenceEngine:
         self.worker_context = worker_context
         self.serial_lock = threading.Lock() if serialize else None
         """Dry runs on fake devices: threads take turns (``RankThreads.serial_lock``)."""
-        self.should_stop = None
-        """Called before each block, on the main thread and on every rank thread (ComfyUI: raises if the
-        user interrupted), so an interrupt stops every rank at its next block."""
-        self.split_check = None
-        """Called before each block on the main thread: a reason this block call cannot run split now
-        (it then runs whole, in ``blocks`` mode, and the reason is logged once), or None."""
-        self.interrupt_exceptions: tuple[type, ...] = ()
-        """Exception types ``should_stop`` raises: re-raised as they are, not as a rank thread error."""
+        self._should_stop = should_stop
+        self._split_check = split_check
+        self._interrupt_exceptions = tuple(interrupt_exceptions)
         self.streams = [BlockStream(d) for d in self.devices]
         self.pool: RankThreads | None = None
-        self.runner: RankRunner = LocalRanks(self.devices)
-        """Where the ranks run: threads here, or (``distributed.ranks.attach_remote_ranks``) some in
-        worker processes."""
-        self.stats = SequenceStats()
         self._fwd: _Forward | None = None
         self._scoped = False
+        self._runner: RankRunner = LocalRanks(self.devices) if runner is None else runner(self)
+        self.stats = SequenceStats()
         self._names: dict[type, list[str]] = {}
         self._next: dict[int, tuple] = {}
         self.order: tuple[int, ...] = ()
@@ -146,12 +148,42 @@ class SequenceEngine:
         self.speeds: tuple[float, ...] | None = None
         """One relative speed per rank (``set_speeds``): a faster rank gets more tokens and heads."""
 
+    @property
+    def runner(self) -> RankRunner:
+        """Where the ranks run: threads here (``local.LocalRanks``), or
+        (``distributed.ranks.attach_remote_ranks``) some in worker processes. Read-only: a new
+        runner comes through the constructor or ``use_runner``."""
+        return self._runner
+
+    def use_runner(self, runner: RankRunner, timeout_s: float | None = None) -> RankRunner:
+        """Run the ranks with ``runner`` from the next forward on (the one way to change it after
+        the constructor: workers join an engine that is already built, and their runner needs the
+        engine); the previous runner is closed. ``timeout_s``: the engine's timeout becomes at least
+        this (a runner whose own timeout must fire first). Refused inside a forward."""
+        if self._scoped or self._fwd is not None:
+            raise RunError("the sequence engine's runner cannot change inside a forward; "
+                           "change it between forwards")
+        previous, self._runner = self._runner, runner
+        if previous is not runner:
+            previous.close()
+        if timeout_s is not None:
+            self.timeout_s = max(self.timeout_s, timeout_s)
+        return runner
+
+    def set_split_check(self, split_check) -> None:
+        """``split_check()``, called before each block on the main thread, returns a reason this block
+        call cannot run split now (it then runs whole, in ``blocks`` mode, and the reason is logged
+        once), or None; ``split_check`` None: no check. A method, not only a constructor argument:
+        ComfyUI's compiler state (``loaders/comfy/shard/compile_guard``) is read anew at each forward,
+        after the engine is built, so the check is set per forward, before its first block."""
+        self._split_check = split_check
+
     def keep_resident(self, budgets) -> None:
         """Per rank, bytes of the blocks it streams that it may keep as resident copies across
         forwards (``stream.BlockStream.keep_resident``); 0 everywhere: the ring alone (the default)."""
         budgets = list(budgets)
         if len(budgets) != len(self.streams) or any(b < 0 for b in budgets):
-            raise ValueError(f"[ShardDiT] resident budgets {budgets} must be {len(self.streams)} byte counts >= 0")
+            raise InputError(f"resident budgets {budgets} must be {len(self.streams)} byte counts >= 0")
         for stream, budget in zip(self.streams, budgets, strict=True):
             stream.keep_resident(budget)
 
@@ -175,7 +207,7 @@ class SequenceEngine:
         if speeds is not None:
             speeds = tuple(float(s) for s in speeds)
             if len(speeds) != len(self.devices) or any(not (s > 0) for s in speeds):
-                raise ValueError(f"[ShardDiT] speeds {speeds} must be {len(self.devices)} positive numbers, "
+                raise InputError(f"speeds {speeds} must be {len(self.devices)} positive numbers, "
                                  f"one per rank ({', '.join(map(str, self.devices))})")
         self.speeds = speeds
 
@@ -262,14 +294,14 @@ class SequenceEngine:
     def run_block(self, slot, block, args: tuple, kwargs: dict, home_after: bool, run_whole):
         """Queue ``block`` on every rank; placeholders back, or the gathered output if
         ``home_after``. ``run_whole(args, kwargs)`` runs a call that cannot be split."""
-        if self.should_stop is not None:
-            self.should_stop()
+        if self._should_stop is not None:
+            self._should_stop()
         spec = self.token_specs[slot.list_index]
         if spec.whole:  # by design (``TokenSpec.whole``): no fallback to report
             return run_whole(self.materialize(args), self.materialize(kwargs))
         names = self._param_names(block)
         try:
-            reason = self.split_check() if self.split_check is not None else None
+            reason = self._split_check() if self._split_check is not None else None
             if reason:
                 raise SequenceUnsupported(reason)
             fwd = self._prepare(spec, names, args, kwargs)
@@ -390,7 +422,7 @@ class SequenceEngine:
                     self.pool.wait(task, r)
             self.pool.raise_failure()
         except RankThreadError as e:
-            if isinstance(e.__cause__, self.interrupt_exceptions):
+            if isinstance(e.__cause__, self._interrupt_exceptions):
                 raise e.__cause__ from None
             raise
         finally:
@@ -414,8 +446,8 @@ class SequenceEngine:
 
     # ---- rank threads ------------------------------------------------------------------------
     def _rank_block(self, fwd, rank: _Rank, spec, names, index, block, args, kwargs, stream_names, nxt):
-        if self.should_stop is not None:
-            self.should_stop()
+        if self._should_stop is not None:
+            self._should_stop()
         values_args = [self._local(fwd, rank, spec, stream_names, names[i] if i < len(names) else None, a)
                        for i, a in enumerate(args)]
         values_kwargs = {k: self._local(fwd, rank, spec, stream_names, k, v) for k, v in kwargs.items()}
@@ -520,11 +552,13 @@ def _to_rank(obj, device, fresh: bool):
 
 
 def attach_sequence_engine(router, proxies, token_specs, devices, timeout_s: float = 600.0,
-                           worker_context=None, serialize: bool = False) -> SequenceEngine:
+                           worker_context=None, serialize: bool = False, **collaborators) -> SequenceEngine:
     """Give ``router`` a ``SequenceEngine`` over ``devices`` (one rank per entry) for the blocks
-    behind ``proxies`` (``BlockProxy`` objects, any order); returns it."""
-    engine = SequenceEngine(router.layout, token_specs, devices, router.home, timeout_s, worker_context, serialize)
+    behind ``proxies`` (``BlockProxy`` objects, any order); returns it. ``collaborators``: the
+    engine's keyword arguments (``should_stop``, ``interrupt_exceptions``, ``split_check``, ``runner``)."""
+    engine = SequenceEngine(router.layout, token_specs, devices, router.home, timeout_s, worker_context, serialize,
+                            **collaborators)
     order = sorted(((p.block_index, p.real_block) for p in proxies), key=lambda t: t[0])
     engine.register_order(order)
-    router.engine = engine
+    router.use_engine(engine)
     return engine

@@ -17,6 +17,7 @@ import torch
 
 from ..tensor_map import slot_values
 from .split import RankSlice, slice_batch, slice_tokens
+from ..errors import InputError
 
 __all__ = ["cut_frame_rows"]
 
@@ -53,7 +54,7 @@ def cut_frame_rows(obj, rs: RankSlice, batch: int, main: int, what: str):
         new.data = data
         return new
     if data.shape[1] * per != main:
-        raise ValueError(f"[ShardDiT] sequence mode: argument {what!r} has {data.shape[1]} frames of {per} tokens, "
+        raise InputError(f"sequence mode: argument {what!r} has {data.shape[1]} frames of {per} tokens, "
                          f"expected {main} tokens")
     t0, t1 = rs.tokens
     f0, f1 = t0 // per, -(-t1 // per)

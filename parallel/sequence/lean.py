@@ -18,6 +18,7 @@ import torch
 
 from ..tensor_map import map_tensors
 from .split import even_ranges
+from ..errors import InputError, InputTypeError
 
 __all__ = ["chunk_range", "lean_passes", "run_in_passes"]
 
@@ -25,7 +26,7 @@ __all__ = ["chunk_range", "lean_passes", "run_in_passes"]
 def lean_passes(batch: int, passes: int) -> list[tuple[int, int]]:
     """Batch ranges of the passes: ``passes`` (at most ``batch``) contiguous, near-equal slices."""
     if batch < 1 or passes < 1:
-        raise ValueError(f"[ShardDiT] lean sequence needs batch >= 1 and passes >= 1, got {batch}, {passes}")
+        raise InputError(f"lean sequence needs batch >= 1 and passes >= 1, got {batch}, {passes}")
     return even_ranges(batch, min(batch, passes))
 
 
@@ -39,7 +40,7 @@ def chunk_range(batch: int, chunks: int, b0: int, b1: int) -> tuple[int, int]:
     """The chunks that samples ``[b0, b1)`` fall in, where ``batch`` samples are ``chunks`` equal
     chunks one after the other (ComfyUI's ``cond_or_uncond``: one entry per conditioning chunk)."""
     if chunks < 1 or batch % chunks:
-        raise ValueError(f"[ShardDiT] lean sequence: a batch of {batch} is not {chunks} equal chunks")
+        raise InputError(f"lean sequence: a batch of {batch} is not {chunks} equal chunks")
     size = batch // chunks
     return b0 // size, -(-b1 // size)
 
@@ -65,4 +66,4 @@ def run_in_passes(forward, batch: int, passes: int, args: tuple, kwargs: dict, d
     if isinstance(first, (tuple, list)):
         return type(first)(torch.cat(parts, dim=0) if isinstance(parts[0], torch.Tensor) else parts[0]
                            for parts in zip(*outs, strict=True))
-    raise TypeError(f"[ShardDiT] lean sequence: cannot join pass outputs of type {type(first).__name__}")
+    raise InputTypeError(f"lean sequence: cannot join pass outputs of type {type(first).__name__}")

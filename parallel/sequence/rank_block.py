@@ -41,6 +41,7 @@ import torch
 
 from ..tensor_map import is_container
 from .ulysses import gathered_kv_attention, ulysses_attention
+from ..errors import InputTypeError, RunError
 
 __all__ = ["ATTENTION_OVERRIDE", "SELF_ATTENTION_NAMES", "BlockAttention", "ModuleWatch", "run_rank_block",
            "self_attention_module", "with_attention"]
@@ -117,8 +118,8 @@ def _taken(args: tuple) -> tuple:
     if not any(held):
         return args
     if len(held) < 3 or not all(held):
-        raise TypeError(f"[ShardDiT] sequence mode: q, k and v must be all tensors or all attention tensor "
-                        f"containers, got {[type(a).__name__ for a in args[:3]]}")
+        raise InputTypeError(f"sequence mode: q, k and v must be all tensors or all attention tensor "
+                             f"containers, got {[type(a).__name__ for a in args[:3]]}")
     return tuple(a.take() for a in args[:3]) + tuple(args[3:])
 
 
@@ -190,6 +191,6 @@ def run_rank_block(module: torch.nn.Module, args, kwargs: dict, attentions, stre
         out = module(*args, **kwargs)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     if len(outs) != len(stream_names):
-        raise RuntimeError(f"[ShardDiT] block {index} returned {len(outs)} tensors for "
-                           f"{len(stream_names)} stream arguments {tuple(stream_names)}")
+        raise RunError(f"block {index} returned {len(outs)} tensors for "
+                       f"{len(stream_names)} stream arguments {tuple(stream_names)}")
     return dict(zip(stream_names, outs, strict=True))

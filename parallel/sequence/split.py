@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..tensor_map import map_tensors
+from ..errors import InputError
 
 __all__ = ["PIPELINE_CHUNKS", "Group", "RankSlice", "TokenSpec", "cut_row_table", "even_ranges", "head_chunks",
            "pipeline_schedule", "plan_groups", "share_ranges", "split_items", "stream_parts"]
@@ -86,7 +87,7 @@ def share_ranges(total: int, parts: int, shares=None) -> list[tuple[int, int]]:
         return even_ranges(total, parts)
     n = len(shares)
     if n != parts or any(not (s > 0) for s in shares):
-        raise ValueError(f"[ShardDiT] shares {tuple(shares)} must be {parts} positive numbers, one per part")
+        raise InputError(f"shares {tuple(shares)} must be {parts} positive numbers, one per part")
     weight = float(sum(shares))
     exact = [total * s / weight for s in shares]
     sizes = [int(e) for e in exact]
@@ -142,7 +143,7 @@ def pipeline_schedule(chunks: int) -> list[tuple[str, int]]:
 def even_ranges(total: int, parts: int) -> list[tuple[int, int]]:
     """``parts`` contiguous ranges covering ``range(total)``, sizes differing by at most one."""
     if parts < 1:
-        raise ValueError(f"[ShardDiT] cannot split {total} into {parts} parts")
+        raise InputError(f"cannot split {total} into {parts} parts")
     base, rem = divmod(total, parts)
     out, start = [], 0
     for i in range(parts):
@@ -179,7 +180,7 @@ def plan_groups(batch: int, n_ranks: int, speeds=None) -> list[Group]:
     """Batch groups for ``batch`` samples over ``n_ranks`` ranks (see the module docstring);
     ``speeds``: one relative speed per rank (None or all equal: even shares)."""
     if batch < 1 or n_ranks < 1:
-        raise ValueError(f"[ShardDiT] sequence split needs batch >= 1 and ranks >= 1, got {batch}, {n_ranks}")
+        raise InputError(f"sequence split needs batch >= 1 and ranks >= 1, got {batch}, {n_ranks}")
     n_groups = max(g for g in range(1, n_ranks + 1) if n_ranks % g == 0 and g <= batch)
     per = n_ranks // n_groups
     if speeds is not None and len(set(speeds)) <= 1:
@@ -216,7 +217,7 @@ def slice_tokens(t: torch.Tensor, dim: int, rs: RankSlice, main: int, tail: int,
         if text_first:
             return torch.cat([t.narrow(dim, 0, tail), t.narrow(dim, tail + start, stop - start)], dim=dim)
         return torch.cat([t.narrow(dim, start, stop - start), t.narrow(dim, main, tail)], dim=dim)
-    raise ValueError(f"[ShardDiT] sequence mode: argument {what!r} has {size} tokens on dim {dim}, expected "
+    raise InputError(f"sequence mode: argument {what!r} has {size} tokens on dim {dim}, expected "
                      f"{main} (image tokens), {main + tail} (with {tail} text tokens) or 1")
 
 
@@ -226,13 +227,13 @@ def cut_row_table(table, rs: RankSlice, main: int, tail: int, what: str) -> list
     outside the rank's rows are dropped. With replicated text tokens (``tail``) the table would
     have to cover them too: not supported (ValueError; the call runs whole)."""
     if tail:
-        raise ValueError(f"[ShardDiT] sequence mode: row table {what!r} beside replicated text tokens")
+        raise InputError(f"sequence mode: row table {what!r} beside replicated text tokens")
     t0, t1 = rs.tokens
     out = []
     for entry in table:
         a, b, row = entry
         if not (0 <= a <= b <= main):
-            raise ValueError(f"[ShardDiT] sequence mode: row table {what!r} has range {a}-{b} outside {main} tokens")
+            raise InputError(f"sequence mode: row table {what!r} has range {a}-{b} outside {main} tokens")
         lo, hi = max(a, t0), min(b, t1)
         if lo >= hi:
             continue

@@ -48,6 +48,7 @@ import weakref
 import torch
 
 from .ops import TorchOps
+from ..errors import InputError
 
 __all__ = ["EXCHANGE_WAITS", "ORDER_WAITS", "BlockStream", "begin_forward", "end_forward", "without_wait"]
 
@@ -74,7 +75,7 @@ def without_wait(name: str):
     """Testing hook: the ring (or the pipelined exchange) skips wait ``name`` (one of
     ``ORDER_WAITS`` or ``EXCHANGE_WAITS``) inside the block."""
     if name not in ORDER_WAITS + EXCHANGE_WAITS:
-        raise ValueError(f"[ShardDiT] unknown wait {name!r}; the waits are {ORDER_WAITS + EXCHANGE_WAITS}")
+        raise InputError(f"unknown wait {name!r}; the waits are {ORDER_WAITS + EXCHANGE_WAITS}")
     _disabled.add(name)
     try:
         yield

@@ -31,6 +31,7 @@ from ..tensor_map import map_tensors, tensors_in
 from .ops import TorchOps, real_cuda
 from .split import PIPELINE_CHUNKS
 from .stream import wait_on
+from ..errors import RunError, WaitTimeout, reason_of
 
 __all__ = ["RankThreadError", "RankThreads", "RanksAborted", "ThreadExchange"]
 
@@ -41,7 +42,7 @@ class RanksAborted(RuntimeError):
     """Raised in a rank thread whose pool was aborted by another thread's failure."""
 
 
-class RankThreadError(RuntimeError):
+class RankThreadError(RunError):
     """A rank thread's task failed; ``rank`` / ``device`` say where, ``__cause__`` is the original error."""
 
     def __init__(self, message: str, rank: int, device: torch.device):
@@ -116,8 +117,8 @@ class RankThreads:
             if self._failure is not None:
                 break
             if time.monotonic() > deadline:
-                self.abort(TimeoutError(
-                    f"[ShardDiT] sequence worker {rank} on {self.devices[rank]} did not finish {task.label} within "
+                self.abort(WaitTimeout(
+                    f"sequence worker {rank} on {self.devices[rank]} did not finish {task.label} within "
                     f"{self.timeout_s:.0f} s"), rank)
                 break
         self.raise_failure()
@@ -132,8 +133,8 @@ class RankThreads:
         with self._lock:
             if self._failure is None:
                 where = f" during {label}" if label else ""
-                err = RankThreadError(f"[ShardDiT] sequence worker {rank} on {self.devices[rank]} failed{where}: "
-                                  f"{type(error).__name__}: {error}", rank, self.devices[rank])
+                err = RankThreadError(f"sequence worker {rank} on {self.devices[rank]} failed{where}: "
+                                  f"{type(error).__name__}: {reason_of(error)}", rank, self.devices[rank])
                 err.__cause__ = error
                 self._failure = err
         self._abort.set()
@@ -302,8 +303,8 @@ class ThreadExchange:
                     if self.pool.aborted:
                         raise RanksAborted()
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"[ShardDiT] exchange {call}: position {pos} waited "
-                                           f"{self.pool.timeout_s:.0f} s for the others")
+                        raise WaitTimeout(f"exchange {call}: position {pos} waited "
+                                          f"{self.pool.timeout_s:.0f} s for the others")
                     self._cond.wait(0.05)
                 out = [p[0] for p in posts]
                 self._reads[call] = self._reads.get(call, 0) + 1
@@ -325,9 +326,9 @@ def _check_streams(devices, streams, pos: int) -> None:
     thread's); say so loudly if anything changed that."""
     for device, stream in zip(devices, streams, strict=True):
         if stream is not None and _stream_of(device) != stream:
-            raise RuntimeError(f"[ShardDiT] exchange position {pos}: parts from {device} were queued on {stream}, "
-                               f"but this thread reads {device} on {_stream_of(device)}; every worker must run on "
-                               "the main thread's current stream (RankThreads sets it)")
+            raise RunError(f"exchange position {pos}: parts from {device} were queued on {stream}, "
+                           f"but this thread reads {device} on {_stream_of(device)}; every worker must run on "
+                           "the main thread's current stream (RankThreads sets it)")
 
 
 def _to(obj, dev):

@@ -28,6 +28,7 @@ import torch
 
 from .split import RankSlice, even_ranges, head_chunks, pipeline_schedule, share_ranges
 from .stream import wait_on
+from ..errors import NotSupported, RunError
 
 __all__ = ["gathered_kv_attention", "ulysses_attention"]
 
@@ -57,8 +58,8 @@ def ulysses_attention(exchange, rs: RankSlice, main: int, attend, args: tuple, k
     mine = rs.tokens[1] - rs.tokens[0]
     tail = q.shape[tok] - mine
     if q.shape[tok] != k.shape[tok] or k.shape[tok] != v.shape[tok]:
-        raise RuntimeError(f"[ShardDiT] sequence mode: self-attention q/k/v token counts differ "
-                           f"({q.shape[tok]}, {k.shape[tok]}, {v.shape[tok]})")
+        raise RunError(f"sequence mode: self-attention q/k/v token counts differ "
+                       f"({q.shape[tok]}, {k.shape[tok]}, {v.shape[tok]})")
 
     def heads_of(x, h0, h1):
         return _head_slice(x, h0, h1, head_dim, heads_first)
@@ -173,8 +174,8 @@ def _attend_heads(attend, qkv, n_heads: int, heads: int, head_dim: int, extra, k
         return torch.empty(shape, dtype=v.dtype, device=v.device)
     mask = kwargs.get("mask")
     if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[1] == heads and heads > 1:
-        raise NotImplementedError("[ShardDiT] sequence mode: a per-head self-attention mask is not supported; "
-                                  "use parallel=blocks for this model")
+        raise NotSupported("sequence mode: a per-head self-attention mask is not supported; "
+                           "use parallel=blocks for this model")
     return attend(q, k, v, n_heads, *extra, **kwargs)
 
 
@@ -196,8 +197,8 @@ def gathered_kv_attention(exchange, rs: RankSlice, main: int, attend, args: tupl
     head_ranges, token_ranges = share_ranges(heads, n, shares), share_ranges(main, n, shares)
     mine = token_ranges[pos][1] - token_ranges[pos][0]
     if k.shape[tok] != mine or v.shape[tok] != mine:
-        raise RuntimeError(f"[ShardDiT] sequence mode: split keys/values have {k.shape[tok]} and {v.shape[tok]} "
-                           f"tokens, expected this rank's {mine}")
+        raise RunError(f"sequence mode: split keys/values have {k.shape[tok]} and {v.shape[tok]} "
+                       f"tokens, expected this rank's {mine}")
     parts = [tuple(_head_slice(x, h0, h1, head_dim, heads_first) for x in (k, v)) for h0, h1 in head_ranges]
     expect = [[_resized(t, tok, b - a) for t in parts[pos]] for a, b in token_ranges]
     recv = exchange.all_to_all(pos, parts, expect)

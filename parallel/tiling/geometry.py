@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Union
 
 import torch
+from ..errors import InputError
+
 
 __all__ = [
     "Scale",
@@ -74,7 +76,7 @@ class TileSpec:
         index = upscale if index is None else index
         index = tuple(index) if isinstance(index, (tuple, list)) else (index,) * dims
         if not len(overlap) == len(upscale) == len(index) == dims:
-            raise ValueError(
+            raise InputError(
                 f"tile {tile}, overlap {overlap}, upscale and index formulas must have one entry per "
                 f"dimension ({dims}); got {len(overlap)}, {len(upscale)}, {len(index)}"
             )
@@ -119,16 +121,16 @@ class Tile:
 def check_tiling(latent_shape: Sequence[int], spec: TileSpec) -> None:
     """Raise ValueError for tile parameters core cannot tile with (numbers and fix in the text)."""
     if len(latent_shape) != spec.dims + 2:
-        raise ValueError(
+        raise InputError(
             f"latent of shape {tuple(latent_shape)} has {len(latent_shape)} dims; tiles {spec.tile} need "
             f"{spec.dims + 2} (batch, channels, {spec.dims} tiled dims)"
         )
     for d in range(spec.dims):
         tile, overlap = spec.tile[d], spec.overlap[d]
         if tile < 1 or overlap < 0:
-            raise ValueError(f"tile {tile} / overlap {overlap} in dim {d}: need tile >= 1 and overlap >= 0")
+            raise InputError(f"tile {tile} / overlap {overlap} in dim {d}: need tile >= 1 and overlap >= 0")
         if overlap >= tile:
-            raise ValueError(
+            raise InputError(
                 f"overlap {overlap} >= tile {tile} (latent units) in dim {d}: tiles would never advance; "
                 f"use an overlap below {tile} or a larger tile"
             )
@@ -141,7 +143,7 @@ def check_coverage(latent_shape: Sequence[int], spec: TileSpec) -> None:
         for start, n in dim_tiles(size, spec.tile[d], spec.overlap[d]):
             lo = spec.out_pos(d, start)
             if lo > covered:
-                raise ValueError(
+                raise InputError(
                     f"tiles of {spec.tile[d]} with overlap {spec.overlap[d]} (latent units) leave output "
                     f"positions {covered}..{lo - 1} of dim {d} undecoded (latent size {size}); raise the "
                     f"overlap (temporal overlap >= 1 latent frame for causal video VAEs) or the tile size"
@@ -201,7 +203,7 @@ def make_batches(groups: Sequence[Sequence[Tile]],
     for group in groups:
         size = batch_size(group) if callable(batch_size) else batch_size
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"tile_batch_size {size!r} must be a positive integer (tiles per decoder call)")
+            raise InputError(f"tile_batch_size {size!r} must be a positive integer (tiles per decoder call)")
         batches.extend(list(group[i:i + size]) for i in range(0, len(group), size))
     return batches
 

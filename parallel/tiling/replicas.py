@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..units import MiB
+from ..errors import InputError
 
 __all__ = ["MAX_DECODE_DEVICES", "check_decode_device_count", "select_decoder_devices"]
 
@@ -20,7 +21,7 @@ MAX_DECODE_DEVICES = 64
 def check_decode_device_count(n_entries: int) -> None:
     """ValueError when a VAE ``devices`` list is longer than any machine can use."""
     if n_entries > MAX_DECODE_DEVICES:
-        raise ValueError(
+        raise InputError(
             f"devices lists {n_entries} entries; the VAE decode loads one VAE copy per entry and uses at most "
             f"{MAX_DECODE_DEVICES}: list each GPU once (e.g. 'cuda:0,cuda:1'), or use 'auto'"
         )

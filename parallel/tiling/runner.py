@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from .geometry import Tile, TileSpec, feather_mask, group_tiles, make_batches, plan_tiles
+from ..errors import InputError, RunError
 
 __all__ = ["TilePlan", "plan_decode", "run_tiled"]
 
@@ -161,12 +162,12 @@ def run_tiled(samples: torch.Tensor, plan: TilePlan, decoders: Sequence[Callable
     ``on_batch(done, total)`` is called after each blended batch, in this thread.
     """
     if tuple(samples.shape) != plan.latent_shape:
-        raise ValueError(f"samples of shape {tuple(samples.shape)} do not match the plan's {plan.latent_shape}")
+        raise InputError(f"samples of shape {tuple(samples.shape)} do not match the plan's {plan.latent_shape}")
     if not decoders:
-        raise ValueError("run_tiled needs at least one decoder")
+        raise InputError("run_tiled needs at least one decoder")
     devices = list(devices) if devices is not None else [None] * len(decoders)
     if len(devices) != len(decoders):
-        raise ValueError(f"{len(decoders)} decoders but {len(devices)} devices; give one device per decoder")
+        raise InputError(f"{len(decoders)} decoders but {len(devices)} devices; give one device per decoder")
     total = len(plan.batches)
     with torch.no_grad():
         blender = _Blender(plan, output_device)
@@ -188,7 +189,7 @@ def _collect(plan: TilePlan, workers: _Workers, blender: _Blender, on_batch, che
             if check_interrupt is not None:
                 check_interrupt()
             if not workers.alive() and workers.results.empty():
-                raise RuntimeError(f"[ShardDiT] tile workers stopped after {received} of {total} batches")
+                raise RunError(f"tile workers stopped after {received} of {total} batches")
             continue
         if i is None:
             raise out

@@ -74,8 +74,8 @@ def ulysses_rank(rank, world, port, tokens, heads, head_dim, out_path):
         group = dist.new_group(list(range(world)))
         ex = DistExchange(group, list(range(world)), "cpu", [f"rank {r}" for r in range(world)], 30)
         out = ulysses_attention(ex, rs, tokens, sdpa, (q[:, t0:t1], k[:, t0:t1], v[:, t0:t1], heads), {})
-        torch.save({"out": out, "bytes": ex.bytes_received[rs.position], "calls": ex.calls[rs.position],
-                    "header_rounds": ex.header_rounds}, out_path)
+        torch.save({"out": out, "bytes": ex.bytes_received[rs.position], "calls": ex.calls[rs.position]},
+                   out_path)
     finally:
         dist.destroy_process_group()
 

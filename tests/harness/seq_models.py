@@ -2,7 +2,8 @@
 layout and token spec, inputs per batch, and a sharded forward."""
 import torch
 from harness.toy_seq import SeqToyDiT
-from sharddit.parallel.blocks.sharding import BlockLayout, attach_block_sharding
+from sharddit.parallel.blocks.sharding import attach_block_sharding
+from sharddit.parallel.blocks.routing import BlockLayout
 from sharddit.parallel.sequence.engine import attach_sequence_engine
 from sharddit.parallel.sequence.split import TokenSpec
 

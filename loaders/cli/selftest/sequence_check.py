@@ -24,6 +24,7 @@ import torch
 
 import comfy.sample
 
+from ....parallel.placement.devices import DevicePlan
 from ...comfy.shard.hooks import get_shard_state
 from ...comfy.shard.pipeline import shard_model
 from .tiny_models import WAN_DIT, build_wan_dit
@@ -60,7 +61,7 @@ def sample_tiny(model, cfg: float) -> torch.Tensor:
 def check_sequence(check, devices: list[str]) -> None:
     """Unsharded vs ``parallel=sequence`` over ``devices``, at cfg 4 and cfg 1."""
     model = build_wan_dit(num_layers=4)
-    sharded = shard_model(model, ",".join(devices), reserve_vram_gb=0.0, parallel="sequence")
+    sharded = shard_model(model, DevicePlan.of_devices(devices), reserve_vram_gb=0.0, parallel="sequence")
     engine = get_shard_state(sharded).router.engine
     on_cpu = all(torch.device(d).type == "cpu" for d in devices)
     for cfg in (4.0, 1.0):

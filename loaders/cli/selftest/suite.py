@@ -40,6 +40,7 @@ import torch
 import comfy.model_management as mm
 import comfy.sample
 
+from ....parallel.placement.devices import DeviceEntry, DevicePlan
 from ....parallel.placement.inventory import read_inventory
 from ....parallel.units import GiB
 from ....parallel.tiling import TileSpec, plan_tiles
@@ -187,7 +188,7 @@ def check_sampling(check: Check, ref: str, devices: list[str]) -> None:
     layers = max(4, len(devices))
     model = build_wan_dit(num_layers=layers)
     expected = _sample(model)
-    sharded = shard_model(model, ",".join(f"{d}:1" for d in devices), reserve_vram_gb=0.0)
+    sharded = shard_model(model, DevicePlan(False, tuple(DeviceEntry(d, 1.0) for d in devices)), reserve_vram_gb=0.0)
     ranges = get_shard_state(sharded).plan.block_ranges
     got = _sample(sharded)
     where = ", ".join(f"{r.device} blocks {r.start}-{r.stop - 1}" for r in ranges)

@@ -64,5 +64,5 @@ def gpu_lines() -> list[str]:
     lines = [f"GPUs: torch sees {n_torch}, {nvml}"]
     note = read_inventory().hidden_note
     if note:
-        lines.append(note.removeprefix("[ShardDiT] "))
+        lines.append(note)
     return lines

@@ -23,6 +23,7 @@ import comfy.ldm.wan.model
 import comfy.ldm.wan.vae
 import comfy.ops
 import comfy.sd
+from ....parallel.errors import RunError
 
 __all__ = ["SEED", "WAN_DIT", "build_wan_dit", "build_wan_vae"]
 
@@ -50,7 +51,7 @@ def build_wan_dit(num_layers: int = 4, seed: int = SEED):
     sd = random_state_dict(meta, seed)
     model = comfy.sd.load_diffusion_model_state_dict(sd, model_options={"dtype": torch.float32})
     if model is None:
-        raise RuntimeError("[ShardDiT] ComfyUI did not recognise the tiny Wan 2.1 state dict as a diffusion model")
+        raise RunError("ComfyUI did not recognise the tiny Wan 2.1 state dict as a diffusion model")
     return model
 
 
@@ -76,5 +77,5 @@ def build_wan_vae(device: torch.device, seed: int = SEED):
             meta = build(**WAN_VAE)
         vae = comfy.sd.VAE(sd=random_state_dict(meta, seed), device=device, dtype=torch.float32)
     if vae.first_stage_model is None or vae.temporal_compression_decode() != 4:
-        raise RuntimeError("[ShardDiT] ComfyUI did not build the tiny state dict as a Wan 2.1 VAE")
+        raise RunError("ComfyUI did not build the tiny state dict as a Wan 2.1 VAE")
     return vae

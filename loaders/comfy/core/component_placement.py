@@ -14,9 +14,11 @@ from typing import NamedTuple
 
 import comfy.model_management as mm
 
+from ....parallel.placement.devices import DevicePlan
 from ....parallel.placement.inventory import Inventory, read_inventory
 from ....parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
-from ....parallel.placement.planner import Footprint, PlacementRequest, plan_placement
+from ....parallel.placement.planner import plan_placement
+from ....parallel.placement.plan_types import Footprint, PlacementRequest
 from .running_state import with_releasable
 
 log = logging.getLogger("sharddit")
@@ -28,7 +30,7 @@ _COMPONENTS = ("text_encoder", "vae")
 SHARDDIT_ATTR = "sharddit_component"  # set on the torch module of every model ShardDiT loads
 
 
-def record_dit(footprint: Footprint, block_devices: str) -> None:
+def record_dit(footprint: Footprint, block_devices: DevicePlan) -> None:
     """Called when a DiT is sharded: later ``auto`` components plan around it."""
     with _LOCK:
         _PLACED["dit"] = {"footprint": footprint, "devices": block_devices}
@@ -72,7 +74,7 @@ def footprint_and_request(kind, nbytes, device, reserve_vram_gb, state):
             footprint = replace(footprint, **{f"{other}_bytes": state[other]["bytes"]})
             pinned[f"{other}_device"] = state[other]["device"]
     footprint = replace(footprint, **{f"{kind}_bytes": int(nbytes)})
-    request = PlacementRequest(devices=dit["devices"] if dit else "auto", reserve_vram_gb=reserve_vram_gb,
+    request = PlacementRequest(devices=dit["devices"] if dit else DevicePlan(auto=True), reserve_vram_gb=reserve_vram_gb,
                                **pinned, **{f"{kind}_device": str(device).strip()})
     return footprint, request
 

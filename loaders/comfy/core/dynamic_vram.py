@@ -32,6 +32,7 @@ import inspect
 import logging
 
 import comfy.model_patcher
+from ....parallel.errors import RunError
 
 log = logging.getLogger("sharddit")
 
@@ -52,9 +53,9 @@ def non_dynamic_clone(patcher):
         return patcher.clone()
     params = inspect.signature(patcher.clone).parameters
     if "disable_dynamic" not in params or "model_override" not in params:
-        raise RuntimeError(f"[ShardDiT] this ComfyUI's {type(patcher).__name__}.clone() takes neither disable_dynamic "
-                           "nor model_override, so ShardDiT cannot shard a dynamic-VRAM MODEL: start ComfyUI with "
-                           "--disable-dynamic-vram and report the ComfyUI version")
+        raise RunError(f"this ComfyUI's {type(patcher).__name__}.clone() takes neither disable_dynamic "
+                       "nor model_override, so ShardDiT cannot shard a dynamic-VRAM MODEL: start ComfyUI with "
+                       "--disable-dynamic-vram and report the ComfyUI version")
     clone = patcher.clone(disable_dynamic=True, model_override=patcher.get_clone_model_override())
     assert not is_dynamic(clone) and clone.model is patcher.model, "non-dynamic clone must share the weights"
     return clone

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from ....parallel.errors import InputError
 
 log = logging.getLogger("sharddit")
 
@@ -53,7 +54,7 @@ def check_no_core_copies(model) -> None:
     copies = _core_copies(model)
     if copies or "multigpu_options" in getattr(model, "model_options", {}):
         where = ", ".join(str(c.load_device) for c in copies) or "other GPUs"
-        raise ValueError(f"[ShardDiT] this MODEL went through {CFG_SPLIT}: it keeps a full copy of the DiT on "
+        raise InputError(f"this MODEL went through {CFG_SPLIT}: it keeps a full copy of the DiT on "
                          f"{where}, which ShardDiT's plan does not count. Remove that node: {INSTEAD}.")
 
 
@@ -73,7 +74,7 @@ def _refuse_full_copy(_original, *args, **kwargs):
     frames = {f.name for f in traceback.extract_stack()}
     node = (CFG_SPLIT if "create_multigpu_deepclones" in frames else SELECT if "_retarget_patcher" in frames
             else f"{CFG_SPLIT} or {SELECT}")
-    raise ValueError(f"[ShardDiT] {node} asked for a full copy of a sharded MODEL on another GPU: ShardDiT has "
+    raise InputError(f"{node} asked for a full copy of a sharded MODEL on another GPU: ShardDiT has "
                      f"placed its blocks already and a full copy would not fit the plan. Remove that node: "
                      f"{INSTEAD}.")
 
@@ -81,7 +82,7 @@ def _refuse_full_copy(_original, *args, **kwargs):
 def check_home_device(model, home: str) -> None:
     """When sampling starts: the sharded main must still load on the plan's home device."""
     if str(model.load_device) != str(home):
-        raise ValueError(f"[ShardDiT] the sharded MODEL's load device was changed to {model.load_device} (e.g. by "
+        raise InputError(f"the sharded MODEL's load device was changed to {model.load_device} (e.g. by "
                          f"{SELECT}), but ShardDiT planned its home on {home}. Remove that node, or put it before "
                          "ShardDiT's node and choose the GPUs in ShardDiT's devices input.")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+from ....parallel.errors import InputError
 
 __all__ = ["clonable", "missing_init_keywords"]
 
@@ -76,7 +77,7 @@ def clonable(model):
     except TypeError as err:
         if not any(k in str(err) for k in missing):
             raise
-        raise ValueError(f"[ShardDiT] the MODEL's patcher {cls.__module__}.{cls.__qualname__} cannot be cloned by "
+        raise InputError(f"the MODEL's patcher {cls.__module__}.{cls.__qualname__} cannot be cloned by "
                          f"this ComfyUI: its __init__ does not take {', '.join(missing)}, which core's clone() passes "
                          f"({err}). Update the custom node pack that made it (its loader).") from None
     finally:

@@ -29,6 +29,7 @@ from ..models.file_kinds import (
 )
 from . import text_encoder_split as te_split
 from .model_loading import check_component_device, check_file_name
+from ....parallel.errors import InputError
 
 log = logging.getLogger("sharddit")
 
@@ -95,7 +96,7 @@ def load_ltxav_text_encoder(text_encoder: str, ckpt_name: str, device: str,
     check_text_encoder_file(te_path, text_encoder, "ltxav", "Load LTXV Audio Text Encoder (ShardDiT)")
     projection = ltxav_text_bytes(ckpt_path, ckpt_name)
     if projection == 0:
-        raise ValueError(f"[ShardDiT] checkpoint {ckpt_name!r} holds no {LTXAV_TEXT_PREFIX}* tensors, so it is not an "
+        raise InputError(f"checkpoint {ckpt_name!r} holds no {LTXAV_TEXT_PREFIX}* tensors, so it is not an "
                          f"LTX-2 checkpoint: pick the LTX-2 / LTX-2.3 checkpoint the DiT comes from (e.g. "
                          f"ltx-2.3-22b-dev-fp8.safetensors) as ckpt_name.")
     nbytes = os.path.getsize(te_path) + projection
@@ -114,7 +115,7 @@ def ltxav_text_bytes(path: str, name: str) -> int:
 
 def _check_type(clip_type: str, types: list[str], loader: str) -> None:
     if clip_type not in types:
-        raise ValueError(f"[ShardDiT] text encoder type {clip_type!r} is not one of core {loader}'s types: "
+        raise InputError(f"text encoder type {clip_type!r} is not one of core {loader}'s types: "
                          f"{', '.join(types)}. Pick one of those (for a pair of files use the dual loader).")
 
 

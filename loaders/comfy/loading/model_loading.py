@@ -7,12 +7,13 @@ import torch
 import comfy.sd
 import folder_paths
 
-from ....parallel.placement.devices import check_devices_exist, parse_component_device, parse_devices, split_worker_devices
+from ....parallel.placement.devices import check_devices_exist, parse_component_device, parse_device_plan
 from ....parallel.placement.inventory import read_inventory
 from ....parallel.cost.mode import check_parallel
 from ..models.checks import check_device_entries, check_diffusion_model_file
 from ..remote.host_workers import check_workers
 from ..shard.pipeline import shard_model
+from ....parallel.errors import InputError
 
 log = logging.getLogger("sharddit")
 
@@ -27,8 +28,8 @@ def check_file_name(folder: str, name: str) -> str:
     names = folder_paths.get_filename_list(folder)
     if name not in names:
         shown = ", ".join(names[:10]) + (" ..." if len(names) > 10 else "") if names else "(none)"
-        raise ValueError(
-            f"[ShardDiT] {folder} file {name!r} not found. Available in models/{folder}: {shown}. "
+        raise InputError(
+            f"{folder} file {name!r} not found. Available in models/{folder}: {shown}. "
             f"Put the file into ComfyUI/models/{folder}/ (or an extra_model_paths.yaml folder) and refresh."
         )
     return folder_paths.get_full_path_or_raise(folder, name)
@@ -37,12 +38,11 @@ def check_file_name(folder: str, name: str) -> str:
 def check_devices(devices: str) -> None:
     """Cheap checks of a ``devices`` input (length, syntax, existence) before anything is loaded."""
     check_device_entries(devices)
-    local, remote = split_worker_devices(devices)
-    parsed = parse_devices(local)
+    parsed = parse_device_plan(devices)
     if not parsed.auto:
         inventory = read_inventory()
         check_devices_exist(parsed.unique_devices, inventory.names, inventory.hidden_note)
-    check_workers(devices, remote, contact=False)  # validate_inputs: the web-server thread
+    check_workers(devices, parsed.members, contact=False)  # validate_inputs: the web-server thread
 
 
 RESERVE_MAX_GB = 1024.0
@@ -56,7 +56,7 @@ def check_reserve(reserve_vram_gb) -> None:
     except (TypeError, ValueError):
         value = math.nan
     if not (0.0 <= value <= RESERVE_MAX_GB):
-        raise ValueError(f"[ShardDiT] reserve_vram_gb {reserve_vram_gb!r} is not valid: give the GiB to keep free "
+        raise InputError(f"reserve_vram_gb {reserve_vram_gb!r} is not valid: give the GiB to keep free "
                          f"on every GPU, a number from 0 to {RESERVE_MAX_GB:g} (1 is a good start)")
 
 
@@ -77,7 +77,7 @@ def check_component_device(device: str) -> None:
 def unet_model_options(weight_dtype: str) -> dict:
     """Same mapping as core UNETLoader."""
     if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"[ShardDiT] weight_dtype {weight_dtype!r} is not one of {WEIGHT_DTYPES}.")
+        raise InputError(f"weight_dtype {weight_dtype!r} is not one of {WEIGHT_DTYPES}.")
     options = {}
     if weight_dtype in ("fp8_e4m3fn", "fp8_e4m3fn_fast"):
         options["dtype"] = torch.float8_e4m3fn

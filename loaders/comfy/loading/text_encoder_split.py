@@ -23,21 +23,24 @@ import torch
 
 from ....parallel.blocks.layer_devices import place_layers
 from ....parallel.placement.devices import (
+    DevicePlan,
     check_devices_exist,
     parse_component_device,
-    parse_devices,
+    parse_device_plan,
 )
 from ....parallel.placement.inventory import Inventory, read_inventory
 from ....parallel.placement.layer_split import LayerSplit, plan_layer_split
 from ....parallel.placement.plan_text import PlacementError
-from ....parallel.placement.planner import PlacementRequest, plan_placement
+from ....parallel.placement.planner import plan_placement
+from ....parallel.placement.plan_types import PlacementRequest
 from ..core.component_placement import footprint_and_request, placed
+from ....parallel.errors import InputError, reason_of
 
 log = logging.getLogger("sharddit")
 
 CALLBACK_KEY = "sharddit_text_encoder_split"
 
-__all__ = ["apply_split", "check_text_encoder_device", "encoder_layers", "is_device_list", "plan_encoder_split",
+__all__ = ["apply_split", "check_text_encoder_device", "encoder_devices", "encoder_layers", "is_device_list", "plan_encoder_split",
            "run_tokens_on", "sizes", "split_loaded"]
 
 
@@ -56,13 +59,10 @@ def check_text_encoder_device(device: str, inventory: Inventory | None = None) -
         try:
             chosen = parse_component_device(device)
         except ValueError:
-            raise ValueError(f"device {device!r} is not valid; accepted: {TE_DEVICE_FORM}") from None
+            raise InputError(f"device {device!r} is not valid; accepted: {TE_DEVICE_FORM}") from None
         listed = [] if chosen == "auto" else [chosen]
     else:
-        try:
-            listed = [e.device for e in parse_devices(device).entries]
-        except ValueError as e:
-            raise ValueError(f"{e}; for a text encoder: {TE_DEVICE_FORM}") from None
+        listed = [e.device for e in encoder_devices(device).entries]
     if listed:
         inventory = inventory if inventory is not None else read_inventory()
         names = inventory.names if "cpu" in inventory.names else inventory.names + ("cpu",)
@@ -108,7 +108,16 @@ def rooms_for_encoder(inventory: Inventory, reserve_vram_gb: float) -> dict[str,
     return rooms
 
 
-def plan_encoder_split(layer_bytes, home_bytes: int, device: str, inventory: Inventory,
+def encoder_devices(device: str) -> DevicePlan:
+    """A text encoder's ``device`` list (``'cuda:0,cpu'``) parsed once: this machine's devices only
+    (ValueError naming the value and what a text encoder accepts)."""
+    try:
+        return parse_device_plan(device, workers=False)
+    except ValueError as e:
+        raise InputError(f"{reason_of(e)}; for a text encoder: {TE_DEVICE_FORM}") from None
+
+
+def plan_encoder_split(layer_bytes, home_bytes: int, device: DevicePlan, inventory: Inventory,
                        reserve_vram_gb: float) -> LayerSplit:
     """The split for an encoder of these sizes on ``device`` (a list, or ``auto``)."""
     return plan_layer_split(layer_bytes, home_bytes, rooms_for_encoder(inventory, reserve_vram_gb), device)
@@ -122,11 +131,12 @@ def split_loaded(clip, device: str, inventory: Inventory, reserve_vram_gb: float
     layer_bytes, home_bytes = sizes(clip)
     if not layer_bytes:
         if explicit:
-            raise ValueError(f"[ShardDiT] this text encoder has no layer list to split (no 'layers' or 'block' "
+            raise InputError(f"this text encoder has no layer list to split (no 'layers' or 'block' "
                              f"ModuleList): give one device ('auto', 'cpu' or 'cuda:N') instead of {device!r}.")
         return None
     try:
-        split = plan_encoder_split(layer_bytes, home_bytes, device if explicit else "auto", inventory, reserve_vram_gb)
+        listed = encoder_devices(device) if explicit else DevicePlan(auto=True)
+        split = plan_encoder_split(layer_bytes, home_bytes, listed, inventory, reserve_vram_gb)
     except PlacementError:
         if explicit:
             raise

@@ -21,6 +21,7 @@ import struct
 import zipfile
 
 import torch
+from ....parallel.errors import InputError
 
 __all__ = ["check_latent", "check_model_file", "check_diffusion_model_file", "read_safetensors_header",
            "meta_state_dict", "diffusion_model_class", "guess_kind", "check_device_entries"]
@@ -48,16 +49,16 @@ def check_device_entries(devices, what: str = "devices", allow_empty: bool = Tru
     at least one); the syntax of each is checked where it is parsed."""
     text = str(devices)
     if not text.strip() and not allow_empty:
-        raise ValueError(f"[ShardDiT] {what} is empty: give {DEVICES_EXAMPLES}")
+        raise InputError(f"{what} is empty: give {DEVICES_EXAMPLES}")
     count = text.count(",") + 1
     if count > MAX_DEVICE_ENTRIES:
-        raise ValueError(f"[ShardDiT] {what} lists {count} entries ({text[:24]}...), more than the "
+        raise InputError(f"{what} lists {count} entries ({text[:24]}...), more than the "
                          f"{MAX_DEVICE_ENTRIES} ShardDiT takes: each entry holds a shard of the model's blocks (a "
                          f"video DiT has at most a few hundred), so more cannot be used; give {DEVICES_EXAMPLES}")
 
 
 def _broken(name: str, why: str) -> ValueError:
-    return ValueError(f"[ShardDiT] model file {name!r} {why}: download it again (or copy it again) into its "
+    return InputError(f"model file {name!r} {why}: download it again (or copy it again) into its "
                       f"models/ folder, and compare its size with the size on the download page")
 
 
@@ -126,13 +127,13 @@ def check_torch_file(path: str, name: str) -> None:
 def _check_other_format(path: str, name: str, head: bytes) -> None:
     """A model file in a format core does not read under this extension: the fix."""
     if head[:4] == b"GGUF":
-        raise ValueError(f"[ShardDiT] {name!r} is a GGUF file, which core's loaders do not read: load it with the "
+        raise InputError(f"{name!r} is a GGUF file, which core's loaders do not read: load it with the "
                          f"ComfyUI-GGUF pack's loader")
     try:
         read_safetensors_header(path, name)
     except ValueError:
         return
-    raise ValueError(f"[ShardDiT] {name!r} is a safetensors file under another extension, which core would read "
+    raise InputError(f"{name!r} is a safetensors file under another extension, which core would read "
                      f"with torch.load and fail: rename it to {os.path.splitext(name)[0]}.safetensors")
 
 
@@ -148,15 +149,22 @@ def check_diffusion_model_file(path: str, name: str) -> None:
     kind = guess_kind(keys)
     if kind is not None:
         folder, loader = kind
-        raise ValueError(f"[ShardDiT] {name!r} is not a diffusion model: its weights are those of a {folder[:-1]} "
+        raise InputError(f"{name!r} is not a diffusion model: its weights are those of a {folder[:-1]} "
                          f"({len(keys)} tensors such as {keys[0]!r}). Move it to ComfyUI/models/{folder}/ and load it "
                          f"with {loader}; pick a diffusion model (e.g. wan2.1_t2v_14B_fp16.safetensors) here.")
 
 
-def meta_state_dict(header: dict, keys: list) -> dict:
-    """Tensors of the header's shapes and dtypes on ``meta``: core's detection code runs on them."""
-    return {k: torch.empty(header[k]["shape"], dtype=_DTYPES.get(header[k]["dtype"], torch.uint8), device="meta")
-            for k in keys}
+def meta_state_dict(header: dict, keys=None, strict: bool = False) -> dict:
+    """Tensors of the header's shapes and dtypes on ``meta`` (``keys``: those, else every tensor):
+    core's detection code runs on them. A dtype not in the safetensors table reads as bytes, or with
+    ``strict`` (the dry run sizes the model by it) is refused naming the tensor."""
+    out = {}
+    for k in (k for k in header if k != "__metadata__") if keys is None else keys:
+        dtype = header[k]["dtype"]
+        if strict and dtype not in _DTYPES:
+            raise InputError(f"tensor {k!r} has dtype {dtype!r}, which the simulator does not know")
+        out[k] = torch.empty(header[k]["shape"], dtype=_DTYPES.get(dtype, torch.uint8), device="meta")
+    return out
 
 
 def diffusion_model_class(sd: dict) -> str | None:
@@ -208,10 +216,10 @@ def check_latent(model, latent: dict) -> None:
     video = dims == 3
     if samples.ndim not in ((5, 4) if video else (dims + 2,)):
         form = "(batch, channels, frames, height, width)" if video else f"{dims + 2}-D"
-        raise ValueError(f"[ShardDiT] the latent has shape {shape} ({samples.ndim}-D), but {family}, {form}): "
+        raise InputError(f"the latent has shape {shape} ({samples.ndim}-D), but {family}, {form}): "
                          f"connect the LATENT of {node} or of a sampler for this model")
     if 0 in shape:
-        raise ValueError(f"[ShardDiT] the latent has shape {shape}: nothing for {type(model.model).__name__} to "
+        raise InputError(f"the latent has shape {shape}: nothing for {type(model.model).__name__} to "
                          f"denoise (a size is 0); "
                          f"give {node} at least 1 frame and a width and height of at least 16")
     core_fixes = not (video and samples.ndim == 5) and not torch.count_nonzero(samples)
@@ -219,5 +227,5 @@ def check_latent(model, latent: dict) -> None:
     if getattr(samples, "is_nested", False):  # (video, audio) streams: the format names the widest
         channels = max(int(s.shape[1]) for s in samples.unbind())
     if channels != want and not core_fixes:
-        raise ValueError(f"[ShardDiT] the latent has {shape[1]} channels (shape {shape}), but {family}): it was "
+        raise InputError(f"the latent has {shape[1]} channels (shape {shape}), but {family}): it was "
                          f"made for another model family; use {node}")

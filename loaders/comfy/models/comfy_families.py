@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ....parallel.blocks.sharding import BlockLayout
+from ....parallel.blocks.routing import BlockLayout
 from ....parallel.families import FAMILIES, Family, get_family
 from ....parallel.sequence.split import TokenSpec
 from .token_order import TEXT_FIRST, read_text_order
+from ....parallel.errors import InputError
 
 __all__ = ["COMFY_FAMILIES", "ArchSpec", "ComfyFamily", "comfy_family", "family_of_image_model",
            "no_inter_block_code"]
@@ -215,5 +216,5 @@ def family_of_image_model(image_model) -> str | None:
 def comfy_family(name: str) -> ComfyFamily:
     """ComfyUI's side of family ``name``; ValueError lists the known ones."""
     if name not in COMFY_FAMILIES:
-        raise ValueError(f"[ShardDiT] model family {name!r} has no ComfyUI entry: known {', '.join(COMFY_FAMILIES)}")
+        raise InputError(f"model family {name!r} has no ComfyUI entry: known {', '.join(COMFY_FAMILIES)}")
     return COMFY_FAMILIES[name]

@@ -20,6 +20,7 @@ from .checks import (
     meta_state_dict,
     read_safetensors_header,
 )
+from ....parallel.errors import InputError
 
 __all__ = ["FileKind", "check_text_encoder_file", "check_text_encoder_pair", "check_vae_file", "read_kind"]
 
@@ -109,7 +110,7 @@ def _text_encoder_family(sd: dict) -> str:
 
 def _refuse(name: str, found: FileKind, wanted: str, say_where: bool = True) -> ValueError:
     where = found.where() if say_where else ""
-    return ValueError(f"[ShardDiT] {name!r} is {found.describe()} (read from its {found.tensors} tensor names "
+    return InputError(f"{name!r} is {found.describe()} (read from its {found.tensors} tensor names "
                       f"and shapes), but {wanted}" + (f"; {where}" if where else ""))
 
 
@@ -143,7 +144,7 @@ def check_text_encoder_pair(paths: list[str], names: list[str], clip_type: str, 
     families = sorted(f.family for f in found)
     if families != sorted(fam for fam, _ in wanted):
         held = " and ".join(f"{n!r} is {f.describe()}" for n, f in zip(names, found))
-        raise ValueError(f"[ShardDiT] type {clip_type!r} of {loader} takes {_expected_text(wanted)}, but {held}: "
+        raise InputError(f"type {clip_type!r} of {loader} takes {_expected_text(wanted)}, but {held}: "
                          f"pick those two files (either order), or the type this pair is for")
 
 

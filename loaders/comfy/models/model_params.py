@@ -19,6 +19,7 @@ import logging
 import sys
 
 from .comfy_families import COMFY_FAMILIES, family_of_image_model
+from ....parallel.errors import InputError
 
 __all__ = ["NEW_FIELD_DEFAULTS", "fit_params", "fit_params_for", "params_dataclass"]
 
@@ -57,7 +58,7 @@ def fit_params(model_cls: type, config: dict) -> dict:
         if name in out or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
             continue
         if name not in NEW_FIELD_DEFAULTS:
-            raise ValueError(f"[ShardDiT] {model_cls.__name__} on this ComfyUI needs the parameter {name!r}, "
+            raise InputError(f"{model_cls.__name__} on this ComfyUI needs the parameter {name!r}, "
                              f"which the config {sorted(config)} lacks and ShardDiT has no default for: "
                              "plan from the model file instead of a preset, or update ShardDiT")
         out[name] = copy.deepcopy(NEW_FIELD_DEFAULTS[name])

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from ....parallel.blocks.sharding import BlockLayout
+from ....parallel.blocks.routing import BlockLayout
 from .comfy_families import COMFY_FAMILIES, ArchSpec, no_inter_block_code
+from ....parallel.errors import InputError
 
-__all__ = ["ArchSpec", "SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures", "unshardable_reason"]
+__all__ = ["SPECS", "find_arch_spec", "get_arch_spec", "supported_architectures", "unshardable_reason"]
 
 SPECS: tuple[ArchSpec, ...] = tuple(spec for fam in COMFY_FAMILIES.values() for spec in fam.specs)
 
@@ -34,9 +35,9 @@ def find_arch_spec(class_name: str) -> ArchSpec:
             return spec
     for fam in COMFY_FAMILIES.values():
         if class_name in fam.refused:
-            raise ValueError(f"[ShardDiT] cannot shard diffusion model class {class_name!r}: {fam.refused[class_name]}")
-    raise ValueError(
-        f"[ShardDiT] cannot shard diffusion model class {class_name!r}: supported architectures are "
+            raise InputError(f"cannot shard diffusion model class {class_name!r}: {fam.refused[class_name]}")
+    raise InputError(
+        f"cannot shard diffusion model class {class_name!r}: supported architectures are "
         f"{'; '.join(supported_architectures())}. Use ComfyUI's core nodes for this model, or open "
         "an issue at https://github.com/sharddit/sharddit/issues with the model's name.")
 
@@ -59,7 +60,7 @@ def get_arch_spec(diffusion_model: torch.nn.Module | str) -> BlockLayout:
     if isinstance(diffusion_model, str):
         spec = find_arch_spec(diffusion_model)
         if spec.home_after is not no_inter_block_code:
-            raise ValueError(f"[ShardDiT] the {spec.name} layout depends on the model's configuration: "
+            raise InputError(f"the {spec.name} layout depends on the model's configuration: "
                              f"pass the {diffusion_model} instance (model.diffusion_model), not its class name")
         return spec.layout(None)
     return find_arch_spec(type(diffusion_model).__name__).layout(diffusion_model)

@@ -13,11 +13,12 @@ import logging
 import os
 
 from ....parallel.distributed.config import WEIGHTS_ENV, dist_timeout, dist_weights, parse_addr
-from ....parallel.distributed.host_side import choose_worker_weights
-from ....parallel.distributed.members import choose_backend, gpu_uuid, member_key
+from ....parallel.distributed.members import choose_backend, choose_worker_weights, gpu_uuid, member_key, split_member
 from ....parallel.distributed.ranks import attach_remote_ranks
 from ....parallel.cluster.host import cluster_host
+from ....parallel.placement.devices import DevicePlan
 from ....parallel.cluster.settings import RAY_ADDRESS_ENV, ClusterError, check_auth, ray_address
+from ....parallel.errors import InputError
 
 __all__ = ["LEGACY_ENV", "PatchVersion", "attach_workers", "auto_members", "check_workers", "cluster_settings_note",
            "decide_worker_weights", "describe_workers", "get_cluster", "patch_versions", "resolve_auto_devices"]
@@ -35,7 +36,7 @@ def get_cluster(devices: str = ""):
     from the prompt's thread only: joining the cluster waits (bounded by SHARDDIT_DIST_TIMEOUT)."""
     host = cluster_host()
     if host is None:
-        raise ValueError(f"[ShardDiT] devices {devices!r} names worker devices, but {RAY_ADDRESS_ENV} is not set: "
+        raise InputError(f"devices {devices!r} names worker devices, but {RAY_ADDRESS_ENV} is not set: "
                          + _HOW)
     return host
 
@@ -100,7 +101,7 @@ def check_workers(devices: str, remote, contact: bool = True) -> None:
     members = [member_key(name, dev) for name, dev in remote]
     for m in dict.fromkeys(members):
         if members.count(m) > 1:
-            raise ValueError(f"[ShardDiT] devices {devices!r} lists the worker device {m!r} {members.count(m)} times: "
+            raise InputError(f"devices {devices!r} lists the worker device {m!r} {members.count(m)} times: "
                              "a member serves one rank; list it once (start the worker with more devices, "
                              "--devices cuda:0,cuda:1, for more ranks on that machine)")
     _check_settings()
@@ -135,7 +136,7 @@ def attach_workers(engine, devices: str, remote, n_local: int, owners=None, vers
 
 
 def decide_worker_weights(devices: str, remote, plan, block_bytes, n_local: int) -> bool:
-    """``distributed/host_side.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
+    """``distributed/members.choose_worker_weights`` for this plan and the joined workers' offers; logged."""
     members = [(member_key(n, d), d) for n, d in remote]
     offers = get_cluster(devices).check_names([m for m, _ in members])
     keep_all, why = choose_worker_weights(dist_weights(), members, plan.block_ranges[n_local:], block_bytes, offers)
@@ -186,18 +187,18 @@ def patch_versions(runtime, block_keys: dict[int, str]):
     return version_of
 
 
-def auto_members(devices: str) -> tuple[str, ...]:
+def auto_members(devices: DevicePlan) -> tuple[str, ...]:
     """The members ``devices=auto`` would take now, in key order (() for other devices or when no
     cluster is set). Callers that cache per ``devices`` add it to their key."""
-    if not isinstance(devices, str) or devices.strip().lower() != "auto" or ray_address() is None:
+    if not devices.auto or devices.members or ray_address() is None:
         return ()
     return tuple(get_cluster().members())
 
 
-def resolve_auto_devices(devices: str, parallel: str, local_auto, blocks_only=lambda: "") -> str:
+def resolve_auto_devices(devices: DevicePlan, parallel: str, local_auto, blocks_only=lambda: "") -> DevicePlan:
     """``devices=auto`` on a host whose cluster has members: with ``parallel`` ``sequence`` or
-    ``auto``, this machine's auto choice (``local_auto()``: an explicit device list such as
-    ``"cuda:0,cuda:1"``) plus every joined member in key order (``"cpu,w1/cpu"``). With ``blocks``,
+    ``auto``, this machine's auto choice (``local_auto()``: an explicit ``DevicePlan`` such as
+    ``cuda:0,cuda:1``) plus every joined member in key order (``cpu,w1/cpu``). With ``blocks``,
     or a model that runs in blocks mode only (``blocks_only()``: why, '' if not), the workers are left out
     (logged). Anything else, or no joined worker: ``devices`` unchanged."""
     members = auto_members(devices)
@@ -210,7 +211,7 @@ def resolve_auto_devices(devices: str, parallel: str, local_auto, blocks_only=la
                  ", ".join(members), why)
         return devices
     local = local_auto()
-    chosen = ",".join([local, *members])
-    log.info("[ShardDiT] devices=auto with joined workers -> %r (this machine: %s; workers: %s)", chosen, local,
-             ", ".join(members))
+    chosen = local.with_members(split_member(m) for m in members)
+    log.info("[ShardDiT] devices=auto with joined workers -> %r (this machine: %s; workers: %s)", chosen.text,
+             local.text, ", ".join(members))
     return chosen

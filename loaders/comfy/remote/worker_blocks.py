@@ -78,9 +78,9 @@ def _ops(name: str):
     if module == "comfy.ops" and outer in OPS_ALLOWED:
         return getattr(importlib.import_module(module), outer)
     if "<" in outer or not outer:
-        raise BlockMismatch(f"[ShardDiT] the host's layers come from {name!r}, which a worker cannot build")
+        raise BlockMismatch(f"the host's layers come from {name!r}, which a worker cannot build")
     if not insecure_classes():
-        raise BlockMismatch(f"[ShardDiT] the host's model uses operations {name!r} (not ComfyUI's own: a quantized "
+        raise BlockMismatch(f"the host's model uses operations {name!r} (not ComfyUI's own: a quantized "
                             f"or custom format); workers build only {', '.join(OPS_ALLOWED)} unless {INSECURE_ENV}=1 "
                             "is set where the worker runs (then the host decides which module this worker imports)")
     obj = importlib.import_module(module)
@@ -96,11 +96,11 @@ def _model(config: dict) -> torch.nn.Module:
         return dit
     module, name = str(config["module"]), str(config["class"])
     if not module.startswith("comfy.ldm."):
-        raise BlockMismatch(f"[ShardDiT] the host's model class {module}.{name} is not one of ComfyUI's (comfy.ldm): "
+        raise BlockMismatch(f"the host's model class {module}.{name} is not one of ComfyUI's (comfy.ldm): "
                             "workers build ComfyUI's own models only")
     cls = getattr(importlib.import_module(module), name, None)
     if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
-        raise BlockMismatch(f"[ShardDiT] this worker's ComfyUI has no model class {module}.{name}: install the same "
+        raise BlockMismatch(f"this worker's ComfyUI has no model class {module}.{name}: install the same "
                             "ComfyUI version as the host")
     params = fit_params(cls, dict(config["unet_config"]))
     with torch.device("meta"):
@@ -116,7 +116,7 @@ def _build(config: dict) -> torch.nn.Module:
     try:
         block = dit.get_submodule(str(config["path"]))
     except AttributeError:
-        raise BlockMismatch(f"[ShardDiT] this worker's {type(dit).__name__} has no block {config['path']!r}: install "
+        raise BlockMismatch(f"this worker's {type(dit).__name__} has no block {config['path']!r}: install "
                             "the same ComfyUI version as the host") from None
     return copy.deepcopy(block)
 

@@ -28,6 +28,7 @@ import torch
 from ....parallel.blocks.sharding import BlockProxy, get_block_list
 from ..core.features import COMPILER_FLAG, CUDA_GRAPHS_FLAG, malloc_graph_active, malloc_graph_module
 from .hooks import routing_scope_wrapper
+from ....parallel.errors import InputError, RunError
 
 __all__ = ["CAPTURED", "SEQUENCE_UNDER_COMPILER", "check_no_block_object_patches", "cuda_graph_capturing",
            "guarded_routing_scope"]
@@ -50,7 +51,7 @@ def check_no_block_object_patches(model, block_lists) -> None:
     pattern = re.compile(r"diffusion_model\.(%s)\.(\d+)$" % "|".join(map(re.escape, block_lists)))
     for key, value in model.object_patches.items():
         if pattern.match(key):
-            raise ValueError(f"[ShardDiT] the MODEL's block {key.split('.', 1)[1]} is replaced by a "
+            raise InputError(f"the MODEL's block {key.split('.', 1)[1]} is replaced by a "
                              f"{type(value).__name__} (a per-block torch.compile such as KJNodes' "
                              f"TorchCompileModelWanVideo): sharding would drop it. {FIX}.")
 
@@ -62,7 +63,7 @@ def guarded_routing_scope(state, mode, executor, *args, **kwargs):
     for path in state.proxies:
         for i, have in enumerate(get_block_list(dit, path)):
             if not isinstance(have, BlockProxy):
-                raise ValueError(f"[ShardDiT] block {path}.{i} of {type(dit).__name__} was replaced at run time "
+                raise InputError(f"block {path}.{i} of {type(dit).__name__} was replaced at run time "
                                  f"by a {type(have).__name__} (a per-block torch.compile such as KJNodes' "
                                  f"TorchCompileModelWanVideo/V2): the shards would be bypassed. {FIX}.")
     if callable(mode):  # parallel=auto: decided per latent shape (auto_mode.AutoMode)
@@ -80,13 +81,13 @@ def _guard_compiler(router) -> None:
     prefetch = malloc_graph_module()
     router.block_scope = functools.partial(_block_scope, prefetch)
     if router.engine is not None:
-        router.engine.split_check = None if prefetch is None else functools.partial(_sequence_reason, prefetch)
+        router.engine.set_split_check(None if prefetch is None else functools.partial(_sequence_reason, prefetch))
 
 
 @contextlib.contextmanager
 def _block_scope(prefetch):
     if cuda_graph_capturing():
-        raise RuntimeError(CAPTURED)
+        raise RunError(CAPTURED)
     if prefetch is None:
         yield
         return

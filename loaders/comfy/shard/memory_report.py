@@ -34,6 +34,7 @@ from ....parallel.cost.mode import decide_parallel
 from ..core.component_placement import current_inventory
 from .resident_budgets import apply_resident_budgets
 from .hooks import get_shard_patchers, get_shard_state
+from ....parallel.errors import InputError
 
 log = logging.getLogger("sharddit")
 
@@ -138,7 +139,7 @@ def _per_device(rows) -> list[RankMemory]:
     for r in rows:
         o = out.get(r.device)
         out[r.device] = r if o is None else RankMemory(r.device, o.weights, o.prefetch + r.prefetch,
-                                                       o.activations + r.activations)
+                                                       o.activations + r.activations, o.resident + r.resident)
     return list(out.values())
 
 
@@ -148,7 +149,7 @@ def _check_fits(state, rows, noise_shape) -> None:
     usable = {d: inventory.get(d).available_bytes - reserve for d in inventory.names if d.startswith("cuda")}
     short = format_shortfalls(_per_device(rows), usable)
     if short:
-        raise ValueError(f"[ShardDiT] parallel 'sequence' does not fit latent {tuple(noise_shape)}: {short}. Fix: "
+        raise InputError(f"parallel 'sequence' does not fit latent {tuple(noise_shape)}: {short}. Fix: "
                          "parallel 'auto' or 'blocks', a smaller or shorter video, more devices, or a lower "
                          "reserve_vram_gb")
 

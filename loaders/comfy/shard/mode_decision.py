@@ -7,14 +7,15 @@ import logging
 
 from ....parallel.blocks.sharding import get_block_list
 from ....parallel.cost.mode import ModeDecision, decide_parallel
-from ....parallel.placement.devices import with_worker_shares
-from ....parallel.placement.planner import Footprint, PlacementRequest, plan_placement
+from ....parallel.placement.planner import plan_placement
+from ....parallel.placement.plan_types import Footprint, PlacementRequest
 from ....parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes
 from ..core.component_placement import current_inventory
 from ..models.specs import find_arch_spec, get_arch_spec
 from .hooks import known_state
 from .memory_report import block_kinds, sequence_refusal
 from .step_values import Devices, ModeChoice, ModeFacts, ShardPlan, ShardRequest
+from ....parallel.errors import InputError
 
 log = logging.getLogger("sharddit")
 
@@ -43,7 +44,7 @@ def choose_mode(facts: ModeFacts, parallel: str) -> ModeDecision:
     if parallel == "auto":
         return facts.auto_mode
     if parallel == "sequence" and facts.sequence_refusal:
-        raise ValueError(facts.sequence_refusal)  # at load: before any weight moves
+        raise InputError(facts.sequence_refusal)  # at load: before any weight moves
     return decide_parallel(parallel, facts.plan, None, None)
 
 
@@ -56,7 +57,7 @@ def plan_shards(request: ShardRequest, where: Devices) -> ShardPlan:
     footprint = _footprint(block_bytes, compute_non_block_bytes(dit, layout))
     inventory = request.inventory if request.inventory is not None else current_inventory()
     # with workers, each worker rank gets an equal share, kept here in RAM (a `cpu` entry) to send
-    placement = PlacementRequest(devices=with_worker_shares(where.local, len(where.remote)),
+    placement = PlacementRequest(devices=where.plan.with_worker_shares(),
                                  reserve_vram_gb=where.reserve_vram_gb)
     plan = plan_placement(inventory, footprint, placement)
     blocks = tuple((path, i, b) for path in layout.block_lists for i, b in enumerate(real_blocks(model, dit, path)))
@@ -68,7 +69,7 @@ def plan_shards(request: ShardRequest, where: Devices) -> ShardPlan:
     if token_specs is None and arch.token_specs is not None:  # sequence refused for this model: say why
         log.warning("[ShardDiT] %s", blocks_only)
     if where.remote and token_specs is None:
-        raise ValueError(f"[ShardDiT] {blocks_only}; worker devices in {where.devices!r} "
+        raise InputError(f"{blocks_only}; worker devices in {where.devices!r} "
                          "need sequence mode: use this machine's devices only")
     return ShardPlan(layout=layout, plan=plan, footprint=footprint, inventory=inventory, blocks=blocks,
                      block_bytes=block_bytes, block_kinds=kinds, auto_mode=auto, sequence_refusal=refusal,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 
 from ....parallel.cost.mode import DEFAULT_PARALLEL, check_parallel
+from ....parallel.placement.devices import DevicePlan, parse_device_plan
 from ....parallel.placement.plan_types import DEFAULT_DEVICES, DEFAULT_RESERVE_VRAM_GB
 from ..core.running_state import sync_pinned_memory
 from ..core.patcher_clone import clonable
@@ -28,7 +29,7 @@ from .sharded_model import get_or_build_shards
 __all__ = ["set_parallel_mode", "shard_model"]
 
 
-def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
+def shard_model(model, devices: DevicePlan | str = DEFAULT_DEVICES, reserve_vram_gb: float = DEFAULT_RESERVE_VRAM_GB,
                 inventory=None, parallel: str = DEFAULT_PARALLEL):
     """A sharded clone of ``model`` (a ComfyUI ModelPatcher, not mutated) running ``parallel``
     (``auto``, ``blocks`` or ``sequence``; the shards are the same for every mode).
@@ -39,8 +40,11 @@ def shard_model(model, devices: str = DEFAULT_DEVICES, reserve_vram_gb: float = 
     With ``devices="auto"`` a model ShardDiT cannot shard (an image UNet, a segmentation model that
     a sharded workflow's loader also feeds) is returned as it came, with one log line: ``auto``
     asks for the best this model allows, and the shard transform puts a Shard node after every
-    loader. A device list asks for sharding: there it is an error."""
-    if str(devices).strip().lower() == "auto":
+    loader. A device list asks for sharding: there it is an error.
+
+    ``devices``: the node's input, parsed here once (or its ``DevicePlan``, already parsed)."""
+    devices = devices if isinstance(devices, DevicePlan) else parse_device_plan(devices)
+    if devices.auto and not devices.members:
         reason = unshardable_reason(type(model.get_model_object("diffusion_model")).__name__)
         if reason is not None:
             logging.getLogger("sharddit").info("%s; devices 'auto': the model passes through unsharded", reason)

@@ -2,6 +2,7 @@
 import nodes as comfy_nodes  # ComfyUI's nodes.py (the pack's nodes/ is never on sys.path)
 
 from ....parallel.cost.mode import DEFAULT_PARALLEL
+from ....parallel.placement.devices import parse_device_plan
 from ....parallel.placement.plan_types import DEFAULT_RESERVE_VRAM_GB
 from ..core.multigpu import check_home_device
 from ..models.checks import check_latent
@@ -36,7 +37,8 @@ def sharded_for_sampler(model, devices: str, parallel: str = DEFAULT_PARALLEL):
     incoming model (while its shard state is the live one for these weights) and reused by every
     later prompt."""
     clones = model.__dict__.setdefault(_CLONES_ATTR, {})
-    key = (str(devices).strip(), str(parallel).strip(), auto_members(devices))  # auto follows joins and leaves
+    devices = parse_device_plan(devices)  # the node's input, parsed once
+    key = (devices.text.strip(), str(parallel).strip(), auto_members(devices))  # auto follows joins and leaves
     cached = clones.get(key)
     if cached is not None and is_current_state(cached):
         return cached

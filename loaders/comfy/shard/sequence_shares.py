@@ -16,18 +16,18 @@ from __future__ import annotations
 import logging
 
 from ....parallel.cost.inputs import gpu_flops, table_gpu_name
-from ....parallel.placement.devices import parse_devices
+from ....parallel.placement.devices import DevicePlan
 
 __all__ = ["describe_shares", "rank_speeds"]
 
 log = logging.getLogger("sharddit")
 
 
-def rank_speeds(devices: str, ranks, inventory, n_remote: int = 0) -> tuple[tuple[float, ...] | None, str]:
-    """(speeds per rank or None for even shares, why). ``devices``: this machine's part of the
-    ``devices`` input; ``ranks``: the engine's devices in rank order (workers last, ``n_remote``)."""
-    listed = parse_devices(devices) if devices and devices.strip() != "auto" else None
-    if listed is not None and listed.weighted and len(listed.entries) == len(ranks) - n_remote:
+def rank_speeds(listed: DevicePlan, ranks, inventory, n_remote: int = 0) -> tuple[tuple[float, ...] | None, str]:
+    """(speeds per rank or None for even shares, why). ``listed``: the ``devices`` input's plan
+    (its ``entries``: this machine's part); ``ranks``: the engine's devices in rank order (workers
+    last, ``n_remote``)."""
+    if listed.weighted and len(listed.entries) == len(ranks) - n_remote:
         weights = [e.weight for e in listed.entries] + ([min(e.weight for e in listed.entries)] * n_remote)
         return tuple(weights), "the devices' weights"
     if n_remote or any(not str(r).startswith("cuda") for r in ranks):

@@ -40,6 +40,7 @@ from comfy.patcher_extension import CallbacksMP, WrappersMP
 from ....parallel.blocks.routing import BlockRouter
 from ....parallel.blocks.sharding import build_block_proxies
 from ....parallel.sequence.engine import attach_sequence_engine
+from ....parallel.placement.devices import DevicePlan
 from .compile_guard import check_no_block_object_patches
 from ..core.multigpu import check_incoming, refuse_full_copies
 from ..remote.host_workers import attach_workers, decide_worker_weights, patch_versions
@@ -48,16 +49,14 @@ from .memory_report import MEMORY_KEY, MODE_KEY, REQUESTED_KEY, sequence_memory_
 from .resident_budgets import drop_resident_wrapper
 from .sequence_shares import describe_shares, rank_speeds
 from ..core.component_placement import record_dit
-from .hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_patchers,
-                          get_shard_state, is_current_state, is_sharded, keep_state, prepare_sampling_wrapper,
-                          release_shards_on_detach, sync_shard_patches)
+from .hooks import (ATTACHMENT_KEY, SHARD_KEY, ShardRootEntry, ShardRuntime, ShardState, get_shard_state, keep_state,
+                    prepare_sampling_wrapper, release_shards_on_detach, sync_shard_patches)
 from .step_values import Devices, ModeChoice, ShardPlan, ShardRequest, Shards
 from ..remote.worker_blocks import describer
 
 log = logging.getLogger("sharddit")
 
-__all__ = ["ShardRoot", "ShardState", "get_or_build_shards", "get_shard_patchers", "get_shard_state",
-           "is_current_state", "is_sharded", "sync_shard_patches"]
+__all__ = ["ShardRoot", "get_or_build_shards"]
 
 class ShardRoot(torch.nn.Module):
     """One device's blocks, named exactly as in the full model (``diffusion_model.blocks.N``)."""
@@ -118,7 +117,7 @@ def _build_state(base, where: Devices, planned: ShardPlan) -> ShardState:
     plan, blocks, block_bytes, remote = planned.plan, planned.blocks, planned.block_bytes, where.remote
     n_local = len(plan.block_ranges) - len(remote)
     keep_all = decide_worker_weights(where.devices, remote, plan, block_bytes, n_local) if remote else False
-    record_dit(planned.footprint, ",".join(r.device for r in plan.block_ranges))
+    record_dit(planned.footprint, DevicePlan.of_devices(r.device for r in plan.block_ranges))
     dit = base.get_model_object("diffusion_model")
     log.info("[ShardDiT] %s: %d blocks sharded over %r\n%s", type(dit).__name__, len(block_bytes), where.local,
              plan.to_text(planned.inventory))
@@ -150,13 +149,13 @@ def _attach_engine(base, dit, where: Devices, planned: ShardPlan, router, proxie
     # The RAM-held share (a `cpu` entry) stays in ComfyUI's pageable tensors: GPU ranks stream it
     # through the ring's pinned bounce buffers (parallel/sequence/stream.py says why not pin it once:
     # ComfyUI's weight patches replace those tensors; pinning tens of GiB starves the host).
-    engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], planned.token_specs, ranks)
-    speeds, why = rank_speeds(where.local, ranks, planned.inventory, len(remote))
+    engine = attach_sequence_engine(router, [p for pl in proxies.values() for p in pl], planned.token_specs, ranks,
+                                    should_stop=mm.throw_exception_if_processing_interrupted,
+                                    interrupt_exceptions=(mm.InterruptProcessingException,))
+    speeds, why = rank_speeds(where.plan, ranks, planned.inventory, len(remote))
     engine.set_speeds(speeds)
     if speeds is not None:
         log.info("[ShardDiT] sequence shares of tokens and heads by %s: %s", why, describe_shares(ranks, speeds))
-    engine.should_stop = mm.throw_exception_if_processing_interrupted
-    engine.interrupt_exceptions = (mm.InterruptProcessingException,)
     if not remote:
         return
     n_local = len(plan.block_ranges) - len(remote)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ....parallel.cost.mode import ModeDecision
+from ....parallel.placement.devices import DevicePlan
 from ....parallel.placement.inventory import Inventory
 from ....parallel.placement.plan_types import Plan
 
@@ -22,7 +23,7 @@ class ShardRequest:
     ``devices`` keeping ``reserve_vram_gb`` free per GPU, and run it in ``parallel`` (checked)."""
 
     model: object
-    devices: str
+    devices: DevicePlan  # the node's input, parsed once (parse_device_plan)
     reserve_vram_gb: float
     parallel: str  # auto | blocks | sequence
     inventory: Inventory | None = None  # None: this machine's, read when planning
@@ -32,10 +33,23 @@ class ShardRequest:
 class Devices:
     """Step 1: ``devices`` with ``auto`` resolved, split into this machine's and the workers'."""
 
-    devices: str  # as resolved: this machine's devices and NAME/DEVICE worker entries
-    local: str  # this machine's part
-    remote: tuple  # ((worker name, device), ...), checked: each joined and listed once
+    plan: DevicePlan  # as resolved: this machine's devices and the workers' members, checked
     reserve_vram_gb: float
+
+    @property
+    def devices(self) -> str:
+        """The resolved devices as text (messages quote it)."""
+        return self.plan.text
+
+    @property
+    def local(self) -> str:
+        """This machine's part, as text (the log quotes it)."""
+        return self.plan.local
+
+    @property
+    def remote(self) -> tuple:
+        """((worker name, device), ...), checked: each joined and listed once."""
+        return self.plan.members
 
     @property
     def request_key(self) -> tuple[str, float]:
@@ -62,7 +76,7 @@ class ShardPlan:
 
     layout: object  # blocks.routing.BlockLayout
     plan: Plan
-    footprint: object  # placement.planner.Footprint
+    footprint: object  # placement.plan_types.Footprint
     inventory: Inventory
     blocks: tuple  # ((block list path, index, real block), ...) in global order
     block_bytes: tuple

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 
 import torch
+from ....parallel.errors import InputError
 
 log = logging.getLogger("sharddit")
 
@@ -35,7 +36,7 @@ def is_audio_vae(vae) -> bool:
 def video_latent(vae, latent) -> torch.Tensor:
     """The tensor to decode from ``samples["samples"]``; ValueError naming the fix otherwise."""
     if is_audio_vae(vae):
-        raise ValueError(f"[ShardDiT] this VAE ({type(vae.first_stage_model).__name__}) decodes audio, not "
+        raise InputError(f"this VAE ({type(vae.first_stage_model).__name__}) decodes audio, not "
                          f"frames; ShardDiT's tiled decode outputs IMAGE: {AUDIO_FIX}")
     if not is_nested(latent):
         return latent
@@ -44,8 +45,8 @@ def video_latent(vae, latent) -> torch.Tensor:
     channels = getattr(vae, "latent_channels", None)
     video = [i for i, t in enumerate(parts) if t.ndim == 5 and t.shape[1] == channels]
     if len(video) != 1:
-        raise ValueError(
-            f"[ShardDiT] combined latent of {len(parts)} parts ({shapes}) has {len(video)} parts that are "
+        raise InputError(
+            f"combined latent of {len(parts)} parts ({shapes}) has {len(video)} parts that are "
             f"5-D video latents with this VAE's {channels} channels, not one; split it with "
             f"'LTXVSeparateAVLatent' and connect its video_latent"
         )
@@ -70,7 +71,7 @@ def check_latent_channels(vae, latent: torch.Tensor) -> None:
     got = latent.shape[1]
     made = CHANNEL_FAMILIES.get(got)
     hint = f" (latents of {made} have {got})" if made else ""
-    raise ValueError(f"[ShardDiT] the latent has {got} channels (shape {tuple(latent.shape)}), but this VAE "
+    raise InputError(f"the latent has {got} channels (shape {tuple(latent.shape)}), but this VAE "
                      f"({type(vae.first_stage_model).__name__}) decodes {want}-channel latents{hint}: connect the VAE "
                      f"of the model that made the latent ({CHANNEL_FAMILIES.get(want, 'this VAE')}'s VAE takes "
                      f"{want} channels)")

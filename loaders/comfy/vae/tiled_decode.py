@@ -36,11 +36,12 @@ import comfy.model_patcher
 import comfy.utils
 
 from ....parallel.tiling.replicas import check_decode_device_count, select_decoder_devices
-from ....parallel.placement.devices import DEVICES_FORM, check_devices_exist, parse_devices
+from ....parallel.placement.devices import DevicePlan, check_devices_exist, parse_device_plan
 from ....parallel.placement.inventory import read_inventory
 from ..core.component_placement import current_inventory
 from .latent_inputs import check_latent_channels, delegate_to_core, output_dtype, video_latent
 from ....parallel.tiling import TilePlan, TileSpec, plan_decode, run_tiled
+from ....parallel.errors import InputError
 
 log = logging.getLogger("sharddit")
 
@@ -79,28 +80,28 @@ def parse_tile_batch_size(value) -> int | None:
     except ValueError:
         size = 0
     if size < 1:
-        raise ValueError(f"tile_batch_size {value!r} is not valid; use {BATCH_FORM} (tiles per decoder call)")
+        raise InputError(f"tile_batch_size {value!r} is not valid; use {BATCH_FORM} (tiles per decoder call)")
     return size
 
 
 def check_decode_devices(devices: str) -> None:
     """``validate_inputs`` checks of a VAE ``devices`` input: syntax, length, devices exist."""
-    parsed = parse_devices(devices)
+    parsed = parse_device_plan(devices, workers=False)
     if not parsed.auto:
         check_decode_device_count(len(parsed.entries))
         inventory = read_inventory()
         check_devices_exist(parsed.unique_devices, inventory.names, inventory.hidden_note)
 
 
-def resolve_decode_devices(vae, devices: str) -> list[torch.device]:
-    """Devices for the decode, one replica each, first = the VAE's own device when listed."""
-    parsed = parse_devices(devices)
+def resolve_decode_devices(vae, parsed: DevicePlan) -> list[torch.device]:
+    """Devices for the decode (the node's ``devices``, parsed once), one replica each, first = the
+    VAE's own device when listed."""
     if parsed.auto:
         return _auto_devices(vae)
     check_decode_device_count(len(parsed.entries))
     if parsed.weighted:
         log.warning("[ShardDiT] VAE decode ignores device weights in %r: each device takes the next batch "
-                    "when it is free", devices)
+                    "when it is free", parsed.text)
     names = [e.device for e in parsed.entries]
     inventory = read_inventory()
     check_devices_exist(dict.fromkeys(names), inventory.names, inventory.hidden_note)
@@ -200,10 +201,16 @@ def _tile_memory(vae, latent_shape, tile) -> int:
     return max(1, int(vae.memory_used_decode((1, latent_shape[1]) + tuple(tile.size), vae.vae_dtype)))
 
 
-def plan_video_decode(vae, reps, latent_shape, spec: TileSpec, batch: int | None) -> TilePlan:
-    """Load the replicas (ComfyUI accounting) and cut tiles into batches (``batch`` None = auto)."""
-    probe = plan_decode(latent_shape, spec, vae.output_channels, 1)
-    one_tile = max(_tile_memory(vae, latent_shape, t) for t in probe.tiles)
+def probe_tiles(vae, latent_shape, spec: TileSpec, batch: int | None) -> tuple[int, int]:
+    """(decoder calls at ``batch`` tiles per call, None: 1; ComfyUI's decode-memory estimate of the
+    largest tile): what choosing the decoders and loading them needs, computed once per decode."""
+    probe = plan_decode(latent_shape, spec, vae.output_channels, batch or 1)
+    return len(probe.batches), max(_tile_memory(vae, latent_shape, t) for t in probe.tiles)
+
+
+def plan_video_decode(vae, reps, latent_shape, spec: TileSpec, batch: int | None, one_tile: int) -> TilePlan:
+    """Load the replicas (ComfyUI accounting: ``one_tile`` bytes per tile of a call, ``probe_tiles``)
+    and cut tiles into batches (``batch`` None = auto)."""
     mm.load_models_gpu([r.patcher for r in reps], memory_required=one_tile * (batch or 1),
                        force_full_load=vae.disable_offload)
     if batch is not None:
@@ -234,17 +241,17 @@ def decode_tiled(vae, samples: dict, tile_size: int, overlap: int, temporal_size
     if delegate_to_core(vae):
         return _decode_core(vae, latent, tile, overlap_l, tile_batch_size, devices)
     if latent.ndim != 5:
-        raise ValueError(
-            f"[ShardDiT] latent of shape {tuple(latent.shape)} is {latent.ndim}-D, but this is a video VAE "
+        raise InputError(
+            f"latent of shape {tuple(latent.shape)} is {latent.ndim}-D, but this is a video VAE "
             f"(temporal compression {vae.temporal_compression_decode()}): it needs a 5-D latent "
             f"(batch, channels, frames, height, width). Connect the video latent from the sampler."
         )
     check_latent_channels(vae, latent)
     spec = TileSpec.build(tile, overlap_l, vae.upscale_ratio, vae.upscale_index_formula)
-    probe = plan_decode(tuple(latent.shape), spec, vae.output_channels, batch or 1)
-    one_tile = max(_tile_memory(vae, tuple(latent.shape), t) for t in probe.tiles)
-    reps = replicas_for(vae, bound_devices(vae, resolve_decode_devices(vae, devices), len(probe.batches), one_tile))
-    plan = plan_video_decode(vae, reps, tuple(latent.shape), spec, batch)
+    calls, one_tile = probe_tiles(vae, tuple(latent.shape), spec, batch)
+    reps = replicas_for(vae, bound_devices(vae, resolve_decode_devices(vae, parse_device_plan(devices, workers=False)),
+                                           calls, one_tile))
+    plan = plan_video_decode(vae, reps, tuple(latent.shape), spec, batch, one_tile)
     reps = reps[:len(plan.batches)]
     log.info("[ShardDiT] VAE decode: %d tiles in %d decoder calls on %s", len(plan.tiles), len(plan.batches),
              ", ".join(str(r.device) for r in reps))
@@ -271,5 +278,5 @@ def _decode_core(vae, latent, tile, overlap, tile_batch_size, devices) -> torch.
     return images
 
 
-__all__ = ["BATCH_FORM", "DEVICES_FORM", "core_tile_params", "decode_tiled", "make_replica", "parse_devices",
+__all__ = ["BATCH_FORM", "core_tile_params", "decode_tiled", "make_replica",
            "parse_tile_batch_size", "replicas_for", "resolve_decode_devices"]
