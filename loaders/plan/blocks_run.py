@@ -8,7 +8,7 @@ import logging
 from ...parallel.units import GiB
 from .block_plan import plan_blocks
 from .context import SimContext
-from .fake_forward import first_blocks_only, run_fake_forward
+from .fake_forward import run_fake_forward
 from .findings import SimulationReport, device_report, usable_bytes
 
 log = logging.getLogger("sharddit")
@@ -21,12 +21,15 @@ def simulate_blocks(ctx: SimContext, batch: int, batch_given: bool) -> Simulatio
     spec, inventory = ctx.spec, ctx.inventory
     reserve = int(ctx.request.reserve_vram_gb * GiB)
     first = inventory.gpus[0].device if inventory.gpus else "cpu"
-    with first_blocks_only(ctx.dit, ctx.layout) as n_blocks:
-        headroom = run_fake_forward(ctx, batch, [first] * n_blocks, first)[first][1]
-    for _ in range(2):  # the probe's headroom; then, where needed, the sharded run's own peak
-        plan, error, block_devices, home = plan_blocks(ctx, headroom)
-        measured = run_fake_forward(ctx, batch, block_devices, home)
-        devices = [device_report(inventory, d, usable_bytes(inventory, d, reserve), *measured.get(d, (0, 0)),
+    headroom, plan, error, block_devices, home = None, None, None, None, first
+    for _ in range(3):  # the probe; the plan with its headroom; where needed, with the sharded run's own peak
+        if headroom is not None:
+            plan, error, block_devices, home = plan_blocks(ctx, headroom)
+        measured, _ = run_fake_forward(ctx, batch, block_devices, home, first_only=headroom is None)
+        if headroom is None:
+            headroom = measured[first].peak_activations
+            continue
+        devices = [device_report(inventory, d, usable_bytes(inventory, d, reserve), *_memory(measured, d),
                                  block_devices, home) for d in dict.fromkeys([home, *block_devices])]
         peak = max(d.peak_activations for d in devices)
         if plan is None or not any(d.shortfall for d in devices) or peak <= headroom:
@@ -40,3 +43,8 @@ def simulate_blocks(ctx: SimContext, batch: int, batch_given: bool) -> Simulatio
         home_bytes=ctx.home_bytes)
     log.info("[ShardDiT] simulated %s batch %d: %s", spec.name, batch, "fits" if report.fits else "does not fit")
     return report
+
+
+def _memory(measured: dict, device: str) -> tuple[int, int]:
+    m = measured.get(device)
+    return (m.weights, m.peak_activations) if m else (0, 0)

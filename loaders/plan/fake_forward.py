@@ -1,13 +1,16 @@
-"""One DiT forward on fake devices, the way ``dry_run`` needs it (ComfyUI classes, pure fakes).
+"""One DiT forward on fake devices, the way the dry run needs it (ComfyUI classes, pure fakes).
 
-- every block's weights on its planned fake device, the rest on ``home``; the pack's own engine
-  (``parallel/blocks/sharding.attach_block_sharding``) routes the forward, then ``detach()``;
-- the DiT is called as ComfyUI's sampler calls it, with inputs of the family's shapes;
+``parallel/simulate.simulated_forward`` does the fake part: every block's weights on its planned
+fake device, the rest on ``home``, the pack's own engine routing the forward, every storage counted
+per device, everything back on ``meta`` afterwards. This module adds ComfyUI's side:
+
+- the DiT is called as ComfyUI's sampler calls it, with inputs of the family's shapes
+  (``comfy_families``: the latent, the extra inputs, whether scalars are read off tensors);
 - attention is an output-only stand-in (flash / memory-efficient semantics) through ComfyUI's own
-  ``transformer_options["optimized_attention_override"]`` hook AND by swapping the module-level
-  ``optimized_attention`` names for the duration of the forward (always restored), so call sites
-  that do not pass ``transformer_options`` are covered too;
-- afterwards every tensor goes back to ``meta``: nothing fake leaks, the next run starts clean.
+  ``transformer_options["optimized_attention_override"]`` hook AND, for a `blocks` forward, by
+  swapping the module-level ``optimized_attention`` names for the duration of the forward (always
+  restored), so call sites that do not pass ``transformer_options`` are covered too (a `sequence`
+  forward keeps them: the engine's exchange wraps the override).
 """
 from __future__ import annotations
 
@@ -16,86 +19,35 @@ import sys
 
 import torch
 
-from ...parallel.blocks.sharding import attach_block_sharding, get_block_list
-from ...parallel.placement.sizing import get_blocks
-from ...parallel.simulate import (MemoryTracker, fake_device_mode, flash_attention_standin, materialize_planned,
-                                  modules_move_in_place)
+from ...parallel.simulate import flash_attention_standin, simulated_forward
 from ..comfy.models.comfy_families import comfy_family
 from .context import SimContext
 
-__all__ = ["back_to_meta", "call_dit", "first_blocks_only", "run_fake_forward"]
+__all__ = ["run_fake_forward"]
 
 
-def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str], home: str) -> dict:
-    """One fake forward; {device: (weight bytes, peak activation bytes)}."""
-    dit, layout = ctx.dit, ctx.layout
-    blocks = get_blocks(dit, layout)
-    try:
-        with fake_device_mode(comfy_family(ctx.spec.family).sim_scalars), _attention_standin():
-            materialize_planned(dit, blocks, block_devices, home)
-            handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
-                                           torch.device(home))
-            try:
-                with MemoryTracker(dit, *blocks) as tracker, handle.router.forward_scope():
-                    del_out = call_dit(ctx, dit, batch, torch.device(home))
-                    del del_out
-            finally:
-                handle.detach()
-    finally:
-        back_to_meta(dit)
-    return {d: (m.weights, m.peak_activations) for d, m in tracker.report().items()}
+def run_fake_forward(ctx: SimContext, batch: int, block_devices: list[str] | None, home: str,
+                     first_only: bool = False, engine=None):
+    """One fake forward of ``ctx``'s DiT at ``batch``: ({device: ``DeviceMemory``}, what ``engine``'s
+    ``after`` returned). ``block_devices`` None: all on ``home``; ``first_only`` and ``engine``: as
+    ``simulated_forward`` takes them (the probe; the `sequence` engine)."""
+    family = comfy_family(ctx.spec.family)
+    g = ctx.spec.geometry
 
+    def forward(home_device: torch.device) -> None:
+        def empty(*shape, dt=ctx.compute_dtype):  # one per sample: the batch comes first
+            return torch.empty((batch, *shape), dtype=dt, device=home_device)
 
-@contextlib.contextmanager
-def first_blocks_only(dit, layout):
-    """Keep only the first block of each block list (a probe for the planner's activation
-    headroom: the blocks of a list are alike, so one of each shows the per-device peak). An empty
-    list stays empty (HunyuanVideo 1.5 has no single blocks); yields how many blocks are kept."""
-    saved, kept = [], 0
-    for path in layout.block_lists:
-        parent, _, name = ("." + path).rpartition(".")
-        owner = get_block_list(dit, parent[1:]) if parent else dit
-        saved.append((owner, name, getattr(owner, name)))
-        setattr(owner, name, torch.nn.ModuleList(list(getattr(owner, name))[:1]))
-        kept += len(getattr(owner, name))
-    try:
-        yield kept
-    finally:
-        for owner, name, blocks in saved:
-            setattr(owner, name, blocks)
+        latent = torch.empty(g.latent_shape(*ctx.size, batch), dtype=ctx.compute_dtype, device=home_device)
+        x = family.sim_latent(latent, ctx.size[2], empty)
+        options = {"optimized_attention_override": _attention_override}
+        out = ctx.dit(x, empty(dt=torch.float32), empty(g.context_tokens, g.context_dim),
+                      transformer_options=options, **family.sim_inputs(ctx.spec.unet_config, g, empty))
+        del out
 
-
-def back_to_meta(dit) -> None:
-    """Back to ``meta`` after a run: the next run starts clean and no fake tensor leaks out."""
-    memo = {}
-    for mod in dit.modules():
-        for name, p in list(mod._parameters.items()):
-            if p is not None:
-                if id(p) not in memo:
-                    meta = torch.empty(p.shape, dtype=p.dtype, device="meta")
-                    memo[id(p)] = torch.nn.Parameter(meta, requires_grad=False)
-                mod._parameters[name] = memo[id(p)]
-        for name, b in list(mod._buffers.items()):
-            if b is not None:
-                mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="meta")
-
-
-def call_dit(ctx: SimContext, dit, batch: int, home: torch.device):
-    """Call the DiT as ComfyUI's sampler does, with inputs of the family's shapes on ``home``."""
-    spec, dtype = ctx.spec, ctx.compute_dtype
-    g = spec.geometry
-
-    def empty(*shape, dt=dtype):  # one per sample: the batch comes first
-        return torch.empty((batch, *shape), dtype=dt, device=home)
-
-    family = comfy_family(spec.family)
-    x = family.sim_latent(torch.empty(g.latent_shape(*ctx.size, batch), dtype=dtype, device=home), ctx.size[2], empty)
-    t = empty(dt=torch.float32)
-    context = empty(g.context_tokens, g.context_dim)
-    options = {"optimized_attention_override": _attention_override}
-    kwargs = family.sim_inputs(spec.unet_config, g, empty)
-    with modules_move_in_place(dit):
-        return dit(x, t, context, transformer_options=options, **kwargs)
+    with _attention_standin() if engine is None else contextlib.nullcontext():
+        return simulated_forward(ctx.dit, ctx.layout, block_devices, home, forward, scalars=family.sim_scalars,
+                                 first_only=first_only, engine=engine)
 
 
 def _attention_override(func, *args, **kwargs):

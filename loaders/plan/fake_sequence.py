@@ -16,17 +16,12 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from ...parallel.cost.memory import RankMemory
-from ...parallel.sequence.engine import attach_sequence_engine
-from ...parallel.blocks.sharding import attach_block_sharding
-from ...parallel.simulate import MemoryTracker, fake_device_mode, materialize_planned
-from ..comfy.models.comfy_families import comfy_family
-from ...parallel.placement.sizing import get_blocks
-from .context import SimContext
-from .fake_forward import back_to_meta, call_dit
 from ...parallel.errors import InputError
+from ...parallel.sequence.engine import attach_sequence_engine
+from ..comfy.models.specs import find_arch_spec
+from .context import SimContext
+from .fake_forward import run_fake_forward
 
 __all__ = ["plan_sequence_peaks", "run_fake_sequence_forward"]
 
@@ -36,44 +31,29 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     """Peaks per rank (in rank order) of one `sequence` forward at ``batch`` (1, or 2 = cond+uncond);
     ``speeds``: the ranks' relative speeds, as the engine splits by them (None: even shares);
     ``resident``: bytes per rank it may keep of the blocks it streams (``SequenceEngine.keep_resident``)."""
-    from ..comfy.models.specs import find_arch_spec
-
-    dit, layout = ctx.dit, ctx.layout
-    blocks = get_blocks(dit, layout)
     ranks = list(dict.fromkeys(block_devices))
-    token_specs, why = find_arch_spec(type(dit).__name__).sequence_specs(dit)
+    token_specs, why = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
     if token_specs is None:
         raise InputError(f"{why}")
-    try:
-        with fake_device_mode(comfy_family(ctx.spec.family).sim_scalars) as mode:
-            materialize_planned(dit, blocks, block_devices, home)
-            handle = attach_block_sharding(dit, layout, [torch.device(d) for d in block_devices],
-                                           torch.device(home))
-            tracker = MemoryTracker(dit, *blocks)
 
-            @contextlib.contextmanager
-            def worker_context():
-                with mode, tracker.thread_view():
-                    yield
+    def engine(handle, mode, tracker):
+        @contextlib.contextmanager
+        def worker_context():
+            with mode, tracker.thread_view():
+                yield
 
-            proxies = [p for pl in handle.proxies.values() for p in pl]
-            engine = attach_sequence_engine(handle.router, proxies, token_specs, ranks, timeout_s=600,
-                                            worker_context=worker_context, serialize=True)
-            engine.set_speeds(speeds)
-            if resident is not None:
-                engine.keep_resident(resident)
-            try:
-                with tracker, handle.router.forward_scope(sequence=True):
-                    out = call_dit(ctx, dit, batch, torch.device(home))
-                    del out
-                prefetch = [_buffer_bytes(s) for s in engine.streams]
-                kept = [s.resident_bytes() for s in engine.streams]
-            finally:
-                engine.close()
-                handle.detach()
-    finally:
-        back_to_meta(dit)
-    measured = tracker.report()
+        proxies = [p for pl in handle.proxies.values() for p in pl]
+        seq = attach_sequence_engine(handle.router, proxies, token_specs, ranks, timeout_s=600,
+                                     worker_context=worker_context, serialize=True)
+        seq.set_speeds(speeds)
+        if resident is not None:
+            seq.keep_resident(resident)
+
+        def after():  # the ring buffers each rank filled, and what it kept resident
+            return [_buffer_bytes(s) for s in seq.streams], [s.resident_bytes() for s in seq.streams]
+        return after, seq.close
+
+    measured, (prefetch, kept) = run_fake_forward(ctx, batch, block_devices, home, engine=engine)
     out = []
     for rank, dev in enumerate(ranks):
         m = measured.get(dev)
@@ -86,11 +66,10 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
 def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], home: str):
     """The plan's bytes per rank (``cost/memory.plan_sequence_memory``) for the forward
     ``run_fake_sequence_forward`` runs with the same arguments; block kinds are (block list, bytes)."""
-    from ...parallel.families import activation_variant
-    from ...parallel.cost.memory import plan_sequence_memory
     from ...parallel.blocks.sharding import get_block_list
-
-    from ..comfy.models.specs import find_arch_spec
+    from ...parallel.cost.memory import plan_sequence_memory
+    from ...parallel.families import activation_variant
+    from ...parallel.placement.sizing import get_blocks
 
     shape = ctx.shape
     specs, _ = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
@@ -104,7 +83,7 @@ def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], h
     return plan_sequence_memory(variant, shape.width, shape.image_tokens(*ctx.size), batch,
                                 list(dict.fromkeys(block_devices)), ctx.block_bytes, block_devices, home,
                                 ctx.home_bytes, kinds, ctx.spec.geometry.context_tokens,
-                                torch.empty((), dtype=ctx.compute_dtype).element_size(), shape.heads, whole=whole)
+                                ctx.compute_dtype.itemsize, shape.heads, whole=whole)
 
 
 def _buffer_bytes(stream) -> int:

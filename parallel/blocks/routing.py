@@ -133,6 +133,14 @@ class BlockRouter:
         self._engine = engine
 
     # ---- registration (build_block_proxies) -------------------------------------------------
+    def add_slots(self, specs) -> list[BlockSlot]:
+        """A registered ``BlockSlot`` per tuple of its fields (index, device, list index, stream
+        positions, stream names), in order."""
+        slots = [BlockSlot(*spec) for spec in specs]
+        for slot in slots:
+            self.register(slot)
+        return slots
+
     def register(self, slot: BlockSlot) -> None:
         self._slots[slot.index] = slot
         last_of_list = {}

@@ -17,6 +17,7 @@ have fall back to the real block. Routing rules (what moves, when, how often) ar
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ __all__ = [
     "build_block_proxies",
     "get_block_list",
     "needs_home_every_block",
+    "sharded",
 ]
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -113,13 +115,16 @@ def build_block_proxies(blocks: Sequence[torch.nn.Module], devices: Sequence, ho
         global_indices = range(start, start + len(blocks))
     if len(global_indices) != len(blocks):
         raise InputError(f"{len(blocks)} blocks but {len(global_indices)} global indices")
-    proxies = []
-    for block, dev, g in zip(blocks, devices, global_indices):
-        pos, names = _resolve_stream(block, layout.stream_args[list_index], layout.block_lists[list_index])
-        slot = BlockSlot(int(g), normalize_device(dev, f"device of block {g}"), list_index, pos, names)
-        router.register(slot)
-        proxies.append(BlockProxy(block, slot, router))
-    return proxies
+    slots = router.add_slots(_slot_specs(blocks, devices, layout, list_index, global_indices))
+    return [BlockProxy(block, slot, router) for block, slot in zip(blocks, slots, strict=True)]
+
+
+def _slot_specs(blocks, devices, layout: BlockLayout, list_index: int, global_indices) -> list[tuple]:
+    """Per block of one list: (global index, device, list index, stream positions, stream names),
+    the fields of its ``BlockSlot``."""
+    path, spec = layout.block_lists[list_index], layout.stream_args[list_index]
+    return [(int(g), normalize_device(dev, f"device of block {g}"), list_index, *_resolve_stream(block, spec, path))
+            for block, dev, g in zip(blocks, devices, global_indices, strict=True)]
 
 
 def _list_index(layout: BlockLayout, router: BlockRouter, block_list) -> int:
@@ -234,13 +239,15 @@ def attach_block_sharding(module: torch.nn.Module, layout: BlockLayout, block_de
         raise InputError(f"{type(module).__name__} is already sharded: detach the first handle")
     devices = [normalize_device(d, f"device of block {g}") for g, d in enumerate(block_devices)]
     params, buffers = _record_placement(module)
+    specs, g = {}, 0
+    for path, blocks in lists.items():  # every slot's fields first, then the router holds them all
+        specs[path] = _slot_specs(list(blocks), devices[g:g + len(blocks)], layout, layout.block_lists.index(path),
+                                  range(g, g + len(blocks)))
+        g += len(blocks)
     router = BlockRouter(layout, home)
-    proxies, g = {}, 0
-    for path, blocks in lists.items():
-        n = len(blocks)
-        proxies[path] = torch.nn.ModuleList(build_block_proxies(
-            list(blocks), devices[g:g + n], home, router, range(g, g + n), block_list=path))
-        g += n
+    proxies = {path: torch.nn.ModuleList([BlockProxy(b, slot, router)
+                                          for b, slot in zip(lists[path], router.add_slots(spec), strict=True)])
+               for path, spec in specs.items()}
     for path, plist in proxies.items():
         _set_block_list(module, path, plist)
     memo: dict = {}
@@ -249,6 +256,16 @@ def attach_block_sharding(module: torch.nn.Module, layout: BlockLayout, block_de
     for block, dev in zip(blocks, devices):
         _move_tree(block, dev, memo)
     return ShardHandle(module, layout, router, proxies, lists, params, buffers)
+
+
+@contextlib.contextmanager
+def sharded(module: torch.nn.Module, layout: BlockLayout, block_devices: Sequence, home):
+    """``attach_block_sharding`` for the length of a ``with`` (yields the handle); detached on exit."""
+    handle = attach_block_sharding(module, layout, block_devices, home)
+    try:
+        yield handle
+    finally:
+        handle.detach()
 
 
 def _record_placement(module: torch.nn.Module):

@@ -7,9 +7,11 @@ lines here and would not save code (and accelerate is not a dependency of the pa
 """
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch
 
-from ..blocks.sharding import BlockProxy, get_block_list
+from ..blocks.sharding import BlockProxy
 from ..blocks.routing import BlockLayout
 
 __all__ = [
@@ -23,7 +25,7 @@ def get_blocks(module: torch.nn.Module, layout: BlockLayout) -> list[torch.nn.Mo
     """The real blocks in global order (a ``BlockProxy`` yields the block behind it)."""
     out = []
     for path in layout.block_lists:
-        for b in get_block_list(module, path):
+        for b in attrgetter(path)(module):  # a dotted path: the list under its parents
             out.append(b.real_block if isinstance(b, BlockProxy) else b)
     return out
 
