@@ -13,13 +13,13 @@ from sharddit.parallel.cost.baselines import (
     compare_with_core,
     core_baselines,
     estimate_activation_bytes,
-    estimate_core_cfg_split,
-    estimate_dynamic_vram,
 )
 from sharddit.parallel.cost.inputs import DEFAULT_HOST_LINK_GBPS
 from sharddit.parallel.families import shape_from_config, shape_from_spec
 from sharddit.parallel.cost.model import (
     Hardware,
+    estimate_core_cfg_split,
+    estimate_dynamic_vram,
     Workload,
     estimate_costs,
     estimate_one_gpu,

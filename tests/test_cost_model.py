@@ -10,7 +10,6 @@ import importlib
 from pathlib import Path
 
 import pytest
-from sharddit.parallel.cost.baselines import estimate_core_cfg_split
 from sharddit.parallel.cost.inputs import (
     DEFAULT_LINK_GBPS,
     gpu_flops,
@@ -20,6 +19,7 @@ from sharddit.parallel.cost.inputs import (
 )
 from sharddit.parallel.families import shape_from_config, shape_from_spec
 from sharddit.parallel.cost.model import (
+    estimate_core_cfg_split,
     Hardware,
     Workload,
     estimate_costs,

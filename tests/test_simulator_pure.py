@@ -10,7 +10,8 @@ from sharddit.parallel.placement.devices import parse_device_plan
 from sharddit.loaders.plan import presets
 from sharddit.loaders.comfy.models import checks
 from sharddit.parallel.placement.plan_types import BlockRange
-from sharddit.loaders.plan.findings import DeviceReport, SimulationReport, fallback_block_ranges
+from sharddit.loaders.plan.block_plan import fallback_block_ranges
+from sharddit.loaders.plan.findings import DeviceReport, SimulationReport
 from sharddit.parallel.placement.inventory import inventory_from_spec
 from sharddit.parallel.placement.plan_types import PlacementRequest
 

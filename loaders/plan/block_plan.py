@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ...parallel.placement.plan_types import block_devices_of
-from ...parallel.placement.planner import plan_placement
-from ...parallel.placement.plan_types import Footprint
+from ...parallel.cost.mode import prefetch_bytes
+from ...parallel.placement.plan_ranges import compute_block_ranges
 from ...parallel.placement.plan_text import PlacementError
+from ...parallel.placement.plan_types import BlockRange, Footprint, block_devices_of
+from ...parallel.placement.planner import plan_placement
+from ...parallel.units import GiB
 from .context import SimContext
-from .findings import fallback_block_ranges
 
-__all__ = ["PlannedBlocks", "plan_blocks"]
+__all__ = ["PlannedBlocks", "fallback_block_ranges", "plan_as_loaded", "plan_blocks"]
 
 
 class PlannedBlocks(NamedTuple):
@@ -36,3 +37,22 @@ def plan_blocks(ctx: SimContext, activation: int) -> PlannedBlocks:
         ranges = fallback_block_ranges(ctx.inventory, ctx.request, ctx.block_bytes)
         return PlannedBlocks(None, str(err), list(block_devices_of(ranges)), ranges[0].device)
     return PlannedBlocks(plan, None, list(plan.block_devices()), plan.home_device)
+
+
+def plan_as_loaded(ctx: SimContext) -> PlannedBlocks:
+    """The blocks planned as the loader plans them for `sequence`: with room for two streamed blocks
+    of each shape (``cost/mode.prefetch_bytes``), before any latent is known."""
+    return plan_blocks(ctx, prefetch_bytes(ctx.block_bytes))
+
+
+def fallback_block_ranges(inventory, request, block_bytes) -> list:
+    """Where to put the blocks when the planner finds no placement, so the shortfall per device
+    can still be measured: the requested devices (``auto``: every GPU) split by usable memory."""
+    entries = request.devices.entries
+    devices = [e.device for e in entries] or [g.device for g in inventory.gpus] or ["cpu"]
+    caps = []
+    for dev in devices:
+        info = inventory.get(dev) if dev in inventory.names else None
+        caps.append(max(1, (info.available_bytes if info else GiB) - request.reserve_bytes))
+    ranges = compute_block_ranges(block_bytes, caps) or [(0, len(block_bytes))]
+    return [BlockRange(dev, a, b) for dev, (a, b) in zip(devices, ranges) if b > a]

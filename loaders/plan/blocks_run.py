@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from ...parallel.units import GiB
 from .block_plan import plan_blocks
 from .context import SimContext
 from .fake_forward import run_fake_forward
-from .findings import SimulationReport, device_report, usable_bytes
+from .findings import SimulationReport, device_report
 
 log = logging.getLogger("sharddit")
 
@@ -19,7 +18,6 @@ __all__ = ["simulate_blocks"]
 def simulate_blocks(ctx: SimContext, batch: int, batch_given: bool) -> SimulationReport:
     """One batch's report: the plan, every device's weights and peak, the verdict."""
     spec, inventory = ctx.spec, ctx.inventory
-    reserve = int(ctx.request.reserve_vram_gb * GiB)
     first = inventory.gpus[0].device if inventory.gpus else "cpu"
     headroom, plan, error, block_devices, home = None, None, None, None, first
     for _ in range(3):  # the probe; the plan with its headroom; where needed, with the sharded run's own peak
@@ -29,7 +27,7 @@ def simulate_blocks(ctx: SimContext, batch: int, batch_given: bool) -> Simulatio
         if headroom is None:
             headroom = measured[first].peak_activations
             continue
-        devices = [device_report(inventory, d, usable_bytes(inventory, d, reserve), *_memory(measured, d),
+        devices = [device_report(inventory, d, ctx.usable.get(d), *_memory(measured, d),
                                  block_devices, home) for d in dict.fromkeys([home, *block_devices])]
         peak = max(d.peak_activations for d in devices)
         if plan is None or not any(d.shortfall for d in devices) or peak <= headroom:

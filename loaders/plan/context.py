@@ -3,7 +3,7 @@ ComfyUI's DiT class on ``meta`` in the simulated dtypes, its block layout and we
 model's family entry and cost shape, the size, the devices."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,10 +37,15 @@ class SimContext:
     """The family's registry entry (``parallel/families.Family``)."""
     shape: object = None
     """The model's cost shape (``parallel/cost/inputs.ModelShape``)."""
+    gpus: object = None
+    """The GPUs' names and rates in the throughput table (``parallel/cost/inputs.GpuTable``)."""
+    usable: dict = field(default_factory=dict)
+    """Per inventory device: the bytes a plan may put there (``Inventory.usable_bytes``); a device
+    it lacks (``.get`` gives None): no limit known."""
 
 
 def build_context(spec, size: tuple, dtype: str, dtypes: tuple, family=None, shape=None, inventory=None,
-                  request=None) -> SimContext:
+                  request=None, gpus=None, usable=None) -> SimContext:
     """The meta DiT of ``spec`` in ``dtypes`` (weight, compute: ``setup.torch_dtypes``), its layout
     and sizes, at ``size`` (width, height, frames); the rest as given (``setup.SimulationSetup``'s)."""
     weight_dtype, compute_dtype = dtypes
@@ -49,7 +54,8 @@ def build_context(spec, size: tuple, dtype: str, dtypes: tuple, family=None, sha
     layout = get_arch_spec(dit)
     return SimContext(spec=spec, dit=dit, layout=layout, block_bytes=tuple(compute_block_bytes(dit, layout)),
                       home_bytes=compute_non_block_bytes(dit, layout), dtype=dtype, compute_dtype=compute_dtype,
-                      size=tuple(size), inventory=inventory, request=request, family=family, shape=shape)
+                      size=tuple(size), inventory=inventory, request=request, family=family, shape=shape,
+                      gpus=gpus, usable=usable or {})
 
 
 def build_meta_model(spec: ModelSpec, weight_dtype: torch.dtype, manual_cast_dtype: torch.dtype | None):

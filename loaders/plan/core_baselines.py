@@ -7,8 +7,7 @@ sample's peak activations (the run's peak over its batch: activations grow with 
 """
 from __future__ import annotations
 
-from ...parallel.cost.baselines import CoreSetup, core_baselines
-from ...parallel.cost.model import Workload, hardware_from_options
+from ...parallel.cost.baselines import CoreSetup
 from ..comfy.core.features import (
     NONE_HERE,
     core_cfg_split_available,
@@ -16,21 +15,19 @@ from ..comfy.core.features import (
     dynamic_vram_condition,
 )
 
-__all__ = ["absent_note", "baseline_rows"]
+__all__ = ["absent_note", "core_setup"]
 
 
-def baseline_rows(ctx, report, work: Workload, names: dict, link_gbps, usable_of) -> dict:
-    """``BaselineRow`` per core option this ComfyUI has, on the inventory's GPUs ({} without GPUs)."""
+def core_setup(ctx, report) -> CoreSetup | None:
+    """What core's options would hold on the inventory's GPUs (None without GPUs)."""
     gpus = [g.device for g in ctx.inventory.gpus]
     if not gpus:
-        return {}
+        return None
     act = max((d.peak_activations for d in report.devices), default=0)
-    setup = CoreSetup(dit_bytes=sum(ctx.block_bytes) + ctx.home_bytes, home_bytes=ctx.home_bytes,
-                      activation_per_sample=act // max(1, report.batch),
-                      usable=tuple(usable_of(g) for g in gpus), cfg_split=core_cfg_split_available(),
-                      dynamic_vram=dynamic_vram_available(), dynamic_condition=dynamic_vram_condition())
-    hw = hardware_from_options([names.get(d, names["*"]) for d in gpus], link_gbps=link_gbps)
-    return core_baselines(work, hw, setup, gpus)
+    return CoreSetup(dit_bytes=sum(ctx.block_bytes) + ctx.home_bytes, home_bytes=ctx.home_bytes,
+                     activation_per_sample=act // max(1, report.batch), usable=tuple(ctx.usable.get(g) for g in gpus),
+                     cfg_split=core_cfg_split_available(), dynamic_vram=dynamic_vram_available(),
+                     dynamic_condition=dynamic_vram_condition())
 
 
 def absent_note() -> str:

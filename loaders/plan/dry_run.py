@@ -73,7 +73,7 @@ def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=Non
     if rejected is not None:
         report.rejected = rejected.summarize_needs()
     if setup.parallel is not None:
-        report.strategies = compute_strategies(ctx, report, setup.parallel, setup.cfg, gpu, link_gbps)
+        report.strategies = compute_strategies(ctx, report, setup.parallel, setup.cfg, link_gbps)
     if workers:
         report.workers = compute_worker_report(ctx, report, workers, dist_weights, setup.cfg, gpu, net_gbps)
     report.text_encoder = _text_encoder(ctx, report, gpu)
@@ -85,7 +85,7 @@ def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=Non
 def context_of(setup: SimulationSetup) -> SimContext:
     """The meta DiT and everything its fake forwards share, as ``setup`` settled it."""
     return build_context(setup.spec, setup.size, setup.dtype, setup.dtypes, setup.family, setup.shape,
-                         setup.inventory, setup.request)
+                         setup.inventory, setup.request, setup.gpus, setup.usable)
 
 
 def _text_encoder(ctx: SimContext, report: SimulationReport, gpu: str | None = None):

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...parallel.placement.plan_ranges import compute_block_ranges
-from ...parallel.placement.plan_types import BlockRange
-from ...parallel.units import GiB as _GiB
 from ...parallel.units import format_gib
 
-__all__ = ["DeviceReport", "SimulationReport", "device_report", "fallback_block_ranges", "usable_bytes"]
+__all__ = ["DeviceReport", "SimulationReport", "device_report"]
 
 NOT_MODELLED = ("not counted: the CUDA context (~0.5 GiB per GPU), allocator fragmentation, cuBLAS "
                 "workspaces, the text encoder and the VAE; leave room with --reserve-vram-gb")
@@ -52,17 +49,6 @@ class DeviceReport:
                 start = None
         parts = (["home"] if self.home else []) + (["blocks " + ",".join(runs)] if runs else [])
         return " + ".join(parts) or "-"
-
-
-def usable_bytes(inventory, device: str, reserve: int) -> int | None:
-    """What the planner lets ``device`` hold: free + held - ``reserve`` (GPU), available RAM (cpu, no
-    reserve); None where the inventory does not list it or the RAM size is unknown (then: enough)."""
-    if device not in inventory.names:
-        return None
-    info = inventory.get(device)
-    if device == "cpu":
-        return info.available_bytes if info.total_bytes else None
-    return info.available_bytes - reserve
 
 
 def device_report(inventory, device: str, usable, weights: int, peak: int, block_devices, home: str,
@@ -247,16 +233,3 @@ def format_inventory(inventory, holdings: dict | None = None) -> str:
             row += (format_gib(comfy), format_gib(ours))
         rows.append(row)
     return format_table(rows, right=tuple(range(2, len(rows[0])))) + f"\n(GiB; source: {inventory.source})"
-
-
-def fallback_block_ranges(inventory, request, block_bytes) -> list:
-    """Where to put the blocks when the planner finds no placement, so the shortfall per device
-    can still be measured: the requested devices (``auto``: every GPU) split by usable memory."""
-    entries = request.devices.entries
-    devices = [e.device for e in entries] or [g.device for g in inventory.gpus] or ["cpu"]
-    caps = []
-    for dev in devices:
-        info = inventory.get(dev) if dev in inventory.names else None
-        caps.append(max(1, (info.available_bytes if info else _GiB) - request.reserve_bytes))
-    ranges = compute_block_ranges(block_bytes, caps) or [(0, len(block_bytes))]
-    return [BlockRange(dev, a, b) for dev, (a, b) in zip(devices, ranges) if b > a]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...parallel.cost.inputs import DEFAULT_CFG, check_cfg, gpu_names, link_bandwidth
+from ...parallel.cost.inputs import DEFAULT_CFG, GpuTable, check_cfg, gpu_names, gpu_table, link_bandwidth
 from ...parallel.cost.mode import check_parallel
 from ...parallel.errors import InputError
 from ...parallel.families import get_family, shape_from_spec
@@ -55,6 +55,11 @@ class SimulationSetup:
     n_workers: int
     size_note: str | None = None
     """How the asked size was rounded to the model's token grid (None: it was on the grid)."""
+    gpus: GpuTable | None = None
+    """The throughput table's name and rate of each GPU (``--gpu``, else their own names), settled once."""
+    usable: dict | None = None
+    """Per inventory device: the bytes a plan may put there (``Inventory.usable_bytes``); a device
+    missing from it (or None): no limit known."""
 
 
 def check_simulation(model, devices: DevicePlan | str = DEFAULT_DEVICES, width: int = 832, height: int = 480,
@@ -87,8 +92,9 @@ def check_simulation(model, devices: DevicePlan | str = DEFAULT_DEVICES, width: 
         raise InputError(f"parallel 'sequence' needs two or more GPUs; devices {shown!r} has "
                          f"{len(inventory.gpus)}: list more (e.g. 'cuda:0=24GiB,cuda:1=24GiB') or use 'auto'")
     request = PlacementRequest(devices=plan, reserve_vram_gb=float(reserve_vram_gb))
+    gpus = gpu_table([(g.device, g.name) for g in inventory.gpus], gpu)
     return SimulationSetup(spec, family, shape, inventory, request, shown, size, dtype, dtypes, batch, parallel, cfg,
-                           n_workers, size_note)
+                           n_workers, size_note, gpus, inventory.usable_bytes(request.reserve_bytes))
 
 
 def torch_dtypes(dtype: str, runs_fp16: bool = True) -> tuple[torch.dtype, torch.dtype]:

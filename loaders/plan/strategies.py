@@ -15,33 +15,16 @@ picks the fastest of ShardDiT's modes that fits (``cost/report.choose_strategy``
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from ...parallel.cost.baselines import compare_with_core
-from ...parallel.cost.inputs import (
-    DEFAULT_GPU,
-    gpu_names,
-    table_gpu_name,
-)
-from ...parallel.placement.devices import DevicePlan
-from ...parallel.cost.model import (
-    BASELINES,
-    STRATEGIES,
-    Workload,
-    estimate_blocks,
-    estimate_one_gpu,
-    estimate_sequence,
-    estimate_sequence_lean,
-    hardware_from_options,
-)
-from ...parallel.cost.resident import describe_resident, resident_per_rank
-from ...parallel.cost.report import DevicePeak, choose_strategy, format_strategy_rows
-from ...parallel.cost.mode import prefetch_bytes
-from .core_baselines import absent_note, baseline_rows
-from .block_plan import plan_blocks
-from .findings import device_report, format_table, usable_bytes
+from ...parallel.cost.model import BASELINES, Workload
+from ...parallel.cost.report import DevicePeak, format_strategy_rows
+from ...parallel.cost.rows import price_rows
 from ...parallel.units import format_gib
-from ...parallel.errors import InputError, reason_of
+from ..comfy.models.specs import find_arch_spec
+from .core_baselines import absent_note, core_setup
+from .findings import format_table
+from .sequence_row import simulate_sequence
 
 log = logging.getLogger("sharddit")
 
@@ -150,182 +133,45 @@ class StrategyReport:
                                for name, c in self.costs.items()}}
 
 
-def compute_strategies(ctx, report, parallel: str, cfg: float, gpu: str | None, link_gbps) -> StrategyReport:
-    """Strategy rows for a finished `blocks` ``report`` (``findings.SimulationReport``)."""
-    from ..comfy.models.specs import find_arch_spec
-    from .fake_sequence import run_fake_sequence_forward
-
-    inventory = ctx.inventory
-    gpus = [g.device for g in inventory.gpus]
-    usable = {d.device: d.usable for d in report.devices}
+def compute_strategies(ctx, report, parallel: str, cfg: float, link_gbps) -> StrategyReport:
+    """Strategy rows for a finished `blocks` ``report`` (``findings.SimulationReport``): the memory
+    each mode needs, as simulated, then every row priced and one chosen (``cost/rows.price_rows``)."""
+    gpus = [g.device for g in ctx.inventory.gpus]
     work = Workload(ctx.shape, *ctx.size, cfg=cfg, weight_bytes=1.0 if ctx.dtype == "fp8" else 2.0)
     blocks_ranks = list(dict.fromkeys(d.device for d in report.devices if d.blocks))
-    names = _gpu_names(inventory, gpu)
-    peaks, fits, costs = {}, {}, {}
-
-    hw_first = hardware_from_options(names.get(blocks_ranks[0] if blocks_ranks else "", names["*"]), 1,
-                                     link_gbps=link_gbps)
-    costs["one_gpu"] = estimate_one_gpu(work, hw_first)
     first = gpus[0] if gpus else "cpu"
-    whole = sum(ctx.block_bytes) + ctx.home_bytes
-    act = max((d.peak_activations for d in report.devices), default=0)
-    peaks["one_gpu"] = DevicePeak(whole, act, 0)
-    first_usable = usable_bytes(inventory, first, ctx.request.reserve_bytes)
-    fits["one_gpu"] = first_usable is None or whole + act <= first_usable
+    whole, act = sum(ctx.block_bytes) + ctx.home_bytes, max((d.peak_activations for d in report.devices), default=0)
+    first_usable = ctx.usable.get(first)
+    peaks = {"one_gpu": DevicePeak(whole, act, 0)}
+    fits = {"one_gpu": first_usable is None or whole + act <= first_usable}
     if len(blocks_ranks) == 1:  # the planner put the whole DiT on one device: that run is the one-GPU row
         only = next(d for d in report.devices if d.blocks)
-        peaks["one_gpu"] = DevicePeak(only.weights, only.peak_activations, 0)
-        fits["one_gpu"] = report.blocks_fit
-
-    if len(blocks_ranks) > 1:
-        hw = hardware_from_options([names.get(d, names["*"]) for d in blocks_ranks], link_gbps=link_gbps)
-        owned = [sum(1 for d in report.devices if d.device == r for _ in d.blocks) for r in blocks_ranks]
-        costs["blocks"] = estimate_blocks(work, hw, owned)
+        peaks["one_gpu"], fits["one_gpu"] = DevicePeak(only.weights, only.peak_activations, 0), report.blocks_fit
     worst = max(report.devices, key=lambda d: d.need)
-    peaks["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0)
-    fits["blocks"] = report.blocks_fit
+    peaks["blocks"], fits["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0), report.blocks_fit
+    owned = [sum(len(d.blocks) for d in report.devices if d.device == r) for r in blocks_ranks]
 
-    seq, seq_reports, lean_note, speed_note, resident, resident_note = [], [], "", "", {}, ""
     arch = find_arch_spec(type(ctx.dit).__name__)
     seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
     if seq_specs is None and arch.token_specs is not None:
         log.warning("[ShardDiT] %s", blocks_only)
-    if len(gpus) > 1 and seq_specs is not None:
-        seq_ctx = replace(ctx, request=replace(ctx.request, devices=DevicePlan.of_devices(gpus)))
-        # plan as the loader does (two blocks of activation room, before any latent is known); the
-        # measured peaks below decide whether it fits
-        _, _, block_devices, home = plan_blocks(seq_ctx, prefetch_bytes(ctx.block_bytes))
-        ranks = list(dict.fromkeys(block_devices))
-        if len(ranks) > 1:
-            # a family whose conds ComfyUI never batches (MiniMax H3): cond, then uncond, each split
-            apart = work.batch > ctx.family.max_batch
-            hw = hardware_from_options([names.get(d, names["*"]) for d in ranks], link_gbps=link_gbps)
-            mixed = len(set(hw.flops)) > 1  # the engine weights the shares by speed (loaders/comfy/shard/sequence_shares)
-            speeds = hw.flops if mixed else None
-            seq = run_fake_sequence_forward(ctx, 1 if apart else work.batch, block_devices, home, speeds)
-            for p in seq:
-                usable.setdefault(p.device, usable_bytes(inventory, p.device, ctx.request.reserve_bytes))
-            # priced with the blocks each rank keeps in the room beside its plan (as the nodes' `auto`)
-            kept = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
-            estimate = estimate_sequence_lean if apart else estimate_sequence
-            counts = [block_devices.count(r) for r in ranks]
-            piped = all(str(r).startswith("cuda") for r in ranks)  # the exchange pipelined between GPUs only
-            costs["sequence"] = estimate(work, hw, counts, weighted=mixed, resident=kept, pipelined=piped)
-            gain = (estimate(work, hw, counts, resident=kept, pipelined=piped).seconds_per_step
-                    / costs["sequence"].seconds_per_step
-                    if mixed else 1.0)
-            if gain > 1.005:  # a group of several ranks of different speeds (cfg > 1 on 2: one rank per group)
-                share = ", ".join(f"{r} {100 * f / sum(hw.flops):.0f}%" for r, f in zip(ranks, hw.flops, strict=True))
-                speed_note = f"shares by speed: {share} of the tokens and heads, predicted {gain:.2f}x an even split"
-            if apart:
-                lean_note = (f"{ctx.family.title}: ComfyUI runs cond and uncond one after the other, so "
-                             "each runs over every GPU (weights streamed twice per step)")
-            costs["one_gpu"] = estimate_one_gpu(work, hw)
-            seq_reports = [device_report(inventory, p.device, usable[p.device], p.weights, p.activations, block_devices, home, p.prefetch) for p in seq]
-            fits["sequence"] = _all_fit(seq, usable)
-            if not fits["sequence"] and work.batch > 1 and not apart:
-                lean = run_fake_sequence_forward(ctx, 1, block_devices, home, speeds)  # one pass: one sample
-                if _all_fit(lean, usable):  # lean only where the batched split does not fit
-                    worst = max(seq, key=lambda p: p.total - (usable[p.device] or 0))
-                    lean_note = (f"lean: cond and uncond together do not fit ({worst.device} "
-                                 f"{format_gib(worst.total)} of {format_gib(usable[worst.device])} GiB), so they run "
-                                 "one after the other, each over every GPU (weights streamed twice per step)")
-                    seq = lean
-                    kept = _resident_blocks(seq, usable, ctx.block_bytes, block_devices)
-                    costs["sequence"] = estimate_sequence_lean(work, hw, counts, weighted=mixed, resident=kept,
-                                                               pipelined=piped)
-                    fits["sequence"] = True
-                    seq_reports = [device_report(inventory, p.device, usable[p.device], p.weights, p.activations, block_devices, home, p.prefetch) for p in seq]
-            top = max(seq, key=lambda p: p.total)
-            peaks["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch)
-            resident = {p.device: (len(k), sum(1 for d in block_devices if d != p.device))
-                        for p, k in zip(seq, kept, strict=True)}
-            said = describe_resident(block_devices, [p.device for p in seq], kept)
-            resident_note = said if said.startswith("with every block") else ""
-    devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq]}
-    core = baseline_rows(ctx, report, work, names, link_gbps,
-                         lambda d: usable_bytes(inventory, d, ctx.request.reserve_bytes))
-    for name, row in core.items():
-        costs[name], peaks[name], fits[name], devices[name] = row.cost, row.peak, row.fits, list(row.devices)
-    costs = _rebase(costs)
-    chosen, reason = _choose(parallel, costs, fits)
-    if lean_note and chosen == "sequence":
-        reason = f"{reason}; {lean_note}"
-    if speed_note and chosen == "sequence":
-        reason = f"{reason}; {speed_note}"
-    if resident_note and chosen == "sequence":
-        reason = f"{reason}; {resident_note}"
-    if chosen in costs:
-        rebased = {k: replace(r, cost=costs[k]) for k, r in core.items()}
-        said = compare_with_core(_label(chosen), costs[chosen], rebased)
-        reason = f"{reason}; {said}" if said else reason
-    hw_note = hardware_from_options(names["*"], 1, link_gbps=link_gbps).note
-    if names.get("default"):
-        hw_note = f"{DEFAULT_GPU} assumed (no GPU name in the throughput table; pass --gpu NAME): {hw_note}"
-    out = StrategyReport(parallel, chosen, reason, cfg, costs, peaks, fits, sequence_devices=seq,
-                         sequence_reports=seq_reports, usable=usable, hardware_note=hw_note, resident=resident,
-                         baseline_name=names["*"] if gpu else names.get(first, names["*"]), devices=devices,
-                         core_note=absent_note(), sequence_lean=bool(lean_note),
+    seq = simulate_sequence(ctx, work.batch) if len(gpus) > 1 and seq_specs is not None else None
+    if seq is not None:
+        top = max(seq.peaks, key=lambda p: p.total)
+        peaks["sequence"], fits["sequence"] = DevicePeak(top.weights, top.activations, top.prefetch), seq.fits
+    priced = price_rows(work, ctx.gpus, link_gbps, parallel, fits, blocks_ranks, owned,
+                        seq.pricing if seq is not None else None, core_setup(ctx, report), gpus)
+    devices = {"one_gpu": [first], "blocks": blocks_ranks, "sequence": [p.device for p in seq.peaks] if seq else []}
+    for name, row in priced.core.items():
+        peaks[name], devices[name] = row.peak, list(row.devices)
+    out = StrategyReport(parallel, priced.chosen, priced.reason, cfg, priced.costs, peaks, priced.fits,
+                         sequence_devices=seq.peaks if seq else [], sequence_reports=seq.reports if seq else [],
+                         usable=dict(ctx.usable), hardware_note=priced.hardware_note,
+                         resident=seq.resident if seq else {},
+                         baseline_name=ctx.gpus.shown if ctx.gpus.given else ctx.gpus.name(first), devices=devices,
+                         core_note=absent_note(), sequence_lean=bool(seq and seq.pricing.lean),
                          sequence_note=f"no sequence row: {blocks_only}" if seq_specs is None and len(gpus) > 1 else "")
     if out.fitting_core():
         out.reason = f"{out.reason}; core's own {out.fitting_core()} fits (its row)"
     log.info("[ShardDiT] %s", out.decision_line())
     return out
-
-
-def _resident_blocks(seq, usable: dict, block_bytes, block_devices) -> tuple:
-    """Per rank: the blocks it keeps resident in the room beside its planned total (``usable`` less
-    the simulated peak, as ``loaders/comfy/shard/resident_budgets.resident_budgets`` at sampling time), by the
-    rule the engine and the cost model share (``cost/resident.kept_blocks``)."""
-    budgets = [max(0, (usable.get(p.device) or 0) - p.total) for p in seq]
-    return resident_per_rank(block_bytes, block_devices, [p.device for p in seq], budgets)
-
-
-def _rebase(costs: dict) -> dict:
-    """Speed-ups against the one-GPU row (estimates made with different device counts)."""
-    base = costs["one_gpu"].seconds_per_step
-    return {k: replace(c, speedup=base / c.seconds_per_step) for k, c in costs.items()}
-
-
-def _choose(parallel: str, costs: dict, fits: dict) -> tuple[str | None, str]:
-    if parallel == "auto":
-        try:
-            return choose_strategy(costs, {k: fits.get(k, False) for k in costs})
-        except ValueError as err:
-            return None, reason_of(err)
-    if parallel == "blocks" and "blocks" not in costs:  # the planner put the whole DiT on one device
-        return "one_gpu", "blocks: the whole DiT fits on one device, which runs it alone (1 GPU, 1.00×)"
-    if parallel not in costs:
-        return None, f"{parallel}: needs two or more GPUs holding blocks (and a model sequence mode splits)"
-    c = costs[parallel]
-    others = "; ".join(f"{_label(k)} {v.speedup:.2f}×" for k, v in costs.items() if k != parallel and k in STRATEGIES)
-    tail = "" if fits.get(parallel) else " (does NOT fit)"
-    return parallel, f"{parallel}: predicted {c.speedup:.2f}× vs 1 GPU{tail}; {others}"
-
-
-def _all_fit(peaks, usable: dict) -> bool:
-    return all(usable[p.device] is None or p.total <= usable[p.device] for p in peaks)
-
-
-def _label(name: str) -> str:
-    return "1 GPU" if name == "one_gpu" else name
-
-
-def _gpu_names(inventory, gpu: str | None) -> dict:
-    """Device -> table name; ``"*"``: the name for the note and unknown devices."""
-    if gpu:
-        given = gpu_names(gpu)  # ValueError names the table
-        if len(given) not in (1, len(inventory.gpus)):
-            raise InputError(f"--gpu {gpu!r} names {len(given)} GPUs for {len(inventory.gpus)}: give one "
-                             "name for all, or one per GPU in order (e.g. 'RTX 5090,RTX 4090')")
-        per = given * len(inventory.gpus) if len(given) == 1 else given
-        return {"*": given[0], **{g.device: n for g, n in zip(inventory.gpus, per, strict=True)}}
-    names = {}
-    for g in inventory.gpus:
-        names[g.device] = table_gpu_name(g.name) or DEFAULT_GPU
-        if names[g.device] != g.name:
-            names["default"] = True
-    names["*"] = next((names[g.device] for g in inventory.gpus), DEFAULT_GPU)
-    if not inventory.gpus:
-        names["default"] = True
-    return names

@@ -22,18 +22,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from .model import (
-    TRANSFER_LATENCY_S,
     Hardware,
     StrategyCost,
     Workload,
-    block_flops,
-    block_shapes,
-    estimate_one_gpu,
-    estimate_sequence,
+    estimate_core_cfg_split,
+    estimate_dynamic_vram,
 )
 from .report import DevicePeak
 from ..units import format_gib
-from ..errors import InputError
 
 __all__ = [
     "ACTIVATION_HIDDEN_STATES",
@@ -44,8 +40,6 @@ __all__ = [
     "compare_with_core",
     "core_baselines",
     "estimate_activation_bytes",
-    "estimate_core_cfg_split",
-    "estimate_dynamic_vram",
 ]
 
 AS_FAST = 0.05
@@ -94,43 +88,6 @@ def estimate_activation_bytes(work: Workload) -> int:
     return int(ACTIVATION_HIDDEN_STATES * work.tokens * work.shape.width * work.activation_bytes)
 
 
-def estimate_core_cfg_split(work: Workload, hw: Hardware) -> StrategyCost:
-    """Cond and uncond on the first two devices, a full copy each; one device at cfg 1."""
-    if work.batch < 2 or len(hw.flops) < 2:
-        base = estimate_one_gpu(work, hw)
-        why = "cfg 1: one cond per step, nothing to split (one GPU works)" if work.batch < 2 else "one GPU"
-        return replace(base, strategy="core_cfg_split", note=why)
-    pair = Hardware(hw.flops[:2], hw.link_bytes_per_s, hw.names[:2], hw.note, hw.host_link_bytes_per_s)
-    seq = estimate_sequence(work, pair, replicas=True)
-    base = estimate_one_gpu(work, hw).seconds_per_step
-    return replace(seq, strategy="core_cfg_split", speedup=base / seq.seconds_per_step,
-                   note="cond and uncond at once on two GPUs, a full copy each")
-
-
-def estimate_dynamic_vram(work: Workload, hw: Hardware, resident_block_bytes: float, calls: int = 1) -> StrategyCost:
-    """Every block on the first device; block weights past ``resident_block_bytes`` (filled in
-    execution order) copied from pinned host memory in each of ``calls`` DiT calls per step."""
-    if calls not in (1, 2) or work.batch % calls:
-        raise InputError(f"calls {calls!r} must be 1 (cond+uncond together) or 2 (one after the other, cfg > 1)")
-    s, n, budget = work.shape, work.tokens, max(0.0, float(resident_block_bytes))
-    samples = work.batch / calls
-    compute = exposed = streamed = 0.0
-    for b in block_shapes(s):
-        w = b.weight_params * work.weight_bytes
-        resident = min(w, budget)
-        budget -= resident
-        c = samples * block_flops(b, s, n, n, s.heads) / hw.flops[0]
-        copy = (w - resident) / hw.host_link_bytes_per_s + TRANSFER_LATENCY_S if w > resident else 0.0
-        compute, exposed, streamed = compute + c, exposed + max(0.0, copy - c), streamed + w - resident
-    t = calls * (compute + exposed)
-    base = estimate_one_gpu(work, hw).seconds_per_step
-    gb = hw.host_link_bytes_per_s / 1e9
-    note = (f"streams {format_gib(calls * streamed)} GiB per step from pinned host RAM at {gb:g} GB/s, "
-            f"{calls * exposed / t:.0%} of the step waiting for it" if streamed else "whole model resident")
-    return StrategyCost("dynamic_vram", t, base / t, calls * compute, 0.0, calls * exposed, 0.0,
-                        int(calls * streamed), note)
-
-
 def core_baselines(work: Workload, hw: Hardware, setup: CoreSetup, devices: Sequence[str]) -> dict[str, BaselineRow]:
     """The rows core's options get on ``devices`` (GPUs, in ``hw`` order), where this ComfyUI has them."""
     rows = {}
@@ -146,12 +103,13 @@ def core_baselines(work: Workload, hw: Hardware, setup: CoreSetup, devices: Sequ
 
 
 def _dynamic_row(work: Workload, hw: Hardware, setup: CoreSetup, device: str) -> BaselineRow:
-    blocks = [b.weight_params * work.weight_bytes for b in block_shapes(work.shape)]
+    largest = max(b.weight_params * work.weight_bytes for b in work.shape.blocks if b.count)
+    total = sum(b.weight_params * work.weight_bytes * b.count for b in work.shape.blocks)
     usable, per = setup.usable[0] if setup.usable else None, setup.activation_per_sample
-    calls = 1 if usable is None or per * work.batch + setup.home_bytes + max(blocks) <= usable else work.batch
+    calls = 1 if usable is None or per * work.batch + setup.home_bytes + largest <= usable else work.batch
     act = per * work.batch // calls
-    resident = sum(blocks) if usable is None else min(sum(blocks), max(0, usable - setup.home_bytes - act))
-    fits = usable is None or setup.home_bytes + act + max(blocks) <= usable
+    resident = total if usable is None else min(total, max(0, usable - setup.home_bytes - act))
+    fits = usable is None or setup.home_bytes + act + largest <= usable
     cost = estimate_dynamic_vram(work, hw, resident, calls)
     if setup.dynamic_condition:
         cost = replace(cost, note=f"{setup.dynamic_condition}: {cost.note}")

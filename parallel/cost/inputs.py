@@ -27,11 +27,13 @@ __all__ = [
     "EFFICIENCY",
     "GPU_PEAK_TFLOPS",
     "BlockShape",
+    "GpuTable",
     "check_cfg",
     "ModelShape",
     "latent_frames",
     "gpu_flops",
     "gpu_names",
+    "gpu_table",
     "link_bandwidth",
     "normalize_gpu_name",
     "parse_link_gbps",
@@ -176,6 +178,45 @@ def gpu_flops(name: str, efficiency: float = EFFICIENCY) -> float:
     if not 0 < efficiency <= 1:
         raise InputError(f"efficiency {efficiency!r} must be in (0, 1] (fraction of dense peak)")
     return GPU_PEAK_TFLOPS[normalize_gpu_name(name)] * 1e12 * efficiency
+
+
+@dataclass(frozen=True)
+class GpuTable:
+    """The throughput table's name and effective FLOP/s of each GPU a plan prices, settled once."""
+
+    names: dict
+    """Device -> the table's name for it (``--gpu``'s, else its own NVML name's, else ``DEFAULT_GPU``)."""
+    flops: dict
+    """Device -> effective FLOP/s (``gpu_flops`` of its name)."""
+    shown: str
+    """The name for the output's note and for a device the table does not list."""
+    assumed: bool
+    """A GPU's own name is not in the table (or there is no GPU): ``DEFAULT_GPU`` stands in."""
+    given: bool
+    """``--gpu`` named the GPUs."""
+
+    def name(self, device: str) -> str:
+        return self.names.get(device, self.shown)
+
+
+def gpu_table(gpus, gpu: str | None = None) -> GpuTable:
+    """``GpuTable`` of ``gpus`` ((device, NVML name) pairs, in order) under ``--gpu`` ``gpu`` (one
+    name for all, or one per GPU in order; None: each GPU's own name, ``DEFAULT_GPU`` where the
+    table lacks it)."""
+    gpus = list(gpus)
+    if gpu:
+        given = gpu_names(gpu)
+        if len(given) not in (1, len(gpus)):
+            raise InputError(f"--gpu {gpu!r} names {len(given)} GPUs for {len(gpus)}: give one "
+                             "name for all, or one per GPU in order (e.g. 'RTX 5090,RTX 4090')")
+        per = given * len(gpus) if len(given) == 1 else given
+        names = {device: name for (device, _), name in zip(gpus, per, strict=True)}
+        shown, assumed = given[0], False
+    else:
+        names = {device: table_gpu_name(own) or DEFAULT_GPU for device, own in gpus}
+        assumed = not gpus or any(names[device] != own for device, own in gpus)
+        shown = next(iter(names.values()), DEFAULT_GPU)
+    return GpuTable(names, {device: gpu_flops(name) for device, name in names.items()}, shown, assumed, bool(gpu))
 
 
 def positive_number(text) -> float | None:

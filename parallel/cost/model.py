@@ -65,6 +65,7 @@ from .inputs import (
     normalize_gpu_name,
 )
 from ..errors import InputError
+from ..units import format_gib
 
 __all__ = [
     "BASELINES",
@@ -76,7 +77,9 @@ __all__ = [
     "block_flops",
     "block_shapes",
     "estimate_blocks",
+    "estimate_core_cfg_split",
     "estimate_costs",
+    "estimate_dynamic_vram",
     "estimate_one_gpu",
     "estimate_sequence",
     "estimate_sequence_lean",
@@ -401,3 +404,40 @@ def estimate_costs(work: Workload, hw: Hardware, owned=None, replicas: bool = Fa
         out["blocks"] = estimate_blocks(work, hw, owned)
         out["sequence"] = estimate_sequence(work, hw, owned, replicas, resident=resident, pipelined=pipelined)
     return out
+
+
+def estimate_core_cfg_split(work: Workload, hw: Hardware) -> StrategyCost:
+    """Cond and uncond on the first two devices, a full copy each; one device at cfg 1."""
+    if work.batch < 2 or len(hw.flops) < 2:
+        base = estimate_one_gpu(work, hw)
+        why = "cfg 1: one cond per step, nothing to split (one GPU works)" if work.batch < 2 else "one GPU"
+        return replace(base, strategy="core_cfg_split", note=why)
+    pair = Hardware(hw.flops[:2], hw.link_bytes_per_s, hw.names[:2], hw.note, hw.host_link_bytes_per_s)
+    seq = estimate_sequence(work, pair, replicas=True)
+    base = estimate_one_gpu(work, hw).seconds_per_step
+    return replace(seq, strategy="core_cfg_split", speedup=base / seq.seconds_per_step,
+                   note="cond and uncond at once on two GPUs, a full copy each")
+
+
+def estimate_dynamic_vram(work: Workload, hw: Hardware, resident_block_bytes: float, calls: int = 1) -> StrategyCost:
+    """Every block on the first device; block weights past ``resident_block_bytes`` (filled in
+    execution order) copied from pinned host memory in each of ``calls`` DiT calls per step."""
+    if calls not in (1, 2) or work.batch % calls:
+        raise InputError(f"calls {calls!r} must be 1 (cond+uncond together) or 2 (one after the other, cfg > 1)")
+    s, n, budget = work.shape, work.tokens, max(0.0, float(resident_block_bytes))
+    samples = work.batch / calls
+    compute = exposed = streamed = 0.0
+    for b in block_shapes(s):
+        w = b.weight_params * work.weight_bytes
+        resident = min(w, budget)
+        budget -= resident
+        c = samples * block_flops(b, s, n, n, s.heads) / hw.flops[0]
+        copy = (w - resident) / hw.host_link_bytes_per_s + TRANSFER_LATENCY_S if w > resident else 0.0
+        compute, exposed, streamed = compute + c, exposed + max(0.0, copy - c), streamed + w - resident
+    t = calls * (compute + exposed)
+    base = estimate_one_gpu(work, hw).seconds_per_step
+    gb = hw.host_link_bytes_per_s / 1e9
+    note = (f"streams {format_gib(calls * streamed)} GiB per step from pinned host RAM at {gb:g} GB/s, "
+            f"{calls * exposed / t:.0%} of the step waiting for it" if streamed else "whole model resident")
+    return StrategyCost("dynamic_vram", t, base / t, calls * compute, 0.0, calls * exposed, 0.0,
+                        int(calls * streamed), note)

@@ -125,6 +125,12 @@ class Inventory:
                 return info
         raise InputError(f"device {device!r} is not in the inventory ({', '.join(self.names) or 'empty'})")
 
+    def usable_bytes(self, reserve: int) -> dict[str, int | None]:
+        """Per device, what a plan may put there: free + held - ``reserve`` (a GPU), the available
+        RAM (``cpu``, no reserve; None where its size is unknown: then enough)."""
+        return {d.device: (d.available_bytes if d.total_bytes else None) if d.device == "cpu"
+                else d.available_bytes - reserve for d in self.devices}
+
     def with_held_bytes(self, held: Mapping[str, int]) -> Inventory:
         """Copy with ``held_bytes`` set per device (bytes ShardDiT already placed there).
 
