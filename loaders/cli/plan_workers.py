@@ -62,7 +62,7 @@ def read_workers(addr: str | None, workers: tuple) -> tuple[tuple, WorkersView |
 def read_cluster(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> WorkersView:
     """The members' free memory and their description from the Ray cluster at ``addr``;
     ValueError naming the address and why otherwise."""
-    from ...parallel.cluster.driver import connect, list_members, probe_free
+    from ...parallel.cluster.driver import connect, probe_free
     from ...parallel.cluster.host import describe_members
     from ...parallel.cluster.settings import ClusterError, ClusterInsecure
     from ...parallel.distributed.config import HostUnreachable, HostUnresolved, wait_for_port
@@ -75,7 +75,7 @@ def read_cluster(addr: str, timeout_s: float = CONNECT_TIMEOUT_S) -> WorkersView
         raise InputError(f"--workers {addr}: {e.reason}") from None
     try:
         ray = connect(addr, timeout_s)
-        offers = probe_free(ray, list_members(ray), timeout_s)
+        offers = probe_free(ray, timeout_s)
         return WorkersView(host, port, offers, describe_members(addr, offers))
     except (ClusterError, ClusterInsecure) as e:
         raise InputError(f"--workers {addr}: {e.reason}") from None

@@ -147,12 +147,13 @@ def check_alive(ray, ranks: dict[str, object], timeout_s: float) -> None:
                            "members left")
 
 
-def probe_free(ray, members: dict[str, Member], timeout_s: float) -> dict[str, dict]:
-    """``{member: {"device", "free"}}`` read by one small Ray task per member on its node (no rank
-    actor: a running host's actors hold the members' resources); ClusterError naming the members
-    that did not answer within ``timeout_s``."""
+def probe_free(ray, timeout_s: float) -> dict[str, dict]:
+    """``{member: {"device", "free"}}`` of the cluster's members now (``list_members``), read by one
+    small Ray task per member on its node (no rank actor: a running host's actors hold the members'
+    resources); ClusterError naming the members that did not answer within ``timeout_s``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    members = list_members(ray)
     ray.cloudpickle.register_pickle_by_value(sys.modules[rank_actor.__name__])
     task = ray.remote(rank_actor.free_bytes)
     refs = {task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(m.node_id, soft=False), num_cpus=0,

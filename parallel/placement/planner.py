@@ -62,13 +62,13 @@ def plan_placement(inventory: Inventory, footprint: Footprint, request: Placemen
     """Place text encoder, VAE, DiT home and DiT block ranges. PlacementError when it cannot."""
     ctx = _Ctx(inventory, footprint, request)
     devlist = request.devices
+    components = _components(footprint, request)
     explicit = [e.device for e in devlist.entries] + [request.text_encoder_device, request.vae_device]
     existing = inventory.names if inventory.cpu is not None else inventory.names + ("cpu",)
     check_devices_exist([d for d in explicit if d != "auto"], existing, inventory.hidden_note)
     loads: dict = {}
     notes: list[str] = []
-    te, vae = request.text_encoder_device, request.vae_device
-    for name, device, w, a in _components(footprint, te, vae):
+    for name, device, w, a in components:
         if device != "auto" and (w or a):
             room = ctx.room(device, loads, w, a)
             if room < 0:
@@ -76,16 +76,16 @@ def plan_placement(inventory: Inventory, footprint: Footprint, request: Placemen
             _add(loads, device, w, a)
     entries = _choose_auto_entries(ctx, loads, notes) if devlist.auto else devlist.entries
     placed = {}
-    for name, device, w, a in _components(footprint, te, vae):
+    for name, device, w, a in components:
         placed[name] = device if device != "auto" else _place_auto(ctx, name, w, a, entries, loads, notes)
-    ranges = _compute_ranges(ctx, entries, loads, weighted=devlist.weighted)
+    ranges = _compute_ranges(ctx, entries, loads)
     return _build_plan(ctx, placed, entries, ranges, loads, notes)
 
 
-def _components(fp: Footprint, te: str, vae: str):
+def _components(fp: Footprint, request: PlacementRequest):
     """(name, requested device, weights, activations): VAE first, then text encoder."""
-    return (("VAE", vae, fp.vae_bytes, fp.vae_activation_bytes),
-            ("text encoder", te, fp.text_encoder_bytes, fp.text_encoder_activation_bytes))
+    return (("VAE", request.vae_device, fp.vae_bytes, fp.vae_activation_bytes),
+            ("text encoder", request.text_encoder_device, fp.text_encoder_bytes, fp.text_encoder_activation_bytes))
 
 
 def _add(loads: dict, device: str, weight: int, activation: int) -> None:
@@ -133,8 +133,10 @@ def _try_ranges(ctx: _Ctx, entries, loads: dict):
     return compute_block_ranges(ctx.footprint.block_bytes, [min(c, _UNLIMITED >> 8) for c in caps], caps)
 
 
-def _compute_ranges(ctx: _Ctx, entries, loads: dict, weighted: bool):
-    if not weighted:
+def _compute_ranges(ctx: _Ctx, entries, loads: dict):
+    """Block ranges of ``entries``: proportional to their room, or to their weights when the
+    request's devices give weights; PlacementError when the DiT does not fit."""
+    if not ctx.request.devices.weighted:
         ranges = _try_ranges(ctx, entries, loads)
         if ranges is None:
             raise PlacementError(format_dit_error(ctx, list(dict.fromkeys(e.device for e in entries)), loads))
