@@ -142,13 +142,14 @@ def test_plan_ltx23_fp8_json_has_text_encoder_beside_the_dit(comfy, capsys):
 def test_every_preset_names_its_text_encoder():
     from sharddit.loaders.plan.presets import PRESETS
     from sharddit.loaders.plan.text_encoders import ENCODERS, TextEncoderReport, encoders_of
+    from sharddit.parallel.families import get_family
 
     expect = {"ltx-2.3": ("gemma3-12b", "ltx2.3-projection"), "hunyuanvideo-1.5": ("qwen2.5-vl-7b", "byt5-small"),
               "hunyuanvideo-13b": ("llava-llama3-8b", "clip-l"), "kandinsky5-pro": ("qwen2.5-vl-7b", "clip-l"),
               "wan2.2-i2v-a14b": ("umt5-xxl",), "ltxv-13b": ("t5-xxl",), "minimax-h3-fp8": ("qwen3-vl-32b-h3",)}
     for name, keys in expect.items():
-        assert encoders_of(PRESETS[name]) == keys, name
-    assert all(encoders_of(spec) for spec in PRESETS.values())
+        assert encoders_of(get_family(PRESETS[name].family), PRESETS[name].unet_config) == keys, name
+    assert all(encoders_of(get_family(spec.family), spec.unet_config) for spec in PRESETS.values())
     report = TextEncoderReport(tuple(ENCODERS[k] for k in expect["ltx-2.3"]), "cpu")
     assert report.to_text().startswith("text encoder: Gemma 3 12B + LTX-2.3 text projection 24.9 GiB bf16 "
                                        "(12.4 fp8, 13.3B parameters), run before the DiT; ShardDiTLoadTextEncoder "

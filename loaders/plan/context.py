@@ -11,7 +11,7 @@ from ...parallel.blocks.routing import BlockLayout
 from ...parallel.placement.inventory import Inventory
 from ...parallel.placement.plan_types import PlacementRequest
 from ...parallel.placement.sizing import compute_block_bytes, compute_non_block_bytes
-from ..comfy.models.specs import get_arch_spec
+from ..comfy.models.specs import find_arch_spec
 from ...parallel.errors import InputError
 from ..comfy.models.model_params import fit_params_for
 from .presets import ModelSpec
@@ -39,23 +39,30 @@ class SimContext:
     """The model's cost shape (``parallel/cost/inputs.ModelShape``)."""
     gpus: object = None
     """The GPUs' names and rates in the throughput table (``parallel/cost/inputs.GpuTable``)."""
+    arch: object = None
+    """The DiT's ``ArchSpec`` (``loaders/comfy/models/specs``), looked up once."""
+    sequence: tuple = (None, "")
+    """``arch.sequence_specs(dit)``: (token specs for `sequence`, '') or (None, why it runs blocks only)."""
+    every_gpu: object = None
+    """The devices `sequence` runs on: every GPU of the inventory, listed (``DevicePlan``)."""
     usable: dict = field(default_factory=dict)
     """Per inventory device: the bytes a plan may put there (``Inventory.usable_bytes``); a device
     it lacks (``.get`` gives None): no limit known."""
 
 
 def build_context(spec, size: tuple, dtype: str, dtypes: tuple, family=None, shape=None, inventory=None,
-                  request=None, gpus=None, usable=None) -> SimContext:
+                  request=None, gpus=None, usable=None, every_gpu=None) -> SimContext:
     """The meta DiT of ``spec`` in ``dtypes`` (weight, compute: ``setup.torch_dtypes``), its layout
     and sizes, at ``size`` (width, height, frames); the rest as given (``setup.SimulationSetup``'s)."""
     weight_dtype, compute_dtype = dtypes
     manual_cast = None if compute_dtype == weight_dtype else compute_dtype
     dit = build_meta_model(spec, weight_dtype, manual_cast).diffusion_model
-    layout = get_arch_spec(dit)
+    arch = find_arch_spec(type(dit).__name__)
+    layout, sequence = arch.layout(dit), arch.sequence_specs(dit)
     return SimContext(spec=spec, dit=dit, layout=layout, block_bytes=tuple(compute_block_bytes(dit, layout)),
                       home_bytes=compute_non_block_bytes(dit, layout), dtype=dtype, compute_dtype=compute_dtype,
                       size=tuple(size), inventory=inventory, request=request, family=family, shape=shape,
-                      gpus=gpus, usable=usable or {})
+                      gpus=gpus, arch=arch, sequence=sequence, every_gpu=every_gpu, usable=usable or {})
 
 
 def build_meta_model(spec: ModelSpec, weight_dtype: torch.dtype, manual_cast_dtype: torch.dtype | None):

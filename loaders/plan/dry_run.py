@@ -76,7 +76,7 @@ def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=Non
         report.strategies = compute_strategies(ctx, report, setup.parallel, setup.cfg, link_gbps)
     if workers:
         report.workers = compute_worker_report(ctx, report, workers, dist_weights, setup.cfg, gpu, net_gbps)
-    report.text_encoder = _text_encoder(ctx, report, gpu)
+    report.text_encoder = _text_encoder(ctx, report)
     report.size_note = setup.size_note
     report.seconds = time.monotonic() - started
     return report
@@ -85,10 +85,10 @@ def run_simulation(setup: SimulationSetup, gpu: str | None = None, link_gbps=Non
 def context_of(setup: SimulationSetup) -> SimContext:
     """The meta DiT and everything its fake forwards share, as ``setup`` settled it."""
     return build_context(setup.spec, setup.size, setup.dtype, setup.dtypes, setup.family, setup.shape,
-                         setup.inventory, setup.request, setup.gpus, setup.usable)
+                         setup.inventory, setup.request, setup.gpus, setup.usable, setup.every_gpu)
 
 
-def _text_encoder(ctx: SimContext, report: SimulationReport, gpu: str | None = None):
+def _text_encoder(ctx: SimContext, report: SimulationReport):
     """The model's text encoder, placed beside the DiT of the chosen strategy (``sequence``: every GPU
     it runs on; else the blocks plan's devices, home first) as ShardDiT's text encoder loader would."""
     st = report.strategies
@@ -99,5 +99,5 @@ def _text_encoder(ctx: SimContext, report: SimulationReport, gpu: str | None = N
     else:
         devices = []
     activation = max((d.peak_activations for d in report.devices), default=0)
-    return place_text_encoder(ctx.spec, ctx.inventory, ctx.request, ctx.block_bytes, ctx.home_bytes, activation,
-                              devices, gpu)
+    return place_text_encoder(ctx.spec, ctx.family, ctx.inventory, ctx.request, ctx.block_bytes, ctx.home_bytes,
+                              activation, devices, ctx.gpus.flops)

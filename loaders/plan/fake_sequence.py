@@ -19,7 +19,6 @@ import contextlib
 from ...parallel.cost.memory import RankMemory
 from ...parallel.errors import InputError
 from ...parallel.sequence.engine import attach_sequence_engine
-from ..comfy.models.specs import find_arch_spec
 from .context import SimContext
 from .fake_forward import run_fake_forward
 
@@ -32,7 +31,7 @@ def run_fake_sequence_forward(ctx: SimContext, batch: int, block_devices: list[s
     ``speeds``: the ranks' relative speeds, as the engine splits by them (None: even shares);
     ``resident``: bytes per rank it may keep of the blocks it streams (``SequenceEngine.keep_resident``)."""
     ranks = list(dict.fromkeys(block_devices))
-    token_specs, why = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
+    token_specs, why = ctx.sequence
     if token_specs is None:
         raise InputError(f"{why}")
 
@@ -72,7 +71,7 @@ def plan_sequence_peaks(ctx: SimContext, batch: int, block_devices: list[str], h
     from ...parallel.placement.sizing import get_blocks
 
     shape = ctx.shape
-    specs, _ = find_arch_spec(type(ctx.dit).__name__).sequence_specs(ctx.dit)
+    specs, _ = ctx.sequence
     kinds, whole, start = [], [], 0
     for i, path in enumerate(ctx.layout.block_lists):
         n = len(get_block_list(ctx.dit, path))

@@ -12,7 +12,6 @@ from dataclasses import dataclass, replace
 
 from ...parallel.cost.resident import describe_resident, resident_per_rank
 from ...parallel.cost.rows import SequencePricing
-from ...parallel.placement.devices import DevicePlan
 from ...parallel.units import format_gib
 from .block_plan import plan_as_loaded
 from .context import SimContext
@@ -44,8 +43,7 @@ class SequenceRun:
 def simulate_sequence(ctx: SimContext, batch: int) -> SequenceRun | None:
     """The `sequence` row's run at ``batch`` (the workload's: 2 at cfg > 1); None where the plan
     over every GPU puts the blocks on fewer than two."""
-    gpus = [g.device for g in ctx.inventory.gpus]
-    seq_ctx = replace(ctx, request=replace(ctx.request, devices=DevicePlan.of_devices(gpus)))
+    seq_ctx = replace(ctx, request=replace(ctx.request, devices=ctx.every_gpu))
     planned = plan_as_loaded(seq_ctx)  # the measured peaks below decide whether it fits
     block_devices, home = planned.block_devices, planned.home
     ranks = list(dict.fromkeys(block_devices))

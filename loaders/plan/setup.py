@@ -57,6 +57,8 @@ class SimulationSetup:
     """How the asked size was rounded to the model's token grid (None: it was on the grid)."""
     gpus: GpuTable | None = None
     """The throughput table's name and rate of each GPU (``--gpu``, else their own names), settled once."""
+    every_gpu: DevicePlan | None = None
+    """The devices `sequence` runs on: every GPU of the inventory, listed."""
     usable: dict | None = None
     """Per inventory device: the bytes a plan may put there (``Inventory.usable_bytes``); a device
     missing from it (or None): no limit known."""
@@ -85,7 +87,7 @@ def check_simulation(model, devices: DevicePlan | str = DEFAULT_DEVICES, width: 
         link_bandwidth(link_gbps)
     batch, size, size_note, dtype, dtypes = _settle(spec, family, shape, batch, cfg, parallel, n_workers,
                                                     (width, height, frames), dtype)
-    inventory, plan, shown = _devices(devices, inventory, n_workers)
+    inventory, plan, shown, every_gpu = _devices(devices, inventory, n_workers)
     if n_workers:
         parallel = None  # the worker report stands in for the strategy rows
     if parallel == "sequence" and len(inventory.gpus) < 2:
@@ -94,7 +96,7 @@ def check_simulation(model, devices: DevicePlan | str = DEFAULT_DEVICES, width: 
     request = PlacementRequest(devices=plan, reserve_vram_gb=float(reserve_vram_gb))
     gpus = gpu_table([(g.device, g.name) for g in inventory.gpus], gpu)
     return SimulationSetup(spec, family, shape, inventory, request, shown, size, dtype, dtypes, batch, parallel, cfg,
-                           n_workers, size_note, gpus, inventory.usable_bytes(request.reserve_bytes))
+                           n_workers, size_note, gpus, every_gpu, inventory.usable_bytes(request.reserve_bytes))
 
 
 def torch_dtypes(dtype: str, runs_fp16: bool = True) -> tuple[torch.dtype, torch.dtype]:
@@ -168,10 +170,11 @@ def _check_size(spec, patch: int, width: int, height: int, frames: int) -> tuple
     return grid, "; ".join(notes) or None
 
 
-def _devices(devices, inventory, n_workers: int) -> tuple[Inventory, DevicePlan, str]:
-    """(inventory, device plan, the devices as said in messages): ``devices`` parsed once where it
-    is still text (an inventory spec of imagined GPUs is planned ``auto`` over them); with workers,
-    the host's own devices (``auto``: this machine's) and one ``cpu`` entry per worker."""
+def _devices(devices, inventory, n_workers: int) -> tuple[Inventory, DevicePlan, str, DevicePlan]:
+    """(inventory, device plan, the devices as said in messages, every GPU listed): ``devices``
+    parsed once where it is still text (an inventory spec of imagined GPUs is planned ``auto`` over
+    them); with workers, the host's own devices (``auto``: this machine's) and one ``cpu`` entry per
+    worker. Every GPU, listed, is where `sequence` runs."""
     shown = devices.text if isinstance(devices, DevicePlan) else str(devices).strip() or "auto"
     if not isinstance(devices, DevicePlan):
         devices = shown
@@ -180,9 +183,10 @@ def _devices(devices, inventory, n_workers: int) -> tuple[Inventory, DevicePlan,
         devices = parse_device_plan(devices)  # the dry run's devices, parsed once
     if inventory is None:
         inventory = read_inventory()
+    every_gpu = DevicePlan.of_devices([g.device for g in inventory.gpus] or ["cpu"])
     if n_workers:
         if devices.auto:
             devices = DevicePlan.of_devices([g.device for g in inventory.gpus] or ["cpu"])
         devices = devices.with_worker_shares(n_workers)
         shown = devices.text
-    return inventory, devices, shown
+    return inventory, devices, shown, every_gpu

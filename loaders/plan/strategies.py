@@ -21,7 +21,6 @@ from ...parallel.cost.model import BASELINES, Workload
 from ...parallel.cost.report import DevicePeak, format_strategy_rows
 from ...parallel.cost.rows import price_rows
 from ...parallel.units import format_gib
-from ..comfy.models.specs import find_arch_spec
 from .core_baselines import absent_note, core_setup
 from .findings import format_table
 from .sequence_row import simulate_sequence
@@ -151,9 +150,8 @@ def compute_strategies(ctx, report, parallel: str, cfg: float, link_gbps) -> Str
     peaks["blocks"], fits["blocks"] = DevicePeak(worst.weights, worst.peak_activations, 0), report.blocks_fit
     owned = [sum(len(d.blocks) for d in report.devices if d.device == r) for r in blocks_ranks]
 
-    arch = find_arch_spec(type(ctx.dit).__name__)
-    seq_specs, blocks_only = arch.sequence_specs(ctx.dit)
-    if seq_specs is None and arch.token_specs is not None:
+    seq_specs, blocks_only = ctx.sequence
+    if seq_specs is None and ctx.arch.token_specs is not None:
         log.warning("[ShardDiT] %s", blocks_only)
     seq = simulate_sequence(ctx, work.batch) if len(gpus) > 1 and seq_specs is not None else None
     if seq is not None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, table_gpu_name
-from ...parallel.families import get_family
 from ...parallel.placement.devices import DevicePlan
 from ...parallel.placement.layer_split import LayerSplit, plan_layer_split
 from ...parallel.placement.planner import plan_placement
@@ -30,7 +28,7 @@ from ...parallel.placement.plan_types import Footprint, PlacementRequest
 from ...parallel.placement.plan_text import PlacementError
 from ...parallel.units import format_gib
 
-__all__ = ["ENCODERS", "LAYERS", "TextEncoderReport", "encoders_of", "place_text_encoder", "prompt_seconds"]
+__all__ = ["ENCODERS", "LAYERS", "TextEncoderReport", "encoders_of", "place_text_encoder"]
 
 ENCODERS: dict[str, tuple[str, int]] = {
     "gemma3-12b": ("Gemma 3 12B", 12_187_325_041),  # lt.ltxav_te: gemma3_12b (text + SigLIP vision tower)
@@ -69,13 +67,13 @@ CPU_TFLOPS = 0.2
 """Effective bf16 TFLOPS assumed for a desktop CPU running an encoder's layers (stated in the line)."""
 
 
-def encoders_of(spec) -> tuple[str, ...]:
-    """The ``ENCODERS`` keys of the text encoder(s) ComfyUI loads for ``spec``'s DiT, from its
-    family's registry entry (``parallel/families.Family.text_encoders``, by config: HunyuanVideo 1.5
-    has ``byt5``/``vision_in``, LTX-2.3 its caption projection before the connectors); () for a family
-    without a known encoder."""
-    pick = get_family(spec.family).text_encoders
-    return tuple(pick(spec.unet_config)) if pick else ()
+def encoders_of(family, unet_config: dict) -> tuple[str, ...]:
+    """The ``ENCODERS`` keys of the text encoder(s) ComfyUI loads for a DiT of ``family`` (its registry
+    entry, ``parallel/families.Family.text_encoders``) built from ``unet_config`` (HunyuanVideo 1.5
+    has ``byt5``/``vision_in``, LTX-2.3 its caption projection before the connectors); () for a
+    family without a known encoder."""
+    pick = family.text_encoders
+    return tuple(pick(unet_config)) if pick else ()
 
 
 @dataclass(frozen=True)
@@ -143,31 +141,19 @@ def _layer_sizes(keys) -> tuple[list[int], int]:
     return layers, rest
 
 
-def prompt_seconds(keys, layer_devices, inventory, gpu: str | None = None) -> float:
-    """Seconds for one prompt through the layers of ``keys`` on ``layer_devices`` (one per layer)."""
-    tokens = max(PROMPT_TOKENS.get(k, DEFAULT_PROMPT_TOKENS) for k in keys)
-    layer_bytes, _ = _layer_sizes(keys)
-    names = {g.device: g.name for g in inventory.gpus}
-    total = 0.0
-    for size, device in zip(layer_bytes, layer_devices):
-        if device == "cpu":
-            rate = CPU_TFLOPS * 1e12
-        else:
-            rate = gpu_flops(gpu.split(",")[0] if gpu else (table_gpu_name(names.get(device, "")) or DEFAULT_GPU))
-        total += 2 * (size // 2) * tokens / rate
-    return total
-
-
-def place_text_encoder(spec, inventory, request, block_bytes, home_bytes: int, activation: int,
-                       dit_devices: list[str], gpu: str | None = None) -> TextEncoderReport | None:
-    """The report for ``spec``'s text encoder, placed beside a DiT on ``dit_devices`` (home first) as
-    the loader places it (``loaders/comfy/core/component_placement.plan_component_device``, then
-    ``text_encoder_split``); None when unknown."""
-    keys = encoders_of(spec)
+def place_text_encoder(spec, family, inventory, request, block_bytes, home_bytes: int, activation: int,
+                       dit_devices: list[str], rates: dict) -> TextEncoderReport | None:
+    """The report for ``spec``'s text encoder (``family``: its registry entry), placed beside a DiT on
+    ``dit_devices`` (home first) as the loader places it
+    (``loaders/comfy/core/component_placement.plan_component_device``, then ``text_encoder_split``);
+    ``rates``: each GPU's effective FLOP/s (``cost/inputs.GpuTable.flops``) for the time per prompt.
+    None when unknown."""
+    keys = encoders_of(family, spec.unet_config)
     if not keys:
         return None
     parts = tuple(ENCODERS[k] for k in keys)
     tokens = max(PROMPT_TOKENS.get(k, DEFAULT_PROMPT_TOKENS) for k in keys)
+    layer_bytes, rest = _layer_sizes(keys)
     if not dit_devices:
         return TextEncoderReport(parts, None, tokens=tokens)
     footprint = Footprint(block_bytes=tuple(block_bytes), dit_home_bytes=home_bytes,
@@ -178,20 +164,17 @@ def place_text_encoder(spec, inventory, request, block_bytes, home_bytes: int, a
     except PlacementError:
         return TextEncoderReport(parts, None, tokens=tokens)
     device, split = plan.text_encoder_device, None
-    layer_bytes, rest = _layer_sizes(keys)
     if device == "cpu" and inventory.gpus and layer_bytes:
-        split = _split_beside(plan, inventory, placed, layer_bytes, rest)
+        # the layers over the GPUs' room beside the DiT, then the CPU; not where the CPU takes them all
+        loads = {load.device: load.weight_bytes + load.activation_bytes for load in plan.loads}
+        rooms = {g.device: g.available_bytes - placed.reserve_bytes - loads.get(g.device, 0) for g in inventory.gpus}
+        try:
+            split = plan_layer_split(layer_bytes, rest, rooms)
+        except PlacementError:
+            split = None
+        split = None if split is None or split.devices == ("cpu",) else split
     devices = split.layer_devices() if split is not None else [device] * len(layer_bytes)
-    return TextEncoderReport(parts, device, split, prompt_seconds(keys, devices, inventory, gpu), tokens)
-
-
-def _split_beside(plan, inventory, request, layer_bytes, rest) -> LayerSplit | None:
-    """The layers over the GPUs' room left by ``plan`` (its DiT), then the CPU; None when the
-    CPU would take them all."""
-    loads = {load.device: load.weight_bytes + load.activation_bytes for load in plan.loads}
-    rooms = {g.device: g.available_bytes - request.reserve_bytes - loads.get(g.device, 0) for g in inventory.gpus}
-    try:
-        split = plan_layer_split(layer_bytes, rest, rooms)
-    except PlacementError:
-        return None
-    return None if split.devices == ("cpu",) else split
+    # 2 FLOP per layer parameter per token, each layer at its device's rate
+    seconds = sum(2 * (size // 2) * tokens / (CPU_TFLOPS * 1e12 if d == "cpu" else rates[d])
+                  for size, d in zip(layer_bytes, devices))
+    return TextEncoderReport(parts, device, split, seconds, tokens)
