@@ -2,6 +2,7 @@
 
 Byte sizes are written next to each tensor: bf16 = 2 bytes per element.
 """
+import contextlib
 import gc
 
 import pytest
@@ -138,3 +139,102 @@ def test_module_to_inside_a_forward_moves_in_place():
             model[1].to(torch.device("cuda:1"))
             assert _bytes_by_device(model) == {"cuda:0": 16640, "cuda:1": 16512}
         assert "to" not in model[0].__dict__  # restored
+
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 64, dtype=BF16)  # 64*64*2 + 64*2 = 8320 B
+
+    def forward(self, x):
+        return self.lin(x)
+
+
+class _ToyDiT(torch.nn.Module):
+    """An embedding on the home device and two lists of blocks (one nested), as a DiT lays them out."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(64, 64, dtype=BF16)  # 8320 B
+        self.blocks = torch.nn.ModuleList([_Block() for _ in range(3)])
+        self.tail = torch.nn.Module()
+        self.tail.blocks = torch.nn.ModuleList([_Block() for _ in range(2)])
+
+    def forward(self, x):
+        x = self.embed(x)
+        for b in [*self.blocks, *self.tail.blocks]:
+            x = b(x)
+        return x
+
+
+def test_simulated_forward_measures_each_device_and_leaves_the_module_on_meta():
+    """Weights where the plan puts them, the forward routed by the pack's block engine (a block's
+    output on its device, the input moved there), every storage counted; afterwards the module is
+    exactly as before: its own block lists (no proxies), every tensor on ``meta``."""
+    from sharddit.parallel.blocks.routing import BlockLayout
+    from sharddit.parallel.simulate import simulated_forward
+
+    layout = BlockLayout(("blocks", "tail.blocks"), (("x",), ("x",)))
+    with torch.device("meta"):
+        dit = _ToyDiT()
+    lists = (dit.blocks, dit.tail.blocks)
+    seen = []
+
+    def forward(home):
+        seen.append(home)
+        out = dit(torch.empty(4, 64, dtype=BF16, device=home))  # 512 B per hidden state
+        assert out.device == torch.device(home)  # the last block's output comes home
+        del out
+
+    memory, extra = simulated_forward(dit, layout, ["cuda:0", "cuda:0", "cuda:1", "cuda:1", "cuda:1"], "cuda:0",
+                                      forward)
+    assert extra is None and seen == [torch.device("cuda:0")]
+    assert memory["cuda:0"].weights == 3 * 8320 and memory["cuda:1"].weights == 3 * 8320
+    assert memory["cuda:1"].peak_activations >= 2 * 512  # the hidden state copied in, a block's output
+    assert (dit.blocks, dit.tail.blocks) == lists
+    assert all(t.device.type == "meta" for t in [*dit.parameters(), *dit.buffers()])
+
+    # the probe: one block of each list, all on the home device; the lists come back whole
+    memory, _ = simulated_forward(dit, layout, None, "cuda:1", forward, first_only=True)
+    assert set(memory) == {"cuda:1"} and memory["cuda:1"].weights == 3 * 8320
+    assert len(dit.blocks) == 3 and len(dit.tail.blocks) == 2
+    assert all(t.device.type == "meta" for t in dit.parameters())
+
+
+def test_simulated_forward_runs_a_second_engine_and_always_closes_it():
+    """``engine`` attaches to the sharded module before the forward; its ``after`` value is returned
+    and ``close`` runs even when the forward fails, which leaves the module on ``meta``."""
+    from sharddit.parallel.blocks.routing import BlockLayout
+    from sharddit.parallel.simulate import simulated_forward
+
+    layout = BlockLayout(("blocks", "tail.blocks"), (("x",), ("x",)))
+    with torch.device("meta"):
+        dit = _ToyDiT()
+    closed = []
+
+    class Engine:  # what a second engine sees: the sharding handle, the fake mode, the tracker
+        def __init__(self, handle, mode, tracker):
+            self.proxies = sum(len(p) for p in handle.proxies.values())
+            self.tracked = isinstance(tracker, MemoryTracker)
+            self.scopes = 0
+            handle.router.use_engine(self)  # the forward runs in a `sequence` scope of this engine
+
+        @contextlib.contextmanager
+        def forward_scope(self):
+            self.scopes += 1
+            yield self
+
+    def engine(handle, mode, tracker):
+        e = Engine(handle, mode, tracker)
+        return (lambda: (e.proxies, e.tracked, e.scopes)), (lambda: closed.append(True))
+
+    _, extra = simulated_forward(dit, layout, ["cuda:0"] * 5, "cuda:0", lambda home: None, engine=engine)
+    assert extra == (5, True, 1) and closed == [True]
+
+    def broken(home):
+        raise RuntimeError("the forward failed")
+
+    with pytest.raises(RuntimeError, match="the forward failed"):
+        simulated_forward(dit, layout, ["cuda:0"] * 5, "cuda:0", broken, engine=engine)
+    assert closed == [True, True]
+    assert all(t.device.type == "meta" for t in dit.parameters()) and len(dit.blocks) == 3
