@@ -15,9 +15,8 @@ from ...parallel.cost.inputs import DEFAULT_GPU, gpu_flops, table_gpu_name
 from ...parallel.cost.model import Workload
 from ...parallel.distributed.config import WEIGHTS_ENV
 from ...parallel.cost.workers import DEFAULT_NET_GBPS, NetworkStep, compute_network_step, compute_worker_needs
-from ...parallel.cost.mode import prefetch_bytes
 from ...parallel.placement.plan_ranges import compute_block_ranges
-from .block_plan import plan_blocks
+from .block_plan import plan_as_loaded
 from .findings import format_table
 from ...parallel.units import format_gib
 
@@ -111,7 +110,7 @@ def compute_worker_report(ctx, report, workers, mode: str, cfg: float, gpu: str 
     entries = ctx.request.devices.entries
     n_local = len(entries) - len(workers)
     # planned as the loader plans (two blocks of activation room); the sequence peaks decide whether it fits
-    planned = plan_blocks(ctx, prefetch_bytes(ctx.block_bytes))
+    planned = plan_as_loaded(ctx)
     plan = planned.plan
     ranges = _rank_ranges(plan, entries, ctx.block_bytes)
     keep_all, why, needs = compute_worker_needs(mode, workers, ranges[n_local:], ctx.block_bytes)

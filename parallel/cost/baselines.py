@@ -13,8 +13,10 @@ A user of current ComfyUI compares ShardDiT with what core does by itself:
   GPUs (``estimate_sequence`` with groups of one device and replicas: nothing streamed, nothing
   exchanged); at cfg 1 there is one cond and one GPU works (1.0×). More GPUs add nothing.
 
-``auto`` still picks among ShardDiT's modes; ``compare_with_core`` says when core's option is
-predicted as fast or faster, so a user can choose it knowingly.
+Their step times are ``model.estimate_dynamic_vram`` and ``model.estimate_core_cfg_split`` (beside
+ShardDiT's own estimators); here, what each holds and whether it fits. ``auto`` still picks among
+ShardDiT's modes; ``compare_with_core`` says when core's option is predicted as fast or faster, so a
+user can choose it knowingly.
 """
 from __future__ import annotations
 
