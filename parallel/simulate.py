@@ -1,7 +1,8 @@
 """Fake-device helpers for dry runs: weights and peak activation memory per device, no GPU needed.
 
-Pure PyTorch (no ComfyUI). Used by ``loaders/plan/dry_run.py`` (fake multi-GPU runs under
-``FakeTensorMode``; the measured reference figure: tests/README.md):
+Pure PyTorch (no ComfyUI). Used by the dry run (``blocks/dry_forward.simulated_forward``,
+``loaders/plan``): fake multi-GPU runs under ``FakeTensorMode`` (the measured reference figure:
+tests/README.md):
 
 - ``materialize_module``: gives a ``meta`` module real-looking parameters on a fake device
   (``cuda:1`` on a CPU-only machine) under ``FakeTensorMode``. Random initialisers fail on fake
@@ -32,8 +33,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .blocks.routing import BlockLayout
-from .blocks.sharding import sharded
 from .tensor_map import taken
 from .errors import RunError
 
@@ -43,8 +42,8 @@ __all__ = [
     "fake_device_mode",
     "flash_attention_standin",
     "materialize_module",
+    "fake_weights",
     "modules_move_in_place",
-    "simulated_forward",
 ]
 
 
@@ -175,7 +174,7 @@ def materialize_planned(module: torch.nn.Module, blocks, block_devices, home) ->
 
 
 @contextlib.contextmanager
-def _fake_weights(module: torch.nn.Module, blocks, block_devices, home):
+def fake_weights(module: torch.nn.Module, blocks, block_devices, home):
     """``materialize_planned`` for the length of a ``with``; afterwards every parameter and buffer
     is back on ``meta`` (tied tensors stay tied): the next run starts clean, no fake tensor leaks."""
     materialize_planned(module, blocks, block_devices, home)
@@ -193,67 +192,6 @@ def _fake_weights(module: torch.nn.Module, blocks, block_devices, home):
             for name, b in list(mod._buffers.items()):
                 if b is not None:
                     mod._buffers[name] = torch.empty(b.shape, dtype=b.dtype, device="meta")
-
-
-def _block_lists(module: torch.nn.Module, layout: BlockLayout) -> list[tuple[torch.nn.Module, str]]:
-    """(owner, attribute) of each of ``layout``'s block lists in ``module``."""
-    out = []
-    for path in layout.block_lists:
-        owner = module
-        *parents, name = path.split(".")
-        for part in parents:
-            owner = getattr(owner, part)
-        out.append((owner, name))
-    return out
-
-
-@contextlib.contextmanager
-def _first_blocks_only(lists: list[tuple[torch.nn.Module, str]]):
-    """Keep only the first block of each block list (an empty list stays empty); restored on exit."""
-    saved = [(owner, name, getattr(owner, name)) for owner, name in lists]
-    for owner, name, blocks in saved:
-        setattr(owner, name, torch.nn.ModuleList(list(blocks)[:1]))
-    try:
-        yield
-    finally:
-        for owner, name, blocks in saved:
-            setattr(owner, name, blocks)
-
-
-def simulated_forward(module: torch.nn.Module, layout: BlockLayout, block_devices, home, forward,
-                      scalars: bool = False, first_only: bool = False, engine=None):
-    """One forward of a ``meta`` module on fake devices: per-device weights and peak activations.
-
-    Every block's weights go on its planned device (``block_devices``, global order over
-    ``layout.block_lists``), the rest on ``home``; the pack's block engine
-    (``blocks/sharding.sharded``) routes the forward; ``forward(home)`` calls the module (inside
-    ``modules_move_in_place``); afterwards everything is detached and back on ``meta``.
-
-    ``block_devices`` None: every block on ``home``. ``first_only``: only the first block of each
-    list takes part (a probe: the blocks of a list are alike, so one of each shows a device's peak;
-    an empty list stays empty), all on ``home``. ``engine(handle, mode, tracker)``: attaches a second engine to the sharded module (the
-    `sequence` engine) and returns ``(after, close)``: ``after()`` runs after the forward (its value
-    is returned beside the memory), ``close()`` always. Returns ``({device: DeviceMemory}, after())``.
-    """
-    lists = _block_lists(module, layout)
-    prune = _first_blocks_only(lists) if first_only else contextlib.nullcontext()
-    extra = None
-    with prune:
-        blocks = [b for owner, name in lists for b in getattr(owner, name)]
-        block_devices = [home] * len(blocks) if block_devices is None else block_devices
-        with fake_device_mode(scalars) as mode, _fake_weights(module, blocks, block_devices, home), \
-                modules_move_in_place(module):
-            tracker = MemoryTracker(module, *blocks)
-            with sharded(module, layout, block_devices, home) as handle:
-                after, close = engine(handle, mode, tracker) if engine is not None else (None, None)
-                try:
-                    with tracker, handle.router.forward_scope(sequence=engine is not None):
-                        forward(torch.device(home))
-                    extra = after() if after is not None else None
-                finally:
-                    if close is not None:
-                        close()
-    return tracker.report(), extra
 
 
 def _storage_key(t: torch.Tensor) -> int:

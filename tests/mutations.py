@@ -359,13 +359,13 @@ MUTATIONS = [
     ("parallel/distributed/exchange.py", '                    self._broken = (f"attention exchange {call}: position {pos} waited "',
      '                    self._broken = (f"[ShardDiT] attention exchange {call}: position {pos} waited "',
      "tests/test_dist_exchange_multi.py::test_missing_local_thread_times_out_then_fails_fast", False),
-    # issue 35: one fake forward for every dry run (parallel/simulate.simulated_forward)
+    # issue 35: one fake forward for every dry run (parallel/blocks/dry_forward.simulated_forward)
     ("parallel/simulate.py", "        for mod in module.modules():", "        for mod in []:",
      "tests/test_simulate.py::test_simulated_forward_measures_each_device_and_leaves_the_module_on_meta", False),
-    ("parallel/simulate.py", "    prune = _first_blocks_only(lists) if first_only else contextlib.nullcontext()",
+    ("parallel/blocks/dry_forward.py", "    prune = _first_blocks_only(lists) if first_only else contextlib.nullcontext()",
      "    prune = contextlib.nullcontext()",
      "tests/test_simulate.py::test_simulated_forward_measures_each_device_and_leaves_the_module_on_meta", False),
-    ("parallel/simulate.py", "                        close()", "                        pass",
+    ("parallel/blocks/dry_forward.py", "                        close()", "                        pass",
      "tests/test_simulate.py::test_simulated_forward_runs_a_second_engine_and_always_closes_it", False),
     # issue 35: the plan's rows in stages (sequence_row, cost/rows, the GPU table settled once)
     ("loaders/plan/sequence_row.py", "    for b in ([1] if apart or batch == 1 else [batch, 1]):",

@@ -172,7 +172,7 @@ def test_simulated_forward_measures_each_device_and_leaves_the_module_on_meta():
     output on its device, the input moved there), every storage counted; afterwards the module is
     exactly as before: its own block lists (no proxies), every tensor on ``meta``."""
     from sharddit.parallel.blocks.routing import BlockLayout
-    from sharddit.parallel.simulate import simulated_forward
+    from sharddit.parallel.blocks.dry_forward import simulated_forward
 
     layout = BlockLayout(("blocks", "tail.blocks"), (("x",), ("x",)))
     with torch.device("meta"):
@@ -205,7 +205,7 @@ def test_simulated_forward_runs_a_second_engine_and_always_closes_it():
     """``engine`` attaches to the sharded module before the forward; its ``after`` value is returned
     and ``close`` runs even when the forward fails, which leaves the module on ``meta``."""
     from sharddit.parallel.blocks.routing import BlockLayout
-    from sharddit.parallel.simulate import simulated_forward
+    from sharddit.parallel.blocks.dry_forward import simulated_forward
 
     layout = BlockLayout(("blocks", "tail.blocks"), (("x",), ("x",)))
     with torch.device("meta"):

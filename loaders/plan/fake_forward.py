@@ -1,6 +1,6 @@
 """One DiT forward on fake devices, the way the dry run needs it (ComfyUI classes, pure fakes).
 
-``parallel/simulate.simulated_forward`` does the fake part: every block's weights on its planned
+``parallel/blocks/dry_forward.simulated_forward`` does the fake part: every block's weights on its planned
 fake device, the rest on ``home``, the pack's own engine routing the forward, every storage counted
 per device, everything back on ``meta`` afterwards. This module adds ComfyUI's side:
 
@@ -19,7 +19,8 @@ import sys
 
 import torch
 
-from ...parallel.simulate import flash_attention_standin, simulated_forward
+from ...parallel.blocks.dry_forward import simulated_forward
+from ...parallel.simulate import flash_attention_standin
 from ..comfy.models.comfy_families import comfy_family
 from .context import SimContext
 
