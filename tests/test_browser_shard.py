@@ -128,7 +128,7 @@ def _context_menu_shard(page, shots):
     page.mouse.click(x, y)
     page.mouse.click(x, y, button="right")
     entry = page.get_by_text(SHARD_LABEL, exact=True).first
-    entry.wait_for(timeout=10_000)
+    entry.wait_for(timeout=30_000)
     browser.screenshot(page, shots / "canvas_menu.png")
     entry.click()
 
@@ -148,7 +148,7 @@ def _file_menu_shard(page, shots):
             page.keyboard.press("Escape")
             page.locator(".comfyui-logo").first.click()
         file_item = page.get_by_text("File", exact=True).first
-        file_item.wait_for(timeout=10_000)
+        file_item.wait_for(timeout=30_000)
         page.mouse.move(0, 0)
         file_item.hover()
         try:
@@ -172,14 +172,14 @@ def test_shard_command_in_the_canvas_menu_shards_runs_and_undoes(ui, shots, comf
     _context_menu_shard(ui, shots)
     message = _wait_toast(ui, "Shard nodes added")
     assert "2 Shard nodes added: " in message and "Ctrl+Z" in message, message
-    ui.wait_for_function(f"() => ({SHARD_IDS})().length === 2", timeout=10_000)
+    ui.wait_for_function(f"() => ({SHARD_IDS})().length === 2", timeout=30_000)
     browser.screenshot(ui, shots / "sharded_top.png")
     # Ctrl+Z on the canvas, at once: the graph as it was before the command (later, opening the
     # subgraph for the first time is a change of the frontend's own: its input/output bars move)
     _close_toasts(ui)
     ui.mouse.click(*_empty_spot(ui))
     ui.keyboard.press("Control+z")
-    ui.wait_for_function(f"() => ({SHARD_IDS})().length === 0", timeout=10_000)
+    ui.wait_for_function(f"() => ({SHARD_IDS})().length === 0", timeout=30_000)
     assert ui.evaluate(SAVED) == before, "Ctrl+Z did not restore the original graph"
     browser.screenshot(ui, shots / "undone.png")
 
