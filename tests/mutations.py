@@ -378,6 +378,10 @@ MUTATIONS = [
     ("parallel/placement/inventory.py", "                else d.available_bytes - reserve for d in self.devices}",
      "                else d.available_bytes for d in self.devices}",
      "tests/test_plan_strategies_comfy.py::test_wan14b_720p_cfg6_fits_four_12gib_in_lean_sequence", True),
+    # the shard command's undo step holds the graph as it was, not the tracker's lagging state
+    ("web/shard_command.js", "  const before = tracker ? structuredClone(rootGraph().serialize()) : null;",
+     "  const before = tracker?.activeState;",
+     "tests/test_browser_shard.py::test_undo_gives_back_a_change_the_tracker_missed", True),
 ]
 
 

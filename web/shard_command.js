@@ -34,11 +34,19 @@ function capture(tracker) {
 }
 
 // After a load the frontend still settles the graph while drawing it (a switch node's "*" sockets
-// take the type of their links): wait two frames so that the undo step holds the settled graph, not
-// a half-drawn one followed by a second change.
-async function settled() {
+// take the type of their links, a video node grows to its preview): wait until five frames in a row
+// draw the same graph (at most 90 frames) so that the undo step holds the settled graph, not a
+// half-drawn one followed by a second change.
+async function settled(tracker) {
   app.canvas?.setDirty?.(true, true);
-  for (let i = 0; i < 2; i++) await new Promise((done) => requestAnimationFrame(() => done()));
+  let last = null;
+  let same = 0;
+  for (let i = 0; i < 90 && same < 5; i++) {
+    await new Promise((done) => requestAnimationFrame(() => done()));
+    const now = structuredClone(rootGraph().serialize());
+    same = last && sameGraph(tracker, last, now) ? same + 1 : 0;
+    last = now;
+  }
 }
 
 // Load `graph` into the open tab as one change the tab's undo history holds. The frontend's own undo
@@ -47,25 +55,36 @@ async function settled() {
 async function loadAsOneChange(graph) {
   const tracker = changeTracker();
   capture(tracker);
-  const before = tracker?.activeState;
+  // the graph as it is now is what Ctrl+Z gives back: the tracker's own state lags behind a change
+  // it was not told of when it skips the capture (a change of the canvas still open, another
+  // extension setting a widget)
+  const before = tracker ? structuredClone(rootGraph().serialize()) : null;
   const restoring = tracker && "_restoringState" in tracker;
   if (restoring) tracker._restoringState = true;
   try {
     await app.loadGraphData(graph, false, false, tracker?.workflow ?? null, {
       showMissingModelsDialog: false, showMissingNodesDialog: false, checkForRerouteMigration: false,
       silentAssetErrors: true });
-    await settled();
+    await settled(tracker);
   } finally {
     if (restoring) tracker._restoringState = false;
   }
   capture(tracker);
-  if (tracker && before && tracker.undoQueue?.at(-1) !== before) {
-    // a frontend that reset the history while loading: put the original back under Ctrl+Z
+  if (tracker && before && !sameGraph(tracker, tracker.undoQueue?.at(-1), before)) {
+    // the tracker holds another state under Ctrl+Z (a lagging one, or none: a frontend that reset the
+    // history while loading): put the original back on top
     tracker.undoQueue.push(before);
     tracker.activeState = structuredClone(rootGraph().serialize());
     if (tracker.redoQueue) tracker.redoQueue.length = 0;
     tracker.updateModified?.();
+    tracker.squashState?.(); // as the tracker's own capture does: the drawing's last settling joins this step
   }
+}
+
+function sameGraph(tracker, a, b) {
+  if (!a || !b) return false;
+  const equal = tracker?.constructor?.graphEqual; // the frontend's own comparison, where it has one
+  return typeof equal === "function" ? equal(a, b) : JSON.stringify(a) === JSON.stringify(b);
 }
 
 async function transform(command) {
