@@ -66,10 +66,14 @@ def _settled(page, timeout_s: float = 30.0) -> dict:
     raise AssertionError(f"the graph did not settle in {timeout_s:g} s: {_differences(last, page.evaluate(SAVED))}")
 
 
-def _undone_to(page, before: dict) -> list:
-    """[] once Ctrl+Z's graph, drawn and settled, equals ``before``; else where it differs."""
+def _undo_on_canvas(page, before: dict) -> list:
+    """Ctrl+Z on empty canvas; [] once its graph (the Shard nodes gone), drawn and settled, equals
+    ``before``; else where it differs."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    page.mouse.click(*_empty_spot(page))
+    page.keyboard.press("Control+z")
+    page.wait_for_function(f"() => ({SHARD_IDS})().length === 0", timeout=30_000)
     try:
         page.wait_for_function(f"(b) => JSON.stringify(({SAVED})()) === JSON.stringify(b)", arg=before,
                                timeout=30_000)
@@ -218,10 +222,7 @@ def test_shard_command_in_the_canvas_menu_shards_runs_and_undoes(ui, shots, comf
     # Ctrl+Z on the canvas, at once: the graph as it was before the command (later, opening the
     # subgraph for the first time is a change of the frontend's own: its input/output bars move)
     _close_toasts(ui)
-    ui.mouse.click(*_empty_spot(ui))
-    ui.keyboard.press("Control+z")
-    ui.wait_for_function(f"() => ({SHARD_IDS})().length === 0", timeout=30_000)
-    differences = _undone_to(ui, before)
+    differences = _undo_on_canvas(ui, before)
     assert not differences, f"Ctrl+Z did not restore the original graph: {differences}"
     browser.screenshot(ui, shots / "undone.png")
 
@@ -288,10 +289,7 @@ def test_undo_gives_back_a_change_the_tracker_missed(ui, shots, comfy_server):
     finally:
         ui.evaluate(f"() => {{ const t = {TRACKER}; t.captureCanvasState = t._sharddit_capture; }}")
     _close_toasts(ui)
-    ui.mouse.click(*_empty_spot(ui))
-    ui.keyboard.press("Control+z")
-    ui.wait_for_function(f"() => ({SHARD_IDS})().length === 0", timeout=30_000)
-    differences = _undone_to(ui, before)
+    differences = _undo_on_canvas(ui, before)
     assert not differences, f"Ctrl+Z did not give back the graph as it was: {differences}"
     browser.screenshot(ui, shots / "undone_missed.png")
 
